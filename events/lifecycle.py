@@ -1,0 +1,125 @@
+"""Turn lifecycle events: the claim, each attempt, each model iteration and tool call."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from events.base import Identifier, TurnEnvelope
+
+NonNegative = Annotated[int, Field(ge=0)]
+
+
+class ToolCall(BaseModel):
+    """A tool call as the model requested it. `arguments` is the raw JSON text the model
+    produced: it may be malformed, and that is recorded rather than repaired."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    call_id: Identifier
+    name: Annotated[str, Field(max_length=256)]
+    arguments: Annotated[str, Field(max_length=200_000)]
+
+
+class Usage(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    input_tokens: NonNegative = 0
+    output_tokens: NonNegative = 0
+
+
+class TurnClaimed(TurnEnvelope):
+    """The transition that assigns exact pending inputs to a logical turn (attempt 1).
+
+    `input_ids` is ordered as the inputs are rendered to the model. `history_boundary`
+    is the number of history entries the turn sees; everything after it, and the claimed
+    inputs themselves, are excluded from history."""
+
+    type: Literal["TurnClaimed"] = "TurnClaimed"
+    input_ids: Annotated[tuple[Identifier, ...], Field(min_length=1, max_length=10_000)]
+    history_boundary: NonNegative
+
+
+class AttemptStarted(TurnEnvelope):
+    """One execution of the logical turn. Retries share `turn_id` and get a new `run_id`."""
+
+    type: Literal["AttemptStarted"] = "AttemptStarted"
+    model: Identifier
+
+
+class ModelResponded(TurnEnvelope):
+    """One provider response: the first half of a tool iteration."""
+
+    type: Literal["ModelResponded"] = "ModelResponded"
+    iteration: Annotated[int, Field(ge=1)]
+    model: Identifier
+    text: str | None = None
+    tool_calls: tuple[ToolCall, ...] = ()
+    usage: Usage = Usage()
+    # None when the model has no known price: the budget then fails closed.
+    cost_usd: Annotated[float, Field(ge=0)] | None = None
+    finish_reason: Annotated[str, Field(max_length=64)] = "stop"
+
+
+class ToolCallStarted(TurnEnvelope):
+    """Written, and acknowledged by the log, before the tool runs. A started call with no
+    finish means its side effect may have happened."""
+
+    type: Literal["ToolCallStarted"] = "ToolCallStarted"
+    iteration: Annotated[int, Field(ge=1)]
+    call_id: Identifier
+    tool: Identifier
+    arguments: str
+    side_effect: bool
+
+
+class ToolCallFinished(TurnEnvelope):
+    type: Literal["ToolCallFinished"] = "ToolCallFinished"
+    iteration: Annotated[int, Field(ge=1)]
+    call_id: Identifier
+    ok: bool
+    result: str
+
+
+ProtocolFailureKind = Literal["unknown_tool", "malformed_arguments", "repeated_call", "malformed_response"]
+
+
+class ProtocolFailure(TurnEnvelope):
+    """The model broke the tool protocol. Recorded with model and iteration because
+    model-specific routing is often the cause; never a crash."""
+
+    type: Literal["ProtocolFailure"] = "ProtocolFailure"
+    iteration: Annotated[int, Field(ge=1)]
+    model: Identifier
+    kind: ProtocolFailureKind
+    detail: str
+    call_id: Identifier | None = None
+    signature: str | None = None
+
+
+class ContextCompacted(TurnEnvelope):
+    """Older tool exchanges were replaced by a short summary before the next request."""
+
+    type: Literal["ContextCompacted"] = "ContextCompacted"
+    iteration: Annotated[int, Field(ge=1)]
+    compacted_call_ids: tuple[Identifier, ...]
+    dimension: Identifier
+
+
+class FallbackEngaged(TurnEnvelope):
+    """The next model of the same protocol family takes the exact same transcript."""
+
+    type: Literal["FallbackEngaged"] = "FallbackEngaged"
+    from_model: Identifier
+    to_model: Identifier
+    reason: str
+
+
+class AttemptFailed(TurnEnvelope):
+    """This attempt ended without an outcome. `retryable` says whether another attempt of
+    the same logical turn may follow (never after a side effect)."""
+
+    type: Literal["AttemptFailed"] = "AttemptFailed"
+    reason: str
+    retryable: bool

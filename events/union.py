@@ -1,0 +1,43 @@
+"""The one discriminated union of every event, keyed by `type`."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from pydantic import Field, TypeAdapter
+
+from events.inputs import InputInjected, MessageReceived, ResumeRequested
+from events.lifecycle import (
+    AttemptFailed,
+    AttemptStarted,
+    ContextCompacted,
+    FallbackEngaged,
+    ModelResponded,
+    ProtocolFailure,
+    ToolCallFinished,
+    ToolCallStarted,
+    TurnClaimed,
+)
+from events.outcomes import TurnCompleted, TurnExhausted, TurnFailed, TurnPaused
+
+InputEvent = MessageReceived | InputInjected | ResumeRequested
+TerminalOutcome = TurnCompleted | TurnFailed | TurnPaused | TurnExhausted
+TurnEvent = (
+    TurnClaimed
+    | AttemptStarted
+    | ModelResponded
+    | ToolCallStarted
+    | ToolCallFinished
+    | ProtocolFailure
+    | ContextCompacted
+    | FallbackEngaged
+    | AttemptFailed
+    | TerminalOutcome
+)
+
+Event = Annotated[InputEvent | TurnEvent, Field(discriminator="type")]
+
+EVENT_ADAPTER: TypeAdapter[Event] = TypeAdapter(Event)
+
+INPUT_TYPES = (MessageReceived, InputInjected, ResumeRequested)
+OUTCOME_TYPES = (TurnCompleted, TurnFailed, TurnPaused, TurnExhausted)

@@ -1,0 +1,220 @@
+"""The conversation fold: `apply_event(state, event)` advances one conversation by one event.
+
+The log is the arbiter. Every reader (the worker that wrote the events, the worker that
+takes the partition over after a crash, an auditor) folds the same events to the same
+state, so a conflicting event is resolved the same way everywhere: the first valid claim
+wins, and events of a run that is no longer the active one are ignored. The fold returns
+why it ignored an event, so the worker can dead-letter bad input and the auditor can
+report it; it never raises on an event that decoded.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from events import (
+    AttemptFailed,
+    AttemptStarted,
+    ContextCompacted,
+    Event,
+    FallbackEngaged,
+    InputInjected,
+    MessageReceived,
+    ModelResponded,
+    ProtocolFailure,
+    ResumeRequested,
+    TerminalOutcome,
+    ToolCallFinished,
+    ToolCallStarted,
+    TurnClaimed,
+    TurnCompleted,
+    TurnEnvelope,
+    TurnExhausted,
+    TurnFailed,
+    TurnPaused,
+    content_fingerprint,
+    logical_turn_id,
+)
+from projections.state import (
+    ActiveTurn,
+    ConversationState,
+    HistoryEntry,
+    InputKind,
+    Operation,
+    OutcomeKind,
+    PendingInput,
+    TurnRecord,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Rejection:
+    """Why the fold left its state untouched. `conflict` marks input that contradicts what
+    was accepted (same id, other content): a producer bug to dead-letter. Other rejections
+    are duplicates or stale events that every reader ignores the same way."""
+
+    reason: str
+    conflict: bool = False
+
+
+def new_state(conversation_id: str) -> ConversationState:
+    return ConversationState(conversation_id=conversation_id)
+
+
+def apply_event(state: ConversationState, event: Event) -> Rejection | None:
+    """Fold one event into `state` in place. Returns None when accepted."""
+    if event.conversation_id != state.conversation_id:
+        return Rejection(f"event of conversation {event.conversation_id!r} folded into {state.conversation_id!r}")
+    rejection = _dispatch(state, event)
+    if rejection is None:
+        state.events_applied += 1
+    return rejection
+
+
+def _dispatch(state: ConversationState, event: Event) -> Rejection | None:
+    match event:
+        case MessageReceived():
+            return _add_input(state, event.message_id, "message", event.content, event.occurred_at)
+        case InputInjected():
+            return _add_input(state, event.occurrence_key, "injected", event.content, event.occurred_at)
+        case ResumeRequested():
+            return _add_input(state, event.request_id, "resume", event.content, event.occurred_at)
+        case TurnClaimed():
+            return _claim(state, event)
+        case AttemptStarted():
+            return _start_attempt(state, event)
+        case TurnCompleted() | TurnFailed() | TurnPaused() | TurnExhausted():
+            return _finish(state, event)
+        case _:
+            return _record_step(state, event)
+
+
+def _add_input(state: ConversationState, input_id: str, kind: InputKind, content: str, at: int) -> Rejection | None:
+    fingerprint = content_fingerprint(content)
+    seen = state.seen_inputs.get(input_id)
+    if seen is not None:
+        if seen == fingerprint:
+            return Rejection(f"duplicate of input {input_id!r}")
+        return Rejection(f"input id {input_id!r} reused with different content", conflict=True)
+    state.seen_inputs[input_id] = fingerprint
+    state.pending[input_id] = PendingInput(input_id, kind, content, at)
+    return None
+
+
+def _claim(state: ConversationState, claim: TurnClaimed) -> Rejection | None:
+    if state.active is not None:
+        return Rejection(f"claim while turn {state.active.turn_id} is active")
+    missing = [i for i in claim.input_ids if i not in state.pending]
+    if missing:
+        return Rejection(f"claimed inputs not pending: {missing[:5]}")
+    if claim.turn_id != logical_turn_id(claim.input_ids):
+        return Rejection("turn id is not the logical id of the claimed inputs")
+    if claim.history_boundary != len(state.history):
+        return Rejection(f"history boundary {claim.history_boundary} != history length {len(state.history)}")
+    if claim.attempt != 1:
+        return Rejection("a claim opens attempt 1; retries are AttemptStarted")
+    inputs = tuple(state.pending.pop(i) for i in claim.input_ids)
+    for i in claim.input_ids:
+        state.claimed_by[i] = claim.turn_id
+    state.active = ActiveTurn(
+        turn_id=claim.turn_id,
+        inputs=inputs,
+        history_boundary=claim.history_boundary,
+        claimed_at=claim.occurred_at,
+        run_id=claim.run_id,
+        attempt=1,
+    )
+    return None
+
+
+def _start_attempt(state: ConversationState, start: AttemptStarted) -> Rejection | None:
+    turn = state.active
+    if turn is None or turn.turn_id != start.turn_id:
+        return Rejection("attempt of a turn that is not active")
+    first = turn.attempt_state == "claimed" and start.attempt == turn.attempt and start.run_id == turn.run_id
+    retry = turn.attempt_state == "closed" and start.attempt == turn.attempt + 1
+    if not (first or retry):
+        return Rejection(f"attempt {start.attempt} does not follow attempt {turn.attempt}")
+    if retry and turn.side_effect_started:
+        return Rejection("no automatic attempt after a side effect started")
+    turn.run_id, turn.attempt, turn.attempt_state = start.run_id, start.attempt, "open"
+    turn.model, turn.iterations = start.model, 0
+    return None
+
+
+def _active_run(state: ConversationState, event: TurnEnvelope) -> ActiveTurn | Rejection:
+    turn = state.active
+    if turn is None or turn.turn_id != event.turn_id:
+        return Rejection("event of a turn that is not active")
+    # A claimed attempt that never started can still be declared failed (its owner died).
+    allowed = ("claimed", "open") if isinstance(event, AttemptFailed) else ("open",)
+    if turn.run_id != event.run_id or turn.attempt_state not in allowed:
+        return Rejection(f"event of run {event.run_id}, which is not the open attempt")
+    return turn
+
+
+def _record_step(state: ConversationState, event: Event) -> Rejection | None:
+    assert isinstance(event, TurnEnvelope)  # inputs, claims and outcomes are dispatched before
+    turn = _active_run(state, event)
+    if isinstance(turn, Rejection):
+        return turn
+    match event:
+        case ModelResponded():
+            turn.iterations = event.iteration
+            turn.model = event.model
+            turn.input_tokens += event.usage.input_tokens
+            turn.output_tokens += event.usage.output_tokens
+            # An unknown price poisons the total: a budget must not read it as zero.
+            turn.cost_usd = None if turn.cost_usd is None or event.cost_usd is None else turn.cost_usd + event.cost_usd
+        case ToolCallStarted():
+            turn.tool_calls += 1
+            turn.operations[event.call_id] = Operation(event.call_id, event.tool, event.side_effect, "started")
+        case ToolCallFinished():
+            op = turn.operations.get(event.call_id)
+            if op is None:
+                return Rejection(f"finish of tool call {event.call_id} that never started")
+            op.status = "succeeded" if event.ok else "failed"
+        case FallbackEngaged():
+            turn.fallbacks += 1
+            turn.model = event.to_model
+        case AttemptFailed():
+            turn.attempt_state = "closed"
+        case ProtocolFailure() | ContextCompacted():
+            pass  # recorded on the log for audit; they change no state the engine decides on
+    return None
+
+
+_OUTCOME_KIND: dict[type, OutcomeKind] = {
+    TurnCompleted: "completed",
+    TurnFailed: "failed",
+    TurnPaused: "paused",
+    TurnExhausted: "exhausted",
+}
+
+
+def _finish(state: ConversationState, outcome: TerminalOutcome) -> Rejection | None:
+    turn = state.active
+    if turn is None or turn.turn_id != outcome.turn_id:
+        return Rejection("outcome of a turn that is not active")
+    if turn.run_id != outcome.run_id:
+        return Rejection(f"outcome from run {outcome.run_id}, which is not the active run")
+    kind = _OUTCOME_KIND[type(outcome)]
+    for item in turn.inputs:
+        state.history.append(HistoryEntry("user", item.content, item.occurred_at, turn.turn_id))
+    state.history.append(HistoryEntry("assistant", _closing_text(outcome), outcome.occurred_at, turn.turn_id, kind))
+    state.turns[turn.turn_id] = TurnRecord(turn.turn_id, turn.input_ids, kind, turn.attempt)
+    state.active = None
+    return None
+
+
+def _closing_text(outcome: TerminalOutcome) -> str:
+    """What later turns see of this one: the reply, or a plain note of how it ended."""
+    match outcome:
+        case TurnCompleted():
+            return outcome.reply
+        case TurnFailed():
+            return f"[This turn failed: {outcome.error}]"
+        case TurnPaused():
+            return f"{outcome.kept}\n[Paused ({outcome.reason}): {outcome.resume_hint}]".lstrip()
+        case TurnExhausted():
+            return f"{outcome.last_text or ''}\n[Stopped: iteration allowance used without a final answer]".lstrip()

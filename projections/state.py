@@ -1,0 +1,105 @@
+"""The state a conversation folds to. Plain mutable records owned by the fold.
+
+They are mutable on purpose: the fold is on the hot path of every consumed event and
+must cost the same at the 10,000th message as at the first, so it appends in place
+instead of copying histories. Only the fold writes them; readers take what they need.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+InputKind = Literal["message", "injected", "resume"]
+OperationStatus = Literal["started", "succeeded", "failed"]
+AttemptState = Literal["claimed", "open", "closed"]
+OutcomeKind = Literal["completed", "failed", "paused", "exhausted"]
+
+
+@dataclass(slots=True)
+class PendingInput:
+    """One input waiting for a turn: a message, an injected input or a resume request."""
+
+    input_id: str
+    kind: InputKind
+    content: str
+    occurred_at: int
+
+
+@dataclass(slots=True)
+class HistoryEntry:
+    """One line of the conversation as later turns see it. Entries are appended only when a
+    turn ends, in turn order: the claimed inputs, then what the turn answered."""
+
+    role: Literal["user", "assistant"]
+    content: str
+    occurred_at: int
+    turn_id: str
+    outcome: OutcomeKind | None = None  # set on the assistant entry that closes a turn
+
+
+@dataclass(slots=True)
+class Operation:
+    call_id: str
+    tool: str
+    side_effect: bool
+    status: OperationStatus
+
+
+@dataclass(slots=True)
+class ActiveTurn:
+    """The one turn that owns the conversation between its claim and its outcome."""
+
+    turn_id: str
+    inputs: tuple[PendingInput, ...]
+    history_boundary: int
+    claimed_at: int
+    run_id: str
+    attempt: int
+    # claimed: TurnClaimed is on the log, its first AttemptStarted not yet;
+    # open: the attempt of `run_id` runs; closed: it ended with AttemptFailed.
+    attempt_state: AttemptState = "claimed"
+    model: str | None = None
+    iterations: int = 0  # of the current attempt
+    # Totals over every attempt of the logical turn: budgets bound the turn, not one try.
+    tool_calls: int = 0
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cost_usd: float | None = 0.0
+    fallbacks: int = 0
+    operations: dict[str, Operation] = field(default_factory=dict)
+
+    @property
+    def input_ids(self) -> tuple[str, ...]:
+        return tuple(i.input_id for i in self.inputs)
+
+    @property
+    def side_effect_started(self) -> bool:
+        """True once any side-effecting tool has started: from then on the turn may have
+        changed the world and is never replayed automatically."""
+        return any(op.side_effect for op in self.operations.values())
+
+
+@dataclass(slots=True)
+class TurnRecord:
+    """What remains of a finished turn: enough to answer "was this input answered, how"."""
+
+    turn_id: str
+    input_ids: tuple[str, ...]
+    outcome: OutcomeKind
+    attempts: int
+
+
+@dataclass(slots=True)
+class ConversationState:
+    conversation_id: str
+    history: list[HistoryEntry] = field(default_factory=list)
+    # Insertion order is log order; the claim sorts by the producers' timestamps.
+    pending: dict[str, PendingInput] = field(default_factory=dict)
+    active: ActiveTurn | None = None
+    turns: dict[str, TurnRecord] = field(default_factory=dict)
+    # input id -> fingerprint of its content, for idempotent re-publishing.
+    seen_inputs: dict[str, str] = field(default_factory=dict)
+    # input id -> the logical turn that claimed it (rule 1).
+    claimed_by: dict[str, str] = field(default_factory=dict)
+    events_applied: int = 0

@@ -1,0 +1,154 @@
+"""`turnstile`: demo, run, send and tail, on Kafka or on the embedded log."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import signal
+import sys
+from pathlib import Path
+
+from events import DecodeError, decode
+from handlers.claim import DebouncePolicy
+from handlers.provider import Provider
+from handlers.providers.scripted import ScriptedProvider
+from streams.file_log import FileLog
+from streams.log import EventLog, Topics
+from streams.publisher import message_event, publish
+from streams.runtime import SystemClock
+from streams.timeline import describe
+from streams.turn_runner import TurnSettings
+from streams.worker import Worker, WorkerConfig
+
+DEFAULT_DATA = Path(".turnstile")
+
+
+def _add_log_args(parser: argparse.ArgumentParser) -> None:
+    where = parser.add_mutually_exclusive_group()
+    where.add_argument("--broker", help="kafka://HOST:PORT[,HOST:PORT] (default: the embedded file log)")
+    where.add_argument("--data", type=Path, default=DEFAULT_DATA, help="embedded log folder (default: .turnstile)")
+    parser.add_argument("--events-topic", default=Topics.events)
+    parser.add_argument("--outcomes-topic", default=Topics.outcomes)
+    parser.add_argument("--dlq-topic", default=Topics.dead_letters)
+
+
+def _open_log(args: argparse.Namespace, group_id: str = "turnstile-worker") -> EventLog:
+    topics = Topics(args.events_topic, args.outcomes_topic, args.dlq_topic)
+    if args.broker:
+        from streams.kafka_log import KafkaLog, bootstrap_of
+
+        return KafkaLog(bootstrap_of(args.broker), group_id=group_id, topics=topics)
+    return FileLog(args.data, topics)
+
+
+def _provider(args: argparse.Namespace) -> Provider:
+    key = os.environ.get("TURNSTILE_API_KEY")
+    if args.provider == "openai":
+        from handlers.providers.openai_chat import OpenAIChatProvider
+
+        return OpenAIChatProvider(args.base_url or "https://api.openai.com/v1", key)
+    if args.provider == "anthropic":
+        from handlers.providers.anthropic_messages import AnthropicMessagesProvider
+
+        return AnthropicMessagesProvider(args.base_url or "https://api.anthropic.com", key)
+    return ScriptedProvider(delay_s=args.scripted_delay)
+
+
+async def _run(args: argparse.Namespace) -> int:
+    log = _open_log(args, args.group)
+    config = WorkerConfig(
+        debounce=DebouncePolicy(args.quiet_ms, args.max_wait_ms, args.max_batch),
+        turn=TurnSettings(model=args.model),
+    )
+    provider = _provider(args)
+    worker = Worker(log, provider, config)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    print(f"worker running on {args.broker or args.data}; Ctrl-C stops it", file=sys.stderr)
+    try:
+        await worker.run(stop)
+    finally:
+        await provider.aclose()
+    return 0
+
+
+async def _send(args: argparse.Namespace) -> int:
+    log = _open_log(args)
+    if args.broker:
+        await log.producer.start()  # type: ignore[attr-defined]
+    try:
+        event = message_event(args.conversation, args.text, SystemClock().now_ms(), args.message_id)
+        partition, offset = await publish(log, event)
+        print(f"sent message {event.message_id} to {log.topics.events}[{partition}]@{offset}")
+    finally:
+        if args.broker:
+            await log.producer.stop()  # type: ignore[attr-defined]
+    return 0
+
+
+async def _tail(args: argparse.Namespace) -> int:
+    if args.broker:
+        from streams.kafka_reader import read_topic
+
+        from streams.kafka_log import bootstrap_of
+
+        records = await read_topic(bootstrap_of(args.broker), args.events_topic)
+    else:
+        records = FileLog(args.data, Topics(args.events_topic)).read_all(args.events_topic)
+    for record in records:
+        event = decode(record.value)
+        if isinstance(event, DecodeError):
+            continue
+        if args.conversation in (None, event.conversation_id):
+            print(f"{record.partition}@{record.offset:<6} {event.conversation_id:<20} {describe(event)}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="turnstile", description=__doc__)
+    parser.add_argument("-v", "--verbose", action="store_true")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    demo = sub.add_parser("demo", help="run the seed's double-text scenario on the embedded log")
+    demo.add_argument("--data", type=Path, default=None, help="keep the demo's log here (default: a temp folder)")
+
+    run = sub.add_parser("run", help="run a worker")
+    _add_log_args(run)
+    run.add_argument("--group", default="turnstile-worker", help="Kafka consumer group")
+    run.add_argument("--provider", choices=["scripted", "openai", "anthropic"], default="scripted")
+    run.add_argument("--model", default="scripted-1")
+    run.add_argument("--base-url", default=None, help="provider endpoint; the key comes from TURNSTILE_API_KEY")
+    run.add_argument("--scripted-delay", type=float, default=0.0, help="seconds the scripted model takes")
+    run.add_argument("--quiet-ms", type=int, default=DebouncePolicy.quiet_ms)
+    run.add_argument("--max-wait-ms", type=int, default=DebouncePolicy.max_wait_ms)
+    run.add_argument("--max-batch", type=int, default=DebouncePolicy.max_batch)
+
+    send = sub.add_parser("send", help="publish a user message")
+    _add_log_args(send)
+    send.add_argument("--conversation", required=True)
+    send.add_argument("--text", required=True)
+    send.add_argument("--message-id", default=None, help="idempotency key (default: a new id)")
+
+    tail = sub.add_parser("tail", help="print the events of one or all conversations")
+    _add_log_args(tail)
+    tail.add_argument("--conversation", default=None)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    if args.command == "demo":
+        from streams.demo import main as demo_main
+
+        return demo_main(args.data)
+    handler = {"run": _run, "send": _send, "tail": _tail}[args.command]
+    return asyncio.run(handler(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,79 @@
+"""`turnstile demo`: the seed's scenario, on the embedded log.
+
+A user sends "check the dates"; while that turn's model call is still running, they add
+"also compare the refund rules". The second message must stay pending, get its own turn
+after the first outcome is on the log, and be answered once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import tempfile
+from pathlib import Path
+
+from events import DecodeError, Event, MessageReceived, TurnClaimed, TurnCompleted, decode
+from handlers.claim import DebouncePolicy
+from handlers.providers.scripted import ScriptedProvider
+from streams.file_log import FileLog
+from streams.publisher import message_event, publish
+from streams.runtime import SystemClock
+from streams.timeline import describe
+from streams.worker import Worker, WorkerConfig
+
+CONVERSATION = "demo-conversation"
+
+
+async def run_demo(data_dir: Path | None = None, model_delay_s: float = 2.0, follow_up_after_s: float = 2.0) -> int:
+    directory = data_dir or Path(tempfile.mkdtemp(prefix="turnstile-demo-"))
+    log = FileLog(directory)
+    clock = SystemClock()
+    worker = Worker(log, ScriptedProvider(delay_s=model_delay_s), WorkerConfig(debounce=DebouncePolicy()), clock)
+    stop = asyncio.Event()
+    running = asyncio.create_task(worker.run(stop))
+    start = clock.now_ms()
+    print(f"embedded log in {directory}\n")
+    await publish(log, message_event(CONVERSATION, "check the dates", clock.now_ms(), "msg-1"))
+    await asyncio.sleep(follow_up_after_s)
+    await publish(log, message_event(CONVERSATION, "also compare the refund rules", clock.now_ms(), "msg-2"))
+
+    def answered() -> int:
+        state = worker.states.get(CONVERSATION)
+        return sum(len(t.input_ids) for t in state.turns.values()) if state else 0
+
+    for _ in range(400):
+        if answered() >= 2:
+            break
+        await asyncio.sleep(0.05)
+    stop.set()
+    await running
+
+    timeline = [
+        event
+        for record in log.read_all(log.topics.events)
+        if not isinstance(event := decode(record.value), DecodeError) and event.conversation_id == CONVERSATION
+    ]
+    for event in timeline:
+        print(f"+{(event.occurred_at - start) / 1000:6.2f}s  {describe(event)}")
+    return _verdict(timeline)
+
+
+def _verdict(events: list[Event]) -> int:
+    sent = [e.message_id for e in events if isinstance(e, MessageReceived)]
+    claims = [e for e in events if isinstance(e, TurnClaimed)]
+    replies = [e for e in events if isinstance(e, TurnCompleted)]
+    claimed = [i for c in claims for i in c.input_ids]
+    ok = sorted(claimed) == sorted(sent) and len(claims) == 2 and len(replies) == 2
+    print()
+    for c in claims:
+        print(f"turn {c.turn_id[:8]} claimed {list(c.input_ids)}")
+    print(
+        "\nOK: each message was claimed by exactly one turn and answered once; the follow-up waited "
+        "for the first outcome."
+        if ok
+        else "\nUNEXPECTED: see the timeline above."
+    )
+    return 0 if ok else 1
+
+
+def main(data_dir: Path | None = None) -> int:
+    return asyncio.run(run_demo(data_dir))

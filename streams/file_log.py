@@ -1,0 +1,176 @@
+"""The embedded log: Kafka's model (topics, partitions, offsets, keyed appends) on local
+files, for one process and no broker.
+
+Each partition is an append-only file of JSON lines; a record's offset is its line
+number. Appends take an exclusive lock, so `turnstile send` in another process can
+append while a worker tails. Partitioning is Kafka's own (murmur2 of the key), so a
+conversation lands in the partition Kafka would give it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import fcntl
+import os
+from pathlib import Path
+
+import orjson
+from aiokafka.partitioner import murmur2
+
+from streams.log import PartitionStart, RebalanceListener, Record, Topics
+
+
+def partition_for(key: str, partitions: int) -> int:
+    """Kafka's default partitioner: the same partition a Java or Go producer picks."""
+    return (murmur2(key.encode()) & 0x7FFFFFFF) % partitions
+
+
+class _PartitionFile:
+    """Appends to one partition file and knows how many records it holds."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.touch(exist_ok=True)
+        self._scanned_bytes = 0
+        self._count = 0
+
+    def _catch_up(self) -> None:
+        # Other processes may have appended since we last looked: count their lines.
+        with open(self.path, "rb") as reader:
+            reader.seek(self._scanned_bytes)
+            tail = reader.read()
+        complete = tail.rfind(b"\n") + 1
+        self._count += tail.count(b"\n", 0, complete)
+        self._scanned_bytes += complete
+
+    def append(self, line: bytes) -> int:
+        with open(self.path, "ab") as fh:
+            fcntl.flock(fh, fcntl.LOCK_EX)
+            try:
+                self._catch_up()
+                fh.write(line + b"\n")
+                fh.flush()
+                os.fsync(fh.fileno())
+                offset = self._count
+                self._count += 1
+                self._scanned_bytes += len(line) + 1
+                return offset
+            finally:
+                fcntl.flock(fh, fcntl.LOCK_UN)
+
+    def end_offset(self) -> int:
+        self._catch_up()
+        return self._count
+
+
+class _PartitionReader:
+    """Tails one partition file from a given offset."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.position = 0
+        self._byte_pos = 0
+
+    def read(self, partition: int, limit: int) -> list[Record]:
+        with open(self.path, "rb") as fh:
+            fh.seek(self._byte_pos)
+            chunk = fh.read(4 << 20)
+            while chunk and b"\n" not in chunk:  # one record longer than the read size
+                more = fh.read(4 << 20)
+                if not more:
+                    break
+                chunk += more
+        records: list[Record] = []
+        start = 0
+        while len(records) < limit:
+            end = chunk.find(b"\n", start)
+            if end < 0:
+                break  # a line still being written is read next time
+            key, value = _decode_line(chunk[start:end])
+            records.append(Record(partition, self.position, key, value))
+            self.position += 1
+            start = end + 1
+        self._byte_pos += start
+        return records
+
+
+def _encode_line(key: str, value: bytes) -> bytes:
+    try:
+        return orjson.dumps({"key": key, "value": value.decode("utf-8")})
+    except UnicodeDecodeError:
+        return orjson.dumps({"key": key, "value_b64": base64.b64encode(value).decode("ascii")})
+
+
+def _decode_line(line: bytes) -> tuple[bytes, bytes]:
+    row = orjson.loads(line)
+    value = row["value"].encode() if "value" in row else base64.b64decode(row["value_b64"])
+    return row["key"].encode(), value
+
+
+class FileLog:
+    """One consumer that owns every partition of the events topic, plus appends to any topic."""
+
+    def __init__(self, directory: Path, topics: Topics = Topics(), partitions: int = 4) -> None:
+        self.directory = directory
+        self.topics = topics
+        self.partitions = partitions
+        self._files: dict[tuple[str, int], _PartitionFile] = {}
+        self._readers: dict[int, _PartitionReader] = {}
+        self._committed_path = directory / topics.events / "committed.json"
+
+    def _file(self, topic: str, partition: int) -> _PartitionFile:
+        handle = self._files.get((topic, partition))
+        if handle is None:
+            handle = self._files[(topic, partition)] = _PartitionFile(self.directory / topic / f"{partition}.log")
+        return handle
+
+    def _partition_count(self, topic: str) -> int:
+        return self.partitions if topic == self.topics.events else 1
+
+    async def start(self, listener: RebalanceListener) -> None:
+        committed = self._read_committed()
+        starts = {}
+        for p in range(self.partitions):
+            self._readers[p] = _PartitionReader(self._file(self.topics.events, p).path)
+            starts[p] = PartitionStart(self._file(self.topics.events, p).end_offset(), committed.get(p, 0))
+        await listener.on_assigned(starts)
+
+    async def poll(self, timeout_s: float) -> list[Record]:
+        deadline = asyncio.get_running_loop().time() + timeout_s
+        while True:
+            records = [r for p, reader in self._readers.items() for r in reader.read(p, 500)]
+            if records or asyncio.get_running_loop().time() >= deadline:
+                return records
+            await asyncio.sleep(min(0.02, max(0.0, deadline - asyncio.get_running_loop().time())))
+
+    async def append(self, topic: str, key: str, value: bytes, partition: int | None = None) -> tuple[int, int]:
+        if partition is None:
+            partition = partition_for(key, self._partition_count(topic))
+        return partition, self._file(topic, partition).append(_encode_line(key, value))
+
+    async def commit(self, offsets: dict[int, int]) -> None:
+        merged = self._read_committed() | offsets
+        tmp = self._committed_path.with_suffix(".tmp")
+        tmp.write_bytes(orjson.dumps({str(k): v for k, v in merged.items()}))
+        tmp.replace(self._committed_path)
+
+    def _read_committed(self) -> dict[int, int]:
+        if not self._committed_path.exists():
+            return {}
+        return {int(k): v for k, v in orjson.loads(self._committed_path.read_bytes()).items()}
+
+    async def stop(self) -> None:
+        self._readers.clear()
+
+    def read_all(self, topic: str) -> list[Record]:
+        """Every record of a topic, partition by partition (for `tail` and tests)."""
+        out: list[Record] = []
+        for p in range(self._partition_count(topic)):
+            path = self.directory / topic / f"{p}.log"
+            if path.exists():
+                reader = _PartitionReader(path)
+                while batch := reader.read(p, 10_000):
+                    out.extend(batch)
+        return out

@@ -1,0 +1,107 @@
+"""The Kafka log: an aiokafka consumer in a consumer group and an idempotent producer.
+
+Why aiokafka directly rather than a faust agent on the hot path: the worker must (1)
+replay each newly assigned partition from the beginning before deciding anything, since
+the events topic *is* the state's changelog; (2) keep consuming a partition while a
+slow model call runs for one of its conversations; (3) commit offsets only as a marker
+of processed one-time effects. faust acks and commits per event as its agent finishes
+it and recovers tables from a second changelog; both fight (1) and (2).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
+from aiokafka.structs import OffsetAndMetadata
+
+from streams.log import PartitionStart, RebalanceListener, Record, Topics
+
+log = logging.getLogger(__name__)
+
+
+def bootstrap_of(url: str) -> str:
+    """`kafka://host:port[,host:port]` or a bare `host:port` list -> aiokafka bootstrap."""
+    return url.removeprefix("kafka://")
+
+
+class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]
+    def __init__(self, owner: KafkaLog, listener: RebalanceListener) -> None:
+        self.owner = owner
+        self.listener = listener
+
+    async def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None:
+        # Awaited before the group rebalances: the worker stops its turns for these
+        # partitions here, so the next owner never sees two writers of one conversation.
+        if revoked:
+            await self.listener.on_revoked({tp.partition for tp in revoked})
+
+    async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
+        if not assigned:
+            return
+        consumer = self.owner.consumer
+        ends = await consumer.end_offsets(list(assigned))
+        starts = {}
+        for tp in assigned:
+            committed = await consumer.committed(tp)
+            starts[tp.partition] = PartitionStart(ends[tp], committed or 0)
+        consumer.seek_to_beginning(*assigned)
+        await self.listener.on_assigned(starts)
+
+
+class KafkaLog:
+    def __init__(
+        self,
+        bootstrap: str,
+        group_id: str = "turnstile-worker",
+        topics: Topics = Topics(),
+        client_id: str = "turnstile",
+    ) -> None:
+        self.topics = topics
+        self.consumer = AIOKafkaConsumer(
+            bootstrap_servers=bootstrap,
+            group_id=group_id,
+            client_id=client_id,
+            enable_auto_commit=False,
+            auto_offset_reset="earliest",
+            isolation_level="read_committed",
+            max_poll_records=1000,
+        )
+        # Idempotent: a retried send after a lost acknowledgement is written once.
+        self.producer = AIOKafkaProducer(
+            bootstrap_servers=bootstrap,
+            client_id=client_id,
+            enable_idempotence=True,
+            acks="all",
+            linger_ms=0,
+        )
+
+    async def start(self, listener: RebalanceListener) -> None:
+        await self.producer.start()
+        await self.consumer.start()
+        self.consumer.subscribe([self.topics.events], listener=_Listener(self, listener))
+
+    async def poll(self, timeout_s: float) -> list[Record]:
+        batches = await self.consumer.getmany(timeout_ms=int(timeout_s * 1000), max_records=1000)
+        return [Record(tp.partition, m.offset, m.key, m.value) for tp, messages in batches.items() for m in messages]
+
+    async def append(self, topic: str, key: str, value: bytes, partition: int | None = None) -> tuple[int, int]:
+        meta = await self.producer.send_and_wait(topic, value=value, key=key.encode(), partition=partition)
+        return meta.partition, meta.offset
+
+    async def commit(self, offsets: dict[int, int]) -> None:
+        owned = self.consumer.assignment()
+        mine = {
+            tp: OffsetAndMetadata(offset, "")
+            for p, offset in offsets.items()
+            if (tp := TopicPartition(self.topics.events, p)) in owned
+        }
+        if mine:
+            try:
+                await self.consumer.commit(mine)
+            except Exception as exc:  # a rebalance in progress: the next commit carries it
+                log.warning("offset commit skipped: %s", exc)
+
+    async def stop(self) -> None:
+        await asyncio.gather(self.consumer.stop(), self.producer.stop(), return_exceptions=True)

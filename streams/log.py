@@ -1,0 +1,62 @@
+"""The seam between the worker and the log it reads and appends to.
+
+Two implementations share it: Kafka (aiokafka consumer group + idempotent producer) and
+the embedded file log (one process, no broker). The worker cannot tell them apart.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes | None
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionStart:
+    """Where a newly assigned partition stands: replay runs from the beginning to
+    `end_offset` before the worker decides anything; offsets below `committed` were
+    already processed by some owner, so their one-time effects (dead letters, outcome
+    records) are not repeated."""
+
+    end_offset: int
+    committed: int
+
+
+@dataclass(frozen=True, slots=True)
+class Topics:
+    events: str = "turnstile.events"
+    outcomes: str = "turnstile.outcomes"
+    dead_letters: str = "turnstile.events.dlq"
+
+
+class RebalanceListener(Protocol):
+    async def on_assigned(self, partitions: dict[int, PartitionStart]) -> None: ...
+
+    async def on_revoked(self, partitions: set[int]) -> None: ...
+
+
+AppendFn = Callable[[str, str, bytes, int | None], Awaitable[tuple[int, int]]]
+
+
+class EventLog(Protocol):
+    topics: Topics
+
+    async def start(self, listener: RebalanceListener) -> None: ...
+
+    async def poll(self, timeout_s: float) -> list[Record]: ...
+
+    async def append(self, topic: str, key: str, value: bytes, partition: int | None = None) -> tuple[int, int]:
+        """Append and wait for the log to acknowledge; returns (partition, offset)."""
+        ...
+
+    async def commit(self, offsets: dict[int, int]) -> None: ...
+
+    async def stop(self) -> None: ...

@@ -1,0 +1,63 @@
+"""One readable line per event, for `turnstile demo`, `tail` and people reading logs."""
+
+from __future__ import annotations
+
+from events import (
+    AttemptFailed,
+    AttemptStarted,
+    Event,
+    InputInjected,
+    MessageReceived,
+    ModelResponded,
+    ProtocolFailure,
+    ResumeRequested,
+    ToolCallFinished,
+    ToolCallStarted,
+    TurnClaimed,
+    TurnCompleted,
+    TurnExhausted,
+    TurnFailed,
+    TurnPaused,
+)
+
+
+def _short(text: str | None, limit: int = 70) -> str:
+    text = (text or "").replace("\n", " ")
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def describe(event: Event) -> str:
+    turn = f"turn {event.turn_id[:8]} " if hasattr(event, "turn_id") else ""
+    match event:
+        case MessageReceived():
+            detail = f"message {event.message_id}: {_short(event.content)!r}"
+        case InputInjected():
+            detail = f"{event.source} input {event.occurrence_key}: {_short(event.content)!r}"
+        case ResumeRequested():
+            detail = f"resume of turn {event.resumes_turn_id[:8]}"
+        case TurnClaimed():
+            detail = f"claims {list(event.input_ids)} (history boundary {event.history_boundary})"
+        case AttemptStarted():
+            detail = f"attempt {event.attempt} run {event.run_id[:8]} on {event.model}"
+        case ModelResponded():
+            calls = f", {len(event.tool_calls)} tool call(s)" if event.tool_calls else ""
+            detail = f"iteration {event.iteration} {event.model}{calls}: {_short(event.text, 50)!r}"
+        case ToolCallStarted():
+            detail = f"tool {event.tool} {event.call_id} started{' (side effect)' if event.side_effect else ''}"
+        case ToolCallFinished():
+            detail = f"tool call {event.call_id} {'ok' if event.ok else 'failed'}"
+        case ProtocolFailure():
+            detail = f"protocol failure {event.kind}: {_short(event.detail, 50)}"
+        case AttemptFailed():
+            detail = f"attempt {event.attempt} failed ({'will retry' if event.retryable else 'final'}): {event.reason}"
+        case TurnCompleted():
+            detail = f"COMPLETED {dict(event.statuses)}: {_short(event.reply, 50)!r}"
+        case TurnFailed():
+            detail = f"FAILED: {_short(event.error)}"
+        case TurnPaused():
+            detail = f"PAUSED ({event.reason}): {_short(event.resume_hint)}"
+        case TurnExhausted():
+            detail = "EXHAUSTED: iteration allowance used"
+        case _:
+            detail = ""
+    return f"{event.type:<17} {turn}{detail}".rstrip()
