@@ -1,0 +1,108 @@
+"""When a conversation is claimed, what the claim holds, and what the model is sent."""
+
+from __future__ import annotations
+
+import pytest
+from builders import CONV, claim, completed, message, started
+
+from events import logical_turn_id
+from handlers.claim import ClaimPlan, DebouncePolicy, WaitUntil, claim_event, plan_claim
+from handlers.context import build_context, render_pending
+from projections import apply_event, new_state
+
+POLICY = DebouncePolicy(quiet_ms=1000, max_wait_ms=3000, max_batch=20)
+
+
+def state_of(*events):
+    state = new_state(CONV)
+    for e in events:
+        assert apply_event(state, e) is None
+    return state
+
+
+def test_nothing_to_claim_without_pending_input():
+    assert plan_claim(new_state(CONV), 0, POLICY) is None
+
+
+def test_waits_for_one_quiet_second_then_claims():
+    state = state_of(message("a", 1000))
+    assert plan_claim(state, 1500, POLICY) == WaitUntil(2000)
+    plan = plan_claim(state, 2000, POLICY)
+    assert isinstance(plan, ClaimPlan) and plan.input_ids == ("a",)
+
+
+def test_each_new_message_restarts_the_quiet_window_up_to_the_cap():
+    state = state_of(message("a", 0), message("b", 900), message("c", 1800), message("d", 2700))
+    assert plan_claim(state, 2800, POLICY) == WaitUntil(3000)  # cap: 3 s after the first
+    assert isinstance(plan_claim(state, 3000, POLICY), ClaimPlan)
+
+
+def test_three_rapid_messages_become_one_turn_listing_all_three_in_order():
+    state = state_of(message("a", 0, "check the dates"), message("b", 300, "and times"), message("c", 600, "thanks"))
+    plan = plan_claim(state, 1600, POLICY)
+    assert isinstance(plan, ClaimPlan)
+    assert plan.input_ids == ("a", "b", "c")
+    assert plan.turn_id == logical_turn_id(["c", "b", "a"])
+    assert apply_event(state, claim_event(state, plan, event_id="e", run_id="r", now_ms=1600)) is None
+    final = build_context(state.history, state.active.history_boundary, state.active.inputs, None)[-1]
+    assert final.role == "user"
+    assert final.content == (
+        "## Unanswered messages\n\n[00:00] check the dates\n\n[00:00] and times\n\n[00:00] thanks"
+    )
+
+
+def test_a_burst_is_split_into_bounded_turns_without_waiting():
+    state = state_of(*[message(f"m{i:02}", i) for i in range(25)])
+    plan = plan_claim(state, 30, POLICY)
+    assert isinstance(plan, ClaimPlan) and plan.input_ids == tuple(f"m{i:02}" for i in range(20))
+
+
+def test_inputs_are_ordered_by_their_timestamps_not_their_arrival():
+    state = state_of(message("late", 500), message("early", 100))
+    plan = plan_claim(state, 5000, POLICY)
+    assert isinstance(plan, ClaimPlan) and plan.input_ids == ("early", "late")
+
+
+def test_two_messages_ten_seconds_apart_during_a_turn_make_two_turns_each_answered_once():
+    """Given "check the dates" claimed and its model call running,
+    when "also compare the refund rules" arrives 10 s later,
+    then it waits for the first outcome, gets its own turn, and nothing is answered twice."""
+    first = claim(["dates"], 1000, 0)
+    state = state_of(message("dates", 0, "check the dates"), first, started(first, 1000))
+    assert apply_event(state, message("refunds", 10_000, "also compare the refund rules")) is None
+    assert plan_claim(state, 20_000, POLICY) is None  # a turn is active: the follow-up stays pending
+    assert apply_event(state, completed(first, 12_000, "The dates match.")) is None
+
+    plan = plan_claim(state, 12_000, POLICY)
+    assert isinstance(plan, ClaimPlan) and plan.input_ids == ("refunds",)
+    second = claim_event(state, plan, event_id="e2", run_id="run-2", now_ms=12_000)
+    assert apply_event(state, second) is None
+    context = build_context(state.history, second.history_boundary, state.active.inputs, "sys")
+    assert [(m.role, m.content) for m in context] == [
+        ("system", "sys"),
+        ("user", "check the dates"),
+        ("assistant", "The dates match."),
+        ("user", "also compare the refund rules"),
+    ]
+    assert apply_event(state, started(second, 12_001)) is None
+    assert apply_event(state, completed(second, 13_000, "Refund rules compared.")) is None
+    assert sorted(state.claimed_by.items()) == [("dates", first.turn_id), ("refunds", second.turn_id)]
+    assert [h.content for h in state.history if h.role == "assistant"] == ["The dates match.", "Refund rules compared."]
+    assert plan_claim(state, 99_000, POLICY) is None
+
+
+def test_history_stops_at_the_boundary():
+    first = claim(["a"], 10, 0)
+    state = state_of(message("a", 0), first, started(first, 10), completed(first, 20, "r1"), message("b", 30))
+    ctx = build_context(state.history, 0, list(state.pending.values()), None)
+    assert [m.content for m in ctx] == ["text of b"]
+
+
+def test_a_single_input_is_sent_as_it_is():
+    state = state_of(message("a", 0, "just this"))
+    assert render_pending(list(state.pending.values())) == "just this"
+
+
+def test_policy_rejects_nonsense():
+    with pytest.raises(ValueError):
+        DebouncePolicy(quiet_ms=-1)

@@ -1,0 +1,90 @@
+"""The conversation fold: pending set, claims, history boundaries, idempotency, replay."""
+
+from __future__ import annotations
+
+from builders import CONV, claim, completed, message, started
+
+from events import decode, encode
+from projections import apply_event, new_state
+
+
+def fold(events):
+    state = new_state(CONV)
+    verdicts = [apply_event(state, e) for e in events]
+    return state, verdicts
+
+
+def test_messages_are_pending_in_arrival_order_with_their_times():
+    state, _ = fold([message("a", 100), message("b", 200)])
+    assert [(p.input_id, p.occurred_at) for p in state.pending.values()] == [("a", 100), ("b", 200)]
+    assert state.active is None
+
+
+def test_republishing_a_message_is_harmless():
+    state, verdicts = fold([message("a", 100, "hi"), message("a", 150, "hi")])
+    assert list(state.pending) == ["a"]
+    assert verdicts[1] is not None and not verdicts[1].conflict
+
+
+def test_reusing_a_message_id_for_other_content_is_a_conflict_and_changes_nothing():
+    state, verdicts = fold([message("a", 100, "hi"), message("a", 150, "something else")])
+    assert verdicts[1] is not None and verdicts[1].conflict
+    assert state.pending["a"].content == "hi"
+
+
+def test_claim_moves_exact_inputs_to_the_active_turn_and_leaves_later_ones_pending():
+    c = claim(["a"], 1000, 0)
+    state, verdicts = fold([message("a", 100), c, message("b", 1500)])
+    assert verdicts == [None, None, None]
+    assert state.active is not None and state.active.input_ids == ("a",)
+    assert list(state.pending) == ["b"]
+
+
+def test_a_message_is_claimed_by_at_most_one_turn():
+    first = claim(["a"], 1000, 0)
+    again = claim(["a"], 5000, 2, run_id="run-2")
+    state, verdicts = fold([message("a", 100), first, started(first, 1001), completed(first, 2000), again])
+    assert verdicts[-1] is not None and "not pending" in verdicts[-1].reason
+    assert state.claimed_by == {"a": first.turn_id}
+
+
+def test_no_second_claim_while_a_turn_is_active():
+    first = claim(["a"], 1000, 0)
+    second = claim(["b"], 1100, 0, run_id="run-2")
+    state, verdicts = fold([message("a", 100), message("b", 150), first, second])
+    assert verdicts[-1] is not None and "active" in verdicts[-1].reason
+    assert list(state.pending) == ["b"]
+
+
+def test_outcome_appends_claimed_inputs_then_the_reply_to_history():
+    """The seed's bug: a message that arrived mid-turn must not land before the reply."""
+    c = claim(["a"], 1000, 0)
+    state, _ = fold([message("a", 100), c, started(c, 1001), message("b", 1500), completed(c, 3000, "dates ok")])
+    assert [(h.role, h.content) for h in state.history] == [("user", "text of a"), ("assistant", "dates ok")]
+    assert list(state.pending) == ["b"]
+    assert state.active is None
+
+
+def test_events_of_a_run_that_is_not_active_are_ignored():
+    c = claim(["a"], 1000, 0)
+    stale = completed(c, 2000, run_id="someone-else")
+    state, verdicts = fold([message("a", 100), c, started(c, 1001), stale])
+    assert verdicts[-1] is not None
+    assert state.active is not None
+
+
+def test_a_claim_must_name_its_logical_turn_and_the_current_boundary():
+    c = claim(["a"], 1000, boundary=3)
+    state, verdicts = fold([message("a", 100), c])
+    assert verdicts[-1] is not None and state.active is None
+
+
+def test_replay_from_the_log_gives_the_same_state_as_live_folding():
+    c1 = claim(["a"], 1000, 0)
+    c2 = claim(["b"], 3100, 2, run_id="run-2")
+    events = [message("a", 100), c1, started(c1, 1001), message("b", 1500), completed(c1, 3000),
+              c2, started(c2, 3101), completed(c2, 5000)]
+    live, _ = fold(events)
+    replayed, _ = fold([decode(encode(e)) for e in events])
+    assert replayed == live
+    assert len(live.turns) == 2 and not live.pending

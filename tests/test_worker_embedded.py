@@ -1,0 +1,130 @@
+"""The worker end to end on the embedded file log: the same code that runs on Kafka."""
+
+from __future__ import annotations
+
+import asyncio
+
+from builders import claim, message, started
+from worker_harness import events_of, running, until
+
+from events import (
+    AttemptFailed,
+    AttemptStarted,
+    DeadLetter,
+    ToolCallStarted,
+    TurnClaimed,
+    TurnCompleted,
+    TurnFailed,
+    encode,
+)
+from handlers.provider import ModelRequest
+from handlers.providers.scripted import ScriptedProvider
+from streams.file_log import FileLog
+from streams.publisher import message_event, publish
+from streams.runtime import SystemClock
+
+NOW = SystemClock().now_ms
+
+
+async def test_a_message_sent_mid_turn_gets_its_own_turn_after_the_first_outcome(tmp_path):
+    log = FileLog(tmp_path)
+    async with running(log, ScriptedProvider(delay_s=0.5)):
+        await publish(log, message_event("c1", "check the dates", NOW(), "m1"))
+        await until(lambda: any(isinstance(e, TurnClaimed) for e in events_of(log)))
+        await publish(log, message_event("c1", "also compare the refund rules", NOW(), "m2"))
+        await until(lambda: sum(isinstance(e, TurnCompleted) for e in events_of(log)) == 2)
+    events = events_of(log, "c1")
+    claims = [e for e in events if isinstance(e, TurnClaimed)]
+    assert [c.input_ids for c in claims] == [("m1",), ("m2",)]
+    first_outcome = next(i for i, e in enumerate(events) if isinstance(e, TurnCompleted))
+    assert events.index(claims[1]) > first_outcome
+    replies = [e for e in events if isinstance(e, TurnCompleted)]
+    assert [r.reply for r in replies] == [
+        "(scripted reply to) check the dates",
+        "(scripted reply to) also compare the refund rules",
+    ]
+
+
+async def test_a_slow_model_call_does_not_hold_up_other_conversations(tmp_path):
+    log = FileLog(tmp_path, partitions=1)  # both conversations share the one partition
+
+    def script(request: ModelRequest):
+        from handlers.providers.scripted import Scripted, echo_reply
+
+        return Scripted(echo_reply(request), delay_s=30.0 if "slow" in request.messages[-1].content else 0.0)
+
+    async with running(log, ScriptedProvider(script)) as worker:
+        await publish(log, message_event("slow-conv", "slow question", NOW(), "s1"))
+        await asyncio.sleep(0.2)
+        await publish(log, message_event("fast-conv", "fast question", NOW(), "f1"))
+        await until(lambda: any(isinstance(e, TurnCompleted) for e in events_of(log, "fast-conv")), 5)
+        assert worker.states["slow-conv"].active is not None  # still waiting on its model
+
+
+async def test_an_attempt_left_open_by_a_dead_worker_is_retried_under_the_same_turn(tmp_path):
+    log = FileLog(tmp_path)
+    msg, c = message("m1", NOW(), conv="c1"), claim(["m1"], NOW(), 0, run_id="dead-run", conv="c1")
+    for event in (msg, c, started(c, NOW())):
+        await publish_raw(log, event)
+    async with running(log, ScriptedProvider()):
+        await until(lambda: any(isinstance(e, TurnCompleted) for e in events_of(log, "c1")))
+    events = events_of(log, "c1")
+    failed = [e for e in events if isinstance(e, AttemptFailed)]
+    assert len(failed) == 1 and failed[0].run_id == "dead-run" and failed[0].retryable
+    retry = [e for e in events if isinstance(e, AttemptStarted)][-1]
+    assert (retry.turn_id, retry.attempt) == (c.turn_id, 2) and retry.run_id != "dead-run"
+    assert sum(isinstance(e, TurnCompleted) for e in events) == 1
+
+
+async def test_a_side_effect_left_unfinished_is_never_replayed(tmp_path):
+    log = FileLog(tmp_path)
+    msg, c = message("m1", NOW(), conv="c1"), claim(["m1"], NOW(), 0, run_id="dead-run", conv="c1")
+    tool = ToolCallStarted(
+        event_id="t1", conversation_id="c1", occurred_at=NOW(), turn_id=c.turn_id, run_id="dead-run",
+        attempt=1, iteration=1, call_id="call-1", tool="send_email", arguments="{}", side_effect=True,
+    )
+    for event in (msg, c, started(c, NOW()), tool):
+        await publish_raw(log, event)
+    provider = ScriptedProvider()
+    async with running(log, provider):
+        await until(lambda: any(isinstance(e, TurnFailed) for e in events_of(log, "c1")))
+    failed = next(e for e in events_of(log, "c1") if isinstance(e, TurnFailed))
+    assert [(o.call_id, o.status) for o in failed.operations] == [("call-1", "unknown")]
+    assert provider.requests == []  # the model was not called again
+    assert not any(isinstance(e, AttemptStarted) and e.attempt == 2 for e in events_of(log, "c1"))
+
+
+async def test_bad_values_go_to_the_dead_letter_topic_and_the_partition_keeps_moving(tmp_path):
+    log = FileLog(tmp_path, partitions=1)
+    await log.append(log.topics.events, "c1", b"{not json")
+    await log.append(log.topics.events, "c1", encode(message("m1", NOW(), "hello", conv="someone-else")))
+    await publish(log, message_event("c1", "hello", NOW(), "m1"))
+    await publish(log, message_event("c1", "a different text", NOW(), "m1"))
+    async with running(log, ScriptedProvider()) as worker:
+        await until(lambda: "c1" in worker.states and len(worker.states["c1"].history) == 2)
+        assert worker.states["c1"].history[0].content == "hello"
+    letters = [DeadLetter.model_validate_json(r.value) for r in log.read_all(log.topics.dead_letters)]
+    assert [(d.offset, d.reason) for d in letters] == [(0, "not_json"), (1, "key_mismatch"), (3, "conflicting_duplicate")]
+    assert letters[0].original_value() == b"{not json"
+
+
+async def test_a_restarted_worker_rebuilds_the_same_state_and_repeats_nothing(tmp_path):
+    log = FileLog(tmp_path)
+    async with running(log, ScriptedProvider()) as first:
+        for i in range(3):
+            await publish(log, message_event(f"c{i}", f"question {i}", NOW(), f"m{i}"))
+        await until(lambda: sum(isinstance(e, TurnCompleted) for e in events_of(log)) == 3)
+        await asyncio.sleep(0.2)
+        before = dict(first.states)
+    outcomes_before = len(log.read_all(log.topics.outcomes))
+    count_before = len(events_of(log))
+    async with running(FileLog(tmp_path), ScriptedProvider()) as second:
+        await until(lambda: all(p.live for p in second.partitions.values()) and len(second.states) == 3)
+        await asyncio.sleep(0.3)
+        assert second.states == before
+    assert len(events_of(log)) == count_before
+    assert len(log.read_all(log.topics.outcomes)) == outcomes_before == 3
+
+
+async def publish_raw(log: FileLog, event) -> None:
+    await log.append(log.topics.events, event.conversation_id, encode(event))
