@@ -80,8 +80,17 @@ async def test_a_side_effect_left_unfinished_is_never_replayed(tmp_path):
     log = FileLog(tmp_path)
     msg, c = message("m1", NOW(), conv="c1"), claim(["m1"], NOW(), 0, run_id="dead-run", conv="c1")
     tool = ToolCallStarted(
-        event_id="t1", conversation_id="c1", occurred_at=NOW(), turn_id=c.turn_id, run_id="dead-run",
-        attempt=1, iteration=1, call_id="call-1", tool="send_email", arguments="{}", side_effect=True,
+        event_id="t1",
+        conversation_id="c1",
+        occurred_at=NOW(),
+        turn_id=c.turn_id,
+        run_id="dead-run",
+        attempt=1,
+        iteration=1,
+        call_id="call-1",
+        tool="send_email",
+        arguments="{}",
+        side_effect=True,
     )
     for event in (msg, c, started(c, NOW()), tool):
         await publish_raw(log, event)
@@ -104,7 +113,11 @@ async def test_bad_values_go_to_the_dead_letter_topic_and_the_partition_keeps_mo
         await until(lambda: "c1" in worker.states and len(worker.states["c1"].history) == 2)
         assert worker.states["c1"].history[0].content == "hello"
     letters = [DeadLetter.model_validate_json(r.value) for r in log.read_all(log.topics.dead_letters)]
-    assert [(d.offset, d.reason) for d in letters] == [(0, "not_json"), (1, "key_mismatch"), (3, "conflicting_duplicate")]
+    assert [(d.offset, d.reason) for d in letters] == [
+        (0, "not_json"),
+        (1, "key_mismatch"),
+        (3, "conflicting_duplicate"),
+    ]
     assert letters[0].original_value() == b"{not json"
 
 
