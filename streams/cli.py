@@ -92,9 +92,8 @@ async def _send(args: argparse.Namespace) -> int:
 
 async def _tail(args: argparse.Namespace) -> int:
     if args.broker:
-        from streams.kafka_reader import read_topic
-
         from streams.kafka_log import bootstrap_of
+        from streams.kafka_reader import read_topic
 
         records = await read_topic(bootstrap_of(args.broker), args.events_topic)
     else:
@@ -141,7 +140,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    level = logging.INFO if args.verbose else logging.WARNING
+    logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
     if args.command == "demo":
         from streams.demo import main as demo_main
 

@@ -46,7 +46,7 @@ class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]
         for tp in assigned:
             committed = await consumer.committed(tp)
             starts[tp.partition] = PartitionStart(ends[tp], committed or 0)
-        consumer.seek_to_beginning(*assigned)
+        await consumer.seek_to_beginning(*assigned)
         await self.listener.on_assigned(starts)
 
 

@@ -1,0 +1,42 @@
+"""The real broker for integration tests. Under CI a missing broker is a failure, never a skip."""
+
+from __future__ import annotations
+
+import os
+import socket
+import uuid
+
+import pytest
+
+from streams.kafka_reader import ensure_topics
+from streams.log import Topics
+
+BOOTSTRAP = os.environ.get("TURNSTILE_KAFKA", "127.0.0.1:9092")
+
+
+def _reachable(bootstrap: str) -> bool:
+    host, _, port = bootstrap.split(",")[0].rpartition(":")
+    try:
+        with socket.create_connection((host, int(port)), timeout=2):
+            return True
+    except OSError:
+        return False
+
+
+@pytest.fixture(scope="session")
+def kafka_bootstrap() -> str:
+    if not _reachable(BOOTSTRAP):
+        message = f"Kafka is not reachable at {BOOTSTRAP}: start it with infra/kafka/start.sh"
+        if os.environ.get("CI") or os.environ.get("TURNSTILE_REQUIRE_KAFKA"):
+            pytest.fail(message)
+        pytest.skip(message)
+    return BOOTSTRAP
+
+
+@pytest.fixture
+async def fresh_topics(kafka_bootstrap: str) -> Topics:
+    """Topics of this test alone, so tests never read each other's events."""
+    suffix = uuid.uuid4().hex[:8]
+    topics = Topics(f"t-{suffix}.events", f"t-{suffix}.outcomes", f"t-{suffix}.dlq")
+    await ensure_topics(kafka_bootstrap, topics, partitions=8)
+    return topics

@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# The whole test suite from a fresh clone: venv, project install, a real single-node Kafka
+# started from infra/, lint and types, then pytest. Kafka tests fail (never skip) here.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+[[ -x .venv/bin/python ]] || python3 -m venv .venv
+.venv/bin/python -m pip install -q --upgrade pip
+.venv/bin/python -m pip install -q -e '.[dev]'
+
+# Leave a broker that was already running (a developer's) as it was; stop only our own.
+was_running=0
+if [[ -f infra/kafka/.run/kafka.pid ]] && kill -0 "$(cat infra/kafka/.run/kafka.pid)" 2>/dev/null; then
+  was_running=1
+fi
+bash infra/kafka/start.sh
+if [[ $was_running == 0 ]]; then
+  trap 'bash infra/kafka/stop.sh' EXIT
+fi
+
+.venv/bin/ruff check .
+.venv/bin/mypy
+TURNSTILE_REQUIRE_KAFKA=1 .venv/bin/pytest -q -p no:cacheprovider "$@"
