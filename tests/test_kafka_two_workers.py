@@ -93,3 +93,42 @@ async def test_fifty_conversations_two_workers_every_message_claimed_once_every_
     assert len(by_partition) == 8
     outcome_records = await read_topic(kafka_bootstrap, fresh_topics.outcomes)
     assert {decode(r.value).turn_id for r in outcome_records} == set(outcomes)
+
+
+async def test_a_worker_restarted_in_the_same_group_rebuilds_state_from_offset_zero(
+    kafka_bootstrap: str, fresh_topics: Topics  # noqa: F811
+):
+    """Committed offsets mark effects already done; they must not make a new owner skip
+    the history it needs. The second worker's state equals the first's."""
+    group = f"g-{uuid.uuid4().hex[:8]}"
+    config = WorkerConfig(debounce=DebouncePolicy(quiet_ms=50, max_wait_ms=100), commit_interval_s=0.1)
+    first = Worker(KafkaLog(kafka_bootstrap, group, fresh_topics), ScriptedProvider(), config)
+    stop = asyncio.Event()
+    task = asyncio.create_task(first.run(stop))
+    for i in range(5):
+        await publish(first.log, message_event(f"conv-{i}", f"question {i}", NOW(), f"m{i}"))
+    deadline = asyncio.get_running_loop().time() + 60
+    while sum(len(s.turns) for s in first.states.values()) < 5:
+        assert asyncio.get_running_loop().time() < deadline
+        await asyncio.sleep(0.1)
+    await asyncio.sleep(0.5)  # let a commit happen
+    before = dict(first.states)
+    stop.set()
+    await task
+
+    second = Worker(KafkaLog(kafka_bootstrap, group, fresh_topics), ScriptedProvider(), config)
+    stop = asyncio.Event()
+    task = asyncio.create_task(second.run(stop))
+    try:
+        while not (second.partitions and all(p.live for p in second.partitions.values()) and len(second.states) == 5):
+            assert asyncio.get_running_loop().time() < deadline + 60
+            await asyncio.sleep(0.1)
+        await asyncio.sleep(0.5)
+        assert second.states == before
+    finally:
+        stop.set()
+        await task
+    events = await log_events(kafka_bootstrap, fresh_topics)
+    assert sum(isinstance(e, TurnClaimed) for e in events) == 5
+    outcome_records = await read_topic(kafka_bootstrap, fresh_topics.outcomes)
+    assert len(outcome_records) == 5  # not published again by the second owner
