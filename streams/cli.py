@@ -23,15 +23,17 @@ from streams.turn_runner import TurnSettings
 from streams.worker import Worker, WorkerConfig
 
 DEFAULT_DATA = Path(".turnstile")
+DEFAULT_TOPICS = Topics()
+DEFAULT_DEBOUNCE = DebouncePolicy()
 
 
 def _add_log_args(parser: argparse.ArgumentParser) -> None:
     where = parser.add_mutually_exclusive_group()
     where.add_argument("--broker", help="kafka://HOST:PORT[,HOST:PORT] (default: the embedded file log)")
     where.add_argument("--data", type=Path, default=DEFAULT_DATA, help="embedded log folder (default: .turnstile)")
-    parser.add_argument("--events-topic", default=Topics.events)
-    parser.add_argument("--outcomes-topic", default=Topics.outcomes)
-    parser.add_argument("--dlq-topic", default=Topics.dead_letters)
+    parser.add_argument("--events-topic", default=DEFAULT_TOPICS.events)
+    parser.add_argument("--outcomes-topic", default=DEFAULT_TOPICS.outcomes)
+    parser.add_argument("--dlq-topic", default=DEFAULT_TOPICS.dead_letters)
 
 
 def _open_log(args: argparse.Namespace, group_id: str = "turnstile-worker") -> EventLog:
@@ -122,9 +124,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--model", default="scripted-1")
     run.add_argument("--base-url", default=None, help="provider endpoint; the key comes from TURNSTILE_API_KEY")
     run.add_argument("--scripted-delay", type=float, default=0.0, help="seconds the scripted model takes")
-    run.add_argument("--quiet-ms", type=int, default=DebouncePolicy.quiet_ms)
-    run.add_argument("--max-wait-ms", type=int, default=DebouncePolicy.max_wait_ms)
-    run.add_argument("--max-batch", type=int, default=DebouncePolicy.max_batch)
+    run.add_argument("--quiet-ms", type=int, default=DEFAULT_DEBOUNCE.quiet_ms)
+    run.add_argument("--max-wait-ms", type=int, default=DEFAULT_DEBOUNCE.max_wait_ms)
+    run.add_argument("--max-batch", type=int, default=DEFAULT_DEBOUNCE.max_batch)
 
     send = sub.add_parser("send", help="publish a user message")
     _add_log_args(send)

@@ -56,10 +56,11 @@ async def ensure_topics(bootstrap: str, topics: Topics, partitions: int) -> None
     admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
     await admin.start()
     try:
+        forever = {"retention.ms": "-1"}  # the events are the source of truth; dead letters the only copy
         wanted = [
-            NewTopic(topics.events, partitions, 1),
+            NewTopic(topics.events, partitions, 1, topic_configs=forever),
             NewTopic(topics.outcomes, partitions, 1),
-            NewTopic(topics.dead_letters, 1, 1),
+            NewTopic(topics.dead_letters, 1, 1, topic_configs=forever),
         ]
         existing = set(await admin.list_topics())
         missing = [t for t in wanted if t.name not in existing]

@@ -132,6 +132,9 @@ ensure_topics() {
   local mode="$1" budget="$2" existing="" rc=0 i
   local -a names=("$EVENTS_TOPIC" "$OUTCOMES_TOPIC" "$DLQ_TOPIC")
   local -a parts=("$PARTITIONS" "$PARTITIONS" 1)
+  # The events topic is the source of truth (every state is rebuilt from it) and dead letters
+  # hold the only copy of refused bytes: neither may expire. Outcomes keep the broker default.
+  local -a retention=(-1 604800000 -1)
   local -a pids=()
   if [[ "$mode" == check ]]; then
     existing="$(topics "$budget" --list)" || return 1
@@ -141,7 +144,7 @@ ensure_topics() {
     # TopicCommand creates one topic per run; the JVMs run in parallel (~2 s for three on
     # 2 cores, ~2.6 s one after the other). --if-not-exists: a concurrent creator is fine.
     topics "$budget" --create --if-not-exists --topic "${names[$i]}" \
-        --partitions "${parts[$i]}" --replication-factor 1 >/dev/null &
+        --partitions "${parts[$i]}" --replication-factor 1 --config "retention.ms=${retention[$i]}" >/dev/null &
     pids+=($!)
   done
   for i in "${pids[@]}"; do wait "$i" || rc=1; done
