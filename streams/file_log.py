@@ -161,6 +161,9 @@ class FileLog:
             return {}
         return {int(k): v for k, v in orjson.loads(self._committed_path.read_bytes()).items()}
 
+    async def flush(self) -> None:
+        return None  # appends are written and fsynced before they return
+
     async def stop(self) -> None:
         self._readers.clear()
 

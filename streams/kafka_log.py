@@ -103,5 +103,8 @@ class KafkaLog:
             except Exception as exc:  # a rebalance in progress: the next commit carries it
                 log.warning("offset commit skipped: %s", exc)
 
+    async def flush(self) -> None:
+        await self.producer.flush()
+
     async def stop(self) -> None:
         await asyncio.gather(self.consumer.stop(), self.producer.stop(), return_exceptions=True)

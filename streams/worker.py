@@ -97,6 +97,9 @@ class Worker:
         for task in stopping:
             task.cancel()
         await asyncio.gather(*stopping, return_exceptions=True)
+        # A cancelled append may still be in the producer's buffer: let it land now, before
+        # the next owner replays, rather than after it has taken the conversation over.
+        await self.log.flush()
         for p in partitions:
             part = self.partitions.pop(p, None)
             for conversation in part.conversations if part else ():
