@@ -4,7 +4,7 @@ from events.base import SCHEMA_VERSION, Envelope, TurnEnvelope
 from events.codec import DEFAULT_MAX_VALUE_BYTES, DecodeError, decode, encode
 from events.dead_letter import DeadLetter
 from events.identity import content_fingerprint, logical_turn_id
-from events.inputs import InputInjected, MessageReceived, ResumeRequested
+from events.inputs import Approval, InputInjected, MessageReceived, ResumeRequested
 from events.lifecycle import (
     AttemptFailed,
     AttemptStarted,
@@ -42,6 +42,7 @@ __all__ = [
     "INPUT_TYPES",
     "OUTCOME_TYPES",
     "SCHEMA_VERSION",
+    "Approval",
     "AttemptFailed",
     "AttemptStarted",
     "ContextCompacted",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from events.base import Envelope, Identifier
 
@@ -21,15 +21,35 @@ class MessageReceived(Envelope):
     content: Content
 
 
+class Approval(BaseModel):
+    """The decision on a tool call that paused a turn (`TurnPaused` reason `approval`)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    turn_id: Identifier
+    call_id: Identifier
+    approved: bool
+
+
 class InputInjected(Envelope):
     """A synthetic user input from a schedule occurrence, an external event or an approval.
     `occurrence_key` is stable (for a schedule: schedule id + occurrence time), so the
-    same occurrence injected twice yields one input and one logical turn."""
+    same occurrence injected twice yields one input and one logical turn.
+
+    An approval names the paused call it decides in `approval`; `content` is what the
+    model reads (e.g. "Approved: go ahead with the transfer.")."""
 
     type: Literal["InputInjected"] = "InputInjected"
     occurrence_key: Identifier
     source: Literal["schedule", "event", "approval"]
     content: Content
+    approval: Approval | None = None
+
+    @model_validator(mode="after")
+    def _approval_only_from_approvals(self) -> InputInjected:
+        if self.approval is not None and self.source != "approval":
+            raise ValueError("an approval decision must have source 'approval'")
+        return self
 
 
 class ResumeRequested(Envelope):

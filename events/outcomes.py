@@ -7,6 +7,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from events.base import Identifier, TurnEnvelope
+from events.lifecycle import ToolCall
 
 NonNegative = Annotated[int, Field(ge=0)]
 InputStatus = Literal["answered", "failed", "paused", "exhausted"]
@@ -68,6 +69,8 @@ class TurnPaused(_Outcome):
     reason: PauseReason
     kept: str
     resume_hint: str
+    # Reason `approval`: the call waiting for a decision, exactly as the model made it.
+    pending_call: ToolCall | None = None
 
 
 class TurnExhausted(_Outcome):

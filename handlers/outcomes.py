@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from events import OperationRecord, TurnCompleted, TurnExhausted, TurnFailed, TurnMetrics, TurnPaused
+from events import OperationRecord, ToolCall, TurnCompleted, TurnExhausted, TurnFailed, TurnMetrics, TurnPaused
 from events.outcomes import InputStatus, PauseReason
 from projections import ActiveTurn
 
@@ -74,10 +74,22 @@ def failed(turn: ActiveTurn, stamp: Stamp, error: str, default_model: str) -> Tu
 
 
 def paused(
-    turn: ActiveTurn, stamp: Stamp, reason: PauseReason, kept: str, resume_hint: str, default_model: str
+    turn: ActiveTurn,
+    stamp: Stamp,
+    reason: PauseReason,
+    kept: str,
+    resume_hint: str,
+    default_model: str,
+    pending_call: ToolCall | None = None,
 ) -> TurnPaused:
     return TurnPaused.model_validate(
-        {**_common(turn, stamp, "paused", default_model), "reason": reason, "kept": kept, "resume_hint": resume_hint}
+        {
+            **_common(turn, stamp, "paused", default_model),
+            "reason": reason,
+            "kept": kept,
+            "resume_hint": resume_hint,
+            "pending_call": pending_call,
+        }
     )
 
 

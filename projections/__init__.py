@@ -3,6 +3,7 @@
 from projections.conversation import Rejection, apply_event, new_state
 from projections.state import (
     ActiveTurn,
+    ApprovalGrant,
     ConversationState,
     HistoryEntry,
     Operation,
@@ -12,6 +13,7 @@ from projections.state import (
 
 __all__ = [
     "ActiveTurn",
+    "ApprovalGrant",
     "ConversationState",
     "HistoryEntry",
     "Operation",

@@ -37,6 +37,7 @@ from events import (
 )
 from projections.state import (
     ActiveTurn,
+    ApprovalGrant,
     ConversationState,
     HistoryEntry,
     InputKind,
@@ -76,7 +77,10 @@ def _dispatch(state: ConversationState, event: Event) -> Rejection | None:
         case MessageReceived():
             return _add_input(state, event.message_id, "message", event.content, event.occurred_at)
         case InputInjected():
-            return _add_input(state, event.occurrence_key, "injected", event.content, event.occurred_at)
+            pending = PendingInput(
+                event.occurrence_key, "injected", event.content, event.occurred_at, event.source, _grant(state, event)
+            )
+            return _add_pending(state, pending)
         case ResumeRequested():
             return _add_input(state, event.request_id, "resume", event.content, event.occurred_at)
         case TurnClaimed():
@@ -90,15 +94,32 @@ def _dispatch(state: ConversationState, event: Event) -> Rejection | None:
 
 
 def _add_input(state: ConversationState, input_id: str, kind: InputKind, content: str, at: int) -> Rejection | None:
-    fingerprint = content_fingerprint(content)
-    seen = state.seen_inputs.get(input_id)
+    return _add_pending(state, PendingInput(input_id, kind, content, at))
+
+
+def _add_pending(state: ConversationState, item: PendingInput) -> Rejection | None:
+    fingerprint = content_fingerprint(item.content)
+    seen = state.seen_inputs.get(item.input_id)
     if seen is not None:
         if seen == fingerprint:
-            return Rejection(f"duplicate of input {input_id!r}")
-        return Rejection(f"input id {input_id!r} reused with different content", conflict=True)
-    state.seen_inputs[input_id] = fingerprint
-    state.pending[input_id] = PendingInput(input_id, kind, content, at)
+            return Rejection(f"duplicate of input {item.input_id!r}")
+        return Rejection(f"input id {item.input_id!r} reused with different content", conflict=True)
+    state.seen_inputs[item.input_id] = fingerprint
+    state.pending[item.input_id] = item
     return None
+
+
+def _grant(state: ConversationState, event: InputInjected) -> ApprovalGrant | None:
+    """An approval decides the call its turn paused on; one naming another call (or a turn
+    that did not pause for approval) stays a plain input the model reads."""
+    decision = event.approval
+    if decision is None:
+        return None
+    record = state.turns.get(decision.turn_id)
+    call = record.pending_call if record is not None else None
+    if call is None or call.call_id != decision.call_id:
+        return None
+    return ApprovalGrant(decision.turn_id, call.call_id, call.name, call.arguments, decision.approved)
 
 
 def _claim(state: ConversationState, claim: TurnClaimed) -> Rejection | None:
@@ -179,8 +200,13 @@ def _record_step(state: ConversationState, event: Event) -> Rejection | None:
             turn.model = event.to_model
         case AttemptFailed():
             turn.attempt_state = "closed"
-        case ProtocolFailure() | ContextCompacted():
-            pass  # recorded on the log for audit; they change no state the engine decides on
+        case ProtocolFailure():
+            # Repeats of one invalid call are counted per logical turn; the `repeated_call`
+            # records that report the count are not themselves counted.
+            if event.signature is not None and event.kind != "repeated_call":
+                turn.invalid_calls[event.signature] = turn.invalid_calls.get(event.signature, 0) + 1
+        case ContextCompacted():
+            pass  # recorded on the log for audit; it changes no state the engine decides on
     return None
 
 
@@ -202,7 +228,8 @@ def _finish(state: ConversationState, outcome: TerminalOutcome) -> Rejection | N
     for item in turn.inputs:
         state.history.append(HistoryEntry("user", item.content, item.occurred_at, turn.turn_id))
     state.history.append(HistoryEntry("assistant", _closing_text(outcome), outcome.occurred_at, turn.turn_id, kind))
-    state.turns[turn.turn_id] = TurnRecord(turn.turn_id, turn.input_ids, kind, turn.attempt)
+    pending_call = outcome.pending_call if isinstance(outcome, TurnPaused) else None
+    state.turns[turn.turn_id] = TurnRecord(turn.turn_id, turn.input_ids, kind, turn.attempt, pending_call)
     state.active = None
     return None
 

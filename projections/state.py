@@ -10,10 +10,24 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
+from events import ToolCall
+
 InputKind = Literal["message", "injected", "resume"]
 OperationStatus = Literal["started", "succeeded", "failed"]
 AttemptState = Literal["claimed", "open", "closed"]
 OutcomeKind = Literal["completed", "failed", "paused", "exhausted"]
+
+
+@dataclass(frozen=True, slots=True)
+class ApprovalGrant:
+    """An approval input resolved against the paused turn it decides: the exact call
+    (tool and arguments) the user approved or denied."""
+
+    turn_id: str
+    call_id: str
+    tool: str
+    arguments: str
+    approved: bool
 
 
 @dataclass(slots=True)
@@ -24,6 +38,10 @@ class PendingInput:
     kind: InputKind
     content: str
     occurred_at: int
+    # Injected inputs: schedule | event | approval. A turn of scheduled inputs only is
+    # isolated: nobody is watching, and only tools marked for it are offered.
+    source: str | None = None
+    grant: ApprovalGrant | None = None
 
 
 @dataclass(slots=True)
@@ -68,6 +86,8 @@ class ActiveTurn:
     cost_usd: float | None = 0.0
     fallbacks: int = 0
     operations: dict[str, Operation] = field(default_factory=dict)
+    # Canonical signature of an invalid tool call -> how often the model made it.
+    invalid_calls: dict[str, int] = field(default_factory=dict)
 
     @property
     def input_ids(self) -> tuple[str, ...]:
@@ -88,6 +108,8 @@ class TurnRecord:
     input_ids: tuple[str, ...]
     outcome: OutcomeKind
     attempts: int
+    # Paused for approval: the call waiting for a decision.
+    pending_call: ToolCall | None = None
 
 
 @dataclass(slots=True)

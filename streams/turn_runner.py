@@ -4,6 +4,13 @@ every step to the log before acting on it.
 The runner keeps a private copy of the conversation and folds each event it writes into
 it with the same `apply_event` every reader uses, so what it believes is exactly what the
 log will say; an event the fold would reject is a bug and is never written.
+
+One iteration is one provider response followed by zero or more tool results. Before each
+request the budget is checked (cost and time pause the turn; past the soft threshold older
+tool exchanges are compacted); before each tool call the call is validated (protocol
+failures go back to the model as tool errors, repeats change strategy, then stop the turn)
+and the budget is checked again (a hard limit pauses before the tool runs). A tool that
+needs approval pauses the turn. `ToolCallStarted` is on the log before a tool runs.
 """
 
 from __future__ import annotations
@@ -11,32 +18,92 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from events import AttemptFailed, AttemptStarted, Event, ModelResponded, ProtocolFailure
+from events import (
+    AttemptFailed,
+    AttemptStarted,
+    ContextCompacted,
+    Event,
+    FallbackEngaged,
+    ModelResponded,
+    ProtocolFailure,
+    ToolCall,
+    ToolCallFinished,
+    ToolCallStarted,
+)
+from events.outcomes import PauseReason
 from handlers import outcomes
+from handlers.budget import Spent, TurnBudget, hard_limit, soft_dimension, spending_limit
 from handlers.claim import ClaimPlan, claim_event
+from handlers.compaction import compact_tool_exchanges
 from handlers.context import build_context
-from handlers.provider import ChatMessage, ModelRequest, Provider, ProviderError
+from handlers.fallback import FallTo, RouteInfo, next_route
+from handlers.pricing import DEFAULT_PRICES, PriceTable, cost_usd
+from handlers.protocol import RepeatPolicy, repeated_call_error, tool_error
+from handlers.provider import ChatMessage, ModelReply, ModelRequest, Provider, ProviderError, ToolSpec
+from handlers.providers.http_errors import RateLimitedError
+from handlers.tools import InvalidCall, ToolRegistry, ValidCall, call_signature, validate_call
 from projections import ActiveTurn, ConversationState, apply_event
 
 log = logging.getLogger(__name__)
 
 AppendEvent = Callable[[Event], Awaitable[None]]
+RESULT_EXCERPT_CHARS = 300
+# A tool result is recorded in ToolCallFinished: keep it well inside one log value.
+MAX_RESULT_CHARS = 100_000
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    """A model and the provider that serves it: one link of the fallback chain."""
+
+    model: str
+    provider: Provider
 
 
 @dataclass(frozen=True, slots=True)
 class TurnSettings:
     model: str = "scripted-1"
     system_prompt: str | None = "You are a helpful assistant. Answer the user's latest messages."
-    max_iterations: int = 8
     max_attempts: int = 3
     backoff_base_ms: int = 250
     backoff_max_ms: int = 4000
+    budget: TurnBudget = field(default_factory=TurnBudget)
+    prices: PriceTable = field(default_factory=lambda: dict(DEFAULT_PRICES))
+    tools: ToolRegistry = field(default_factory=ToolRegistry)
+    # Models tried after `model`, in order, when it fails mid-attempt (same family only).
+    fallbacks: tuple[Route, ...] = ()
+    repeats: RepeatPolicy = field(default_factory=RepeatPolicy)
+    tool_timeout_s: float = 60.0
+    max_output_tokens: int = 1024
 
-    def backoff_s(self, attempt: int) -> float:
-        """Exponential and bounded, so a provider outage does not become a retry storm."""
-        return min(self.backoff_max_ms, self.backoff_base_ms * 2 ** (attempt - 1)) / 1000
+    def backoff_s(self, attempt: int, error: ProviderError | None = None) -> float:
+        """Exponential and bounded, so a provider outage does not become a retry storm. A
+        429's Retry-After is honoured up to the same bound."""
+        delay_ms = float(min(self.backoff_max_ms, self.backoff_base_ms * 2 ** (attempt - 1)))
+        if isinstance(error, RateLimitedError) and error.retry_after_s is not None:
+            delay_ms = min(float(self.backoff_max_ms), max(delay_ms, error.retry_after_s * 1000))
+        return delay_ms / 1000
+
+
+class _AttemptError(Exception):
+    """The model could not be reached for this attempt, fallbacks included."""
+
+    def __init__(self, error: ProviderError, reason: str) -> None:
+        super().__init__(reason)
+        self.error = error
+        self.reason = reason
+
+
+@dataclass(slots=True)
+class _Done:
+    """Results of the tools this attempt ran: what a pause keeps."""
+
+    tool: str
+    arguments: str
+    ok: bool
+    result: str
 
 
 class TurnRunner:
@@ -51,10 +118,16 @@ class TurnRunner:
     ) -> None:
         self.state = state
         self._append = append
-        self._provider = provider
         self._settings = settings
         self._now_ms = now_ms
         self._new_id = new_id
+        self._routes = (Route(settings.model, provider), *settings.fallbacks)
+        self._route_infos = tuple(RouteInfo(r.model, r.provider.family) for r in self._routes)
+        self._route = 0
+        self._done: dict[str, _Done] = {}
+        self._last_text: str | None = None
+        # Approvals already used: one approval lets exactly one call run.
+        self._grants_used: set[str] = set()
 
     @property
     def turn(self) -> ActiveTurn:
@@ -101,11 +174,13 @@ class TurnRunner:
                 await self._emit(AttemptFailed(**self._stamp(), reason=f"internal error: {exc}", retryable=False))
             await self._fail("The turn failed because of an internal error.")
 
+    # -- attempts ----------------------------------------------------------------------
     async def _attempts(self, first: bool) -> None:
         while True:
             turn = self.turn
             run_id = turn.run_id if first else self._new_id()
             attempt = turn.attempt if first else turn.attempt + 1
+            self._route, self._done, self._last_text = 0, {}, None
             await self._emit(
                 AttemptStarted(
                     event_id=self._new_id(),
@@ -114,29 +189,117 @@ class TurnRunner:
                     turn_id=turn.turn_id,
                     run_id=run_id,
                     attempt=attempt,
-                    model=self._settings.model,
+                    model=self._routes[0].model,
                 )
             )
             try:
                 await self._iterate()
                 return
-            except ProviderError as err:
-                retry = err.retryable and attempt < self._settings.max_attempts and not turn.side_effect_started
-                await self._emit(AttemptFailed(**self._stamp(), reason=str(err), retryable=retry))
+            except _AttemptError as failure:
+                err = failure.error
+                unsafe = turn.side_effect_started
+                retry = err.retryable and attempt < self._settings.max_attempts and not unsafe
+                await self._emit(AttemptFailed(**self._stamp(), reason=failure.reason, retryable=retry))
                 if not retry:
-                    await self._fail(f"The model provider failed: {err.kind}.")
+                    await self._fail(self._provider_failure_message(err, unsafe, attempt))
                     return
-                await asyncio.sleep(self._settings.backoff_s(attempt))
+                await asyncio.sleep(self._settings.backoff_s(attempt, err))
             first = False
 
+    def _provider_failure_message(self, err: ProviderError, unsafe: bool, attempt: int) -> str:
+        if unsafe:
+            return (
+                f"The model provider failed ({err.kind}) after a tool with side effects ran; the turn was not "
+                "retried automatically. Check the operation record before continuing."
+            )
+        if err.retryable:
+            return f"The model provider failed ({err.kind}) on all {attempt} attempts."
+        return f"The model provider failed ({err.kind}); retrying would not help."
+
+    # -- the loop ------------------------------------------------------------------------
     async def _iterate(self) -> None:
         turn = self.turn
+        isolated = all(i.kind == "injected" and i.source == "schedule" for i in turn.inputs)
+        tools = self._settings.tools.specs(isolated)
+        budget = self._settings.budget
         messages: list[ChatMessage] = list(
             build_context(self.state.history, turn.history_boundary, turn.inputs, self._settings.system_prompt)
         )
-        last_text: str | None = None
-        for iteration in range(1, self._settings.max_iterations + 1):
-            reply = await self._provider.complete(ModelRequest(self._settings.model, tuple(messages)))
+        iteration = 0
+        while True:
+            limit = spending_limit(self._spent(iteration), budget, self._model)
+            if limit is not None:
+                await self._pause(limit.dimension, limit.reason)
+                return
+            iteration += 1
+            messages = await self._maybe_compact(messages, iteration)
+            reply = await self._complete(tuple(messages), tools, iteration)
+            if reply.text:
+                self._last_text = reply.text
+            if not reply.tool_calls:
+                await self._emit(outcomes.completed(self.turn, self._next_stamp(), reply.text or "", self._model))
+                return
+            if iteration >= budget.max_iterations:
+                # No iteration is left to read the results: the tools do not run.
+                await self._emit(outcomes.exhausted(self.turn, self._next_stamp(), self._last_text, self._model))
+                return
+            messages.append(ChatMessage("assistant", reply.text or "", tool_calls=reply.tool_calls))
+            for call in reply.tool_calls:
+                result = await self._handle_call(call, iteration, reply.model, isolated)
+                if result is None:
+                    return  # the call ended the turn
+                messages.append(ChatMessage("tool", result, tool_call_id=call.call_id))
+
+    @property
+    def _model(self) -> str:
+        return self._routes[self._route].model
+
+    def _spent(self, iterations: int) -> Spent:
+        turn = self.turn
+        return Spent(iterations, turn.tool_calls, turn.cost_usd, max(0, self._now_ms() - turn.claimed_at))
+
+    async def _maybe_compact(self, messages: list[ChatMessage], iteration: int) -> list[ChatMessage]:
+        dimension = soft_dimension(self._spent(iteration - 1), self._settings.budget)
+        if dimension is None:
+            return messages
+        compacted, call_ids = compact_tool_exchanges(messages)
+        if not call_ids:
+            return messages
+        await self._emit(
+            ContextCompacted(**self._stamp(), iteration=iteration, compacted_call_ids=call_ids, dimension=dimension)
+        )
+        return list(compacted)
+
+    async def _complete(
+        self, messages: tuple[ChatMessage, ...], tools: tuple[ToolSpec, ...], iteration: int
+    ) -> ModelReply:
+        """One provider response, recorded. A failure moves down the fallback chain while the
+        next model speaks the same protocol; otherwise the attempt fails."""
+        while True:
+            route = self._routes[self._route]
+            request = ModelRequest(route.model, messages, tools, self._settings.max_output_tokens)
+            try:
+                reply = await route.provider.complete(request)
+            except ProviderError as err:
+                if err.kind == "malformed_response":
+                    await self._emit(
+                        ProtocolFailure(
+                            **self._stamp(),
+                            iteration=iteration,
+                            model=route.model,
+                            kind="malformed_response",
+                            detail=str(err),
+                        )
+                    )
+                decision = next_route(self._route_infos, self._route, err.kind)
+                if not isinstance(decision, FallTo):
+                    raise _AttemptError(err, f"{err}; {decision.reason}") from None
+                to_model = self._routes[decision.index].model
+                await self._emit(
+                    FallbackEngaged(**self._stamp(), from_model=route.model, to_model=to_model, reason=decision.reason)
+                )
+                self._route = decision.index
+                continue
             await self._emit(
                 ModelResponded(
                     **self._stamp(),
@@ -145,34 +308,124 @@ class TurnRunner:
                     text=reply.text,
                     tool_calls=reply.tool_calls,
                     usage=reply.usage,
-                    cost_usd=None,
+                    cost_usd=cost_usd(self._settings.prices, reply.model, reply.usage, route.model),
                     finish_reason=reply.finish_reason,
                 )
             )
-            last_text = reply.text
-            if not reply.tool_calls:
-                await self._emit(
-                    outcomes.completed(self.turn, self._next_stamp(), reply.text or "", self._settings.model)
-                )
-                return
-            messages.append(ChatMessage("assistant", reply.text or "", tool_calls=reply.tool_calls))
-            for call in reply.tool_calls:
-                detail = f"tool {call.name!r} is not registered"
-                await self._emit(
-                    ProtocolFailure(
-                        **self._stamp(),
-                        iteration=iteration,
-                        model=reply.model,
-                        kind="unknown_tool",
-                        detail=detail,
-                        call_id=call.call_id,
-                    )
-                )
-                messages.append(ChatMessage("tool", f"error: {detail}", tool_call_id=call.call_id))
-        await self._emit(outcomes.exhausted(self.turn, self._next_stamp(), last_text, self._settings.model))
+            return reply
+
+    async def _handle_call(self, call: ToolCall, iteration: int, model: str, isolated: bool) -> str | None:
+        """The tool result the model reads next, or None when this call ended the turn."""
+        checked = validate_call(self._settings.tools, call, isolated)
+        if isinstance(checked, InvalidCall):
+            return await self._invalid_call(checked, iteration, model)
+        limit = hard_limit(self._spent(iteration), self._settings.budget, self._model)
+        if limit is not None:
+            await self._pause(limit.dimension, limit.reason)
+            return None
+        if checked.tool.needs_approval:
+            approved = self._approval_of(checked)
+            if approved is None:
+                await self._pause_for_approval(call)
+                return None
+            if not approved:
+                return "error: the user denied this call; it did not run. Do not call it again."
+        return await self._run_tool(checked, iteration)
+
+    async def _invalid_call(self, invalid: InvalidCall, iteration: int, model: str) -> str | None:
+        call, policy = invalid.call, self._settings.repeats
+        common = {"iteration": iteration, "model": model, "call_id": call.call_id, "signature": invalid.signature}
+        await self._emit(ProtocolFailure(**self._stamp(), **common, kind=invalid.kind, detail=invalid.detail))
+        seen = self.turn.invalid_calls.get(invalid.signature, 0)
+        action = policy.action(seen)
+        if action == "report":
+            return tool_error(invalid.detail, seen, policy)
+        what = "the turn was stopped" if action == "stop" else "a strategy-change instruction was sent"
+        detail = f"the same invalid call to {call.name!r} was made {seen} times; {what}"
+        await self._emit(ProtocolFailure(**self._stamp(), **common, kind="repeated_call", detail=detail))
+        if action == "stop":
+            await self._fail(repeated_call_error(call.name, call.arguments, seen))
+            return None
+        return tool_error(invalid.detail, seen, policy)
+
+    def _approval_of(self, checked: ValidCall) -> bool | None:
+        """The decision of an approval claimed by this turn on exactly this call (same tool,
+        same normalized arguments), if any. An approval lets one call run, not a series."""
+        for item in self.turn.inputs:
+            grant = item.grant
+            if grant is None or call_signature(grant.tool, grant.arguments) != checked.signature:
+                continue
+            if not grant.approved:
+                return False
+            if grant.call_id not in self._grants_used:
+                self._grants_used.add(grant.call_id)
+                return True
+        return None
+
+    async def _run_tool(self, checked: ValidCall, iteration: int) -> str:
+        call, tool = checked.call, checked.tool
+        # On the log, acknowledged, before the tool can touch anything.
+        await self._emit(
+            ToolCallStarted(
+                **self._stamp(),
+                iteration=iteration,
+                call_id=call.call_id,
+                tool=tool.name,
+                arguments=call.arguments,
+                side_effect=tool.side_effect,
+            )
+        )
+        try:
+            async with asyncio.timeout(self._settings.tool_timeout_s):
+                result, ok = await tool.run(checked.arguments), True
+        except TimeoutError:
+            result, ok = f"error: the tool did not finish within {self._settings.tool_timeout_s:g} s", False
+        except Exception as exc:
+            result, ok = f"error: {type(exc).__name__}: {exc}", False
+        if not isinstance(result, str):
+            result, ok = f"error: the tool returned {type(result).__name__}, not text", False
+        if len(result) > MAX_RESULT_CHARS:
+            result = result[:MAX_RESULT_CHARS] + f"\n[truncated: the result had {len(result)} characters]"
+        await self._emit(
+            ToolCallFinished(**self._stamp(), iteration=iteration, call_id=call.call_id, ok=ok, result=result)
+        )
+        self._done[call.call_id] = _Done(tool.name, call.arguments, ok, result)
+        return result
+
+    # -- outcomes ----------------------------------------------------------------------
+    async def _pause(self, reason: PauseReason, why: str) -> None:
+        hint = (
+            f"Paused because {why}. The completed work is kept above. To continue, send a ResumeRequested "
+            f"(resumes_turn_id={self.turn.turn_id}): it starts a new turn with a fresh budget that sees this one."
+        )
+        await self._emit(outcomes.paused(self.turn, self._next_stamp(), reason, self._kept(), hint, self._model))
+
+    async def _pause_for_approval(self, call: ToolCall) -> None:
+        turn = self.turn
+        waiting = f"Waiting for approval to call {call.name} with arguments {call.arguments} (call {call.call_id})."
+        kept = f"{self._kept()}\n{waiting}".strip()
+        hint = (
+            "Approve or deny it with an InputInjected of source 'approval' carrying "
+            f"approval={{turn_id: {turn.turn_id}, call_id: {call.call_id}, approved: true|false}}; "
+            "it starts a new turn that sees this request."
+        )
+        await self._emit(outcomes.paused(turn, self._next_stamp(), "approval", kept, hint, self._model, call))
+
+    def _kept(self) -> str:
+        """What a paused turn keeps: the reply so far and the tools that ran, with results."""
+        lines = [self._last_text] if self._last_text else []
+        if self._done:
+            lines.append("Completed operations:")
+            for done in self._done.values():
+                result = done.result
+                if len(result) > RESULT_EXCERPT_CHARS:
+                    result = result[:RESULT_EXCERPT_CHARS] + "..."
+                status = "ok" if done.ok else "failed"
+                lines.append(f"- {done.tool}({done.arguments}) -> {status}: {result}")
+        return "\n".join(lines)
 
     async def _fail(self, error: str) -> None:
-        await self._emit(outcomes.failed(self.turn, self._next_stamp(), error, self._settings.model))
+        await self._emit(outcomes.failed(self.turn, self._next_stamp(), error, self._model))
 
     def _next_stamp(self) -> outcomes.Stamp:
         return outcomes.Stamp(self._new_id(), self.state.conversation_id, self._now_ms())

@@ -1,0 +1,128 @@
+"""The tool registry and the validation of tool calls, before anything runs.
+
+A tool is a name, a description, a pydantic model of its arguments (whose JSON Schema is
+what the provider shows the model), a kind (`read_only` or `side_effect`), whether it may
+run in isolated (scheduled) turns, whether it needs a person's approval, and an async
+callable the runner awaits with the validated arguments. Validation here is pure; the
+runner is the only place a tool actually runs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import orjson
+from pydantic import BaseModel, ValidationError
+
+from events import ToolCall
+from handlers.provider import ToolSpec
+
+ToolKind = Literal["read_only", "side_effect"]
+ToolFunction = Callable[[Any], Awaitable[str]]
+
+
+@dataclass(frozen=True, slots=True)
+class Tool:
+    name: str
+    description: str
+    arguments: type[BaseModel]
+    run: ToolFunction
+    kind: ToolKind = "read_only"
+    isolated_ok: bool = False
+    needs_approval: bool = False
+
+    @property
+    def side_effect(self) -> bool:
+        return self.kind == "side_effect"
+
+    def spec(self) -> ToolSpec:
+        schema = self.arguments.model_json_schema()
+        schema.pop("title", None)  # the tool's name already says it
+        return ToolSpec(self.name, self.description, schema)
+
+
+class ToolRegistry:
+    """The tools a turn may call, by name. Names are unique."""
+
+    def __init__(self, tools: Iterable[Tool] = ()) -> None:
+        self._tools: dict[str, Tool] = {}
+        for tool in tools:
+            if tool.name in self._tools:
+                raise ValueError(f"tool {tool.name!r} is registered twice")
+            self._tools[tool.name] = tool
+
+    def __len__(self) -> int:
+        return len(self._tools)
+
+    def available(self, isolated: bool) -> tuple[Tool, ...]:
+        """Isolated (scheduled) turns have nobody watching: only tools marked for them."""
+        return tuple(t for t in self._tools.values() if t.isolated_ok or not isolated)
+
+    def specs(self, isolated: bool) -> tuple[ToolSpec, ...]:
+        return tuple(t.spec() for t in self.available(isolated))
+
+    def get(self, name: str, isolated: bool) -> Tool | None:
+        tool = self._tools.get(name)
+        return tool if tool is not None and (tool.isolated_ok or not isolated) else None
+
+
+@dataclass(frozen=True, slots=True)
+class ValidCall:
+    call: ToolCall
+    tool: Tool
+    arguments: BaseModel
+    signature: str
+
+
+InvalidKind = Literal["unknown_tool", "malformed_arguments"]
+
+
+@dataclass(frozen=True, slots=True)
+class InvalidCall:
+    """A call that must not run; `detail` is recorded and sent back to the model."""
+
+    call: ToolCall
+    kind: InvalidKind
+    detail: str
+    signature: str
+
+
+def canonical_arguments(arguments: str) -> str:
+    """Normalized JSON (sorted keys, no whitespace) when it parses; otherwise the text with
+    surrounding whitespace stripped, so the same broken text is still the same call."""
+    try:
+        parsed = orjson.loads(arguments)
+    except orjson.JSONDecodeError:
+        return arguments.strip()
+    return orjson.dumps(parsed, option=orjson.OPT_SORT_KEYS).decode()
+
+
+def call_signature(name: str, arguments: str) -> str:
+    """Tool name plus a digest of the normalized arguments: equal for the same call
+    however the model spaced or ordered its JSON."""
+    digest = hashlib.sha256(canonical_arguments(arguments).encode()).hexdigest()[:16]
+    return f"{name}:{digest}"
+
+
+def validate_call(registry: ToolRegistry, call: ToolCall, isolated: bool) -> ValidCall | InvalidCall:
+    signature = call_signature(call.name, call.arguments)
+    tool = registry.get(call.name, isolated)
+    if tool is None:
+        where = " in a scheduled turn" if isolated and registry.get(call.name, False) is not None else ""
+        return InvalidCall(call, "unknown_tool", f"tool {call.name!r} is not available{where}", signature)
+    try:
+        parsed = orjson.loads(call.arguments) if call.arguments.strip() else {}
+    except orjson.JSONDecodeError as exc:
+        return InvalidCall(call, "malformed_arguments", f"arguments are not valid JSON ({exc})", signature)
+    try:
+        arguments = tool.arguments.model_validate(parsed)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc']) or '<arguments>'}: {e['msg']}"
+            for e in exc.errors(include_url=False, include_input=False)[:5]
+        )
+        return InvalidCall(call, "malformed_arguments", f"arguments do not match the schema: {problems}", signature)
+    return ValidCall(call, tool, arguments, signature)

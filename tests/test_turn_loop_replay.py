@@ -1,0 +1,93 @@
+"""Replay: what the runner believed at every step is exactly what the log says.
+
+The runner folds each event it writes into its own state before appending it; folding
+the log from the start, by any reader, must reach the same state after each event and at
+the end of the turn."""
+
+from __future__ import annotations
+
+import copy
+
+from loop_harness import NOW, World, config, outcomes, say, settings
+from provider_server import ProviderServer, Raw, Reply
+from worker_harness import events_of, running, until
+
+from events import Event, encode
+from handlers.claim import ClaimPlan, DebouncePolicy, plan_claim
+from handlers.providers.openai_chat import OpenAIChatProvider
+from projections import ConversationState, apply_event, new_state
+from streams.file_log import FileLog
+from streams.publisher import message_event, publish
+from streams.runtime import RandomIds, SystemClock
+from streams.turn_runner import TurnRunner
+
+SCRIPT = (
+    Reply(
+        text="Let me look.",
+        tool_calls=[("call_1", "search", '{"q": "dates"}'), ("call_2", "nope", "{}")],
+        usage=(100, 10),
+    ),
+    Raw(500, b"boom"),  # attempt 1 fails before any side effect: attempt 2
+    Reply(tool_calls=[("call_3", "transfer", '{"to": "bob", "amount": 5}')], usage=(120, 12)),
+    Reply(text="Paid bob.", usage=(140, 14)),
+)
+
+
+def fold(events: list[Event], conversation: str = "c1") -> ConversationState:
+    state = new_state(conversation)
+    for event in events:
+        apply_event(state, event)
+    return state
+
+
+async def test_the_state_folded_from_the_log_equals_the_runners_state_after_every_event(tmp_path):
+    log, world = FileLog(tmp_path), World()
+    await publish(log, message_event("c1", "check the dates and pay bob", NOW(), "m1"))
+    state = fold(events_of(log))
+    plan = plan_claim(state, NOW() + 60_000, DebouncePolicy())
+    assert isinstance(plan, ClaimPlan)
+
+    snapshots: list[ConversationState] = []
+    runner: TurnRunner
+
+    async def append(event: Event) -> None:
+        await log.append(log.topics.events, event.conversation_id, encode(event))
+        snapshots.append(copy.deepcopy(runner.state))
+
+    with ProviderServer() as server:
+        server.push(*SCRIPT)
+        provider = OpenAIChatProvider(server.base_url_openai, "test-key", timeout_s=5.0)
+        runner = TurnRunner(state, append, provider, settings(world), SystemClock().now_ms, RandomIds().new)
+        await runner.claim_and_run(plan)
+        await provider.aclose()
+
+    events = events_of(log, "c1")
+    assert events[-1].type == "TurnCompleted" and events[-1].metrics.attempt == 2
+    written = events[1:]  # after the message: everything the runner wrote
+    assert len(written) == len(snapshots) >= 10
+    for count, snapshot in enumerate(snapshots, start=1):
+        assert fold(events[: 1 + count]) == snapshot, f"diverged after {written[count - 1].type}"
+    assert fold(events) == runner.state
+    assert runner.state.active is None and runner.state.turns[plan.turn_id].outcome == "completed"
+
+
+async def test_the_worker_state_equals_a_fresh_fold_of_the_log_after_turns_of_every_kind(tmp_path):
+    world = World(log=FileLog(tmp_path))
+    with ProviderServer() as server:
+        server.push(
+            Reply(tool_calls=[("call_1", "search", '{"q": "x"}')]),
+            Reply(text="done"),
+            Raw(400, b"no"),
+        )
+        provider = OpenAIChatProvider(server.base_url_openai, "test-key", timeout_s=5.0)
+        async with running(world.log, provider, config(settings(world))) as worker:
+            await say(world.log, "one", "m1")
+            await outcomes(world.log, 1)
+            await say(world.log, "two", "m2")
+            await outcomes(world.log, 2)
+            # The consumer has folded the runner's events back in.
+            await until(lambda: worker.states["c1"].events_applied == len(events_of(world.log, "c1")))
+            held = copy.deepcopy(worker.states["c1"])
+        await provider.aclose()
+    assert fold(events_of(world.log, "c1")) == held
+    assert [t.outcome for t in held.turns.values()] == ["completed", "failed"]
