@@ -5,7 +5,9 @@ from __future__ import annotations
 from events import (
     AttemptFailed,
     AttemptStarted,
+    ContextCompacted,
     Event,
+    FallbackEngaged,
     InputInjected,
     MessageReceived,
     ModelResponded,
@@ -48,6 +50,10 @@ def describe(event: Event) -> str:
             detail = f"tool call {event.call_id} {'ok' if event.ok else 'failed'}"
         case ProtocolFailure():
             detail = f"protocol failure {event.kind}: {_short(event.detail, 50)}"
+        case ContextCompacted():
+            detail = f"compacted {len(event.compacted_call_ids)} tool exchange(s) ({event.dimension})"
+        case FallbackEngaged():
+            detail = f"fallback {event.from_model} -> {event.to_model}: {_short(event.reason, 50)}"
         case AttemptFailed():
             detail = f"attempt {event.attempt} failed ({'will retry' if event.retryable else 'final'}): {event.reason}"
         case TurnCompleted():
@@ -58,6 +64,4 @@ def describe(event: Event) -> str:
             detail = f"PAUSED ({event.reason}): {_short(event.resume_hint)}"
         case TurnExhausted():
             detail = "EXHAUSTED: iteration allowance used"
-        case _:
-            detail = ""
     return f"{event.type:<17} {turn}{detail}".rstrip()
