@@ -1,0 +1,1 @@
+"""Benchmarks of turnstile: run `python -m bench.run` from the repository root."""

@@ -1,0 +1,184 @@
+"""One command for every benchmark: `python -m bench.run` from the repository root.
+
+Prints one table per benchmark; every figure is set against a baseline measured in the
+same run. `--profile` also runs the engine benchmark under cProfile and prints where its
+CPU goes. The broker is the one `infra/kafka/start.sh` runs (started if it is not up,
+never stopped); benchmarks use fresh topics of their own and delete them at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import cProfile
+import io
+import logging
+import os
+import platform
+import pstats
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from bench import core, kafka
+from bench.common import Section
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _reachable(bootstrap: str) -> bool:
+    host, _, port = bootstrap.split(",")[0].rpartition(":")
+    try:
+        with socket.create_connection((host, int(port)), timeout=2):
+            return True
+    except OSError:
+        return False
+
+
+def _ensure_broker(bootstrap: str) -> None:
+    if _reachable(bootstrap):
+        return
+    print(f"no broker at {bootstrap}: starting infra/kafka/start.sh", file=sys.stderr)
+    subprocess.run(["bash", str(ROOT / "infra" / "kafka" / "start.sh")], check=True)
+
+
+def _machine() -> str:
+    cpu = "unknown cpu"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return (
+        f"{os.cpu_count()} cores ({cpu}), Python {platform.python_version()}, {platform.system()} {platform.release()}"
+    )
+
+
+def _failed(title: str, exc: BaseException) -> Section:
+    section = Section("", (title, "result"))
+    section.add("FAILED", f"{type(exc).__name__}: {exc}")
+    return section
+
+
+async def _on_broker(bootstrap: str, profile: bool, what_if: bool) -> list[Section]:
+    """Each benchmark that fails is reported as failed; the others still run."""
+    broker = kafka.Broker(bootstrap)
+    sections: list[Section] = []
+    try:
+        try:
+            # Alternated, best of each: the machine and the broker are shared, so one slow
+            # moment should not decide the ratio.
+            relays, engines = [], []
+            for _ in range(kafka.THROUGHPUT_ROUNDS):
+                relays.append(await kafka.relay(broker))
+                engines.append(await kafka.engine(broker))
+            bigger = []
+            for _ in range(kafka.THROUGHPUT_ROUNDS if what_if else 0):
+                bigger.append(await kafka.engine(broker, producer_batch_bytes=1 << 20))
+            sections.append(kafka.throughput_section(relays, engines, bigger))
+        except Exception as exc:
+            sections.append(_failed("2-3. broker throughput", exc))
+        print(sections[-1].render() + "\n", flush=True)
+        try:
+            raws, latencies = [], []
+            for _ in range(kafka.LATENCY_ROUNDS):  # alternated; samples of all rounds pooled
+                raws.append(await kafka.ping(broker))
+                latencies.append(await kafka.latency(broker))
+            sections.append(kafka.latency_section(latencies, raws))
+        except Exception as exc:
+            sections.append(_failed("5. turn-transition overhead", exc))
+        print(sections[-1].render() + "\n", flush=True)
+        if profile:
+            try:
+                sections.append(await _profiled_engine(broker))
+            except Exception as exc:
+                sections.append(_failed("profile of the engine run", exc))
+            print(sections[-1].render() + "\n", flush=True)
+        return sections
+    finally:
+        await broker.cleanup()
+
+
+async def _profiled_engine(broker: kafka.Broker) -> Section:
+    """The engine benchmark again, under cProfile from the first record to the last outcome:
+    own time grouped by where the code lives, then the top functions."""
+    profiler = cProfile.Profile()
+    result = await kafka.engine(broker, profiler=profiler)
+    out = io.StringIO()
+    stats = pstats.Stats(profiler, stream=out)
+    by_area: dict[str, float] = {}
+    for (filename, _line, name), (_cc, _nc, own, _cum, _callers) in stats.stats.items():
+        area = _area(filename, name)
+        by_area[area] = by_area.get(area, 0.0) + own
+    total = sum(by_area.values())
+    section = Section("", ("profile of the engine window (cProfile)", "own time", "share"))
+    for area, own in sorted(by_area.items(), key=lambda kv: -kv[1]):
+        section.add(area, f"{own:.2f} s", f"{own / total:.0%}")
+    section.notes.append(
+        f"under the profiler: {result.records_per_s:,.0f} records/s; cProfile inflates code made of many small "
+        "Python calls (asyncio, aiokafka) more than C code (pydantic-core, orjson)"
+    )
+    stats.sort_stats("tottime").print_stats(15)
+    section.notes += ["top functions by own time:"] + [
+        line.rstrip() for line in out.getvalue().splitlines() if line.strip() and "Ordered by" not in line
+    ]
+    return section
+
+
+def _area(filename: str, name: str) -> str:
+    if filename == "~":  # a builtin: name it by what it belongs to
+        if "epoll" in name:
+            return "idle: waiting in epoll (I/O)"
+        if "pydantic_core" in name:
+            return "pydantic-core (validation, dump)"
+        if "orjson" in name:
+            return "orjson"
+        if "socket" in name:
+            return "socket send/recv"
+        return "other builtins"
+    path = Path(filename).as_posix()
+    for package, label in (
+        ("/aiokafka/", "aiokafka (client)"),
+        ("/asyncio/", "asyncio (event loop, tasks, futures)"),
+        ("/pydantic/", "pydantic (python side)"),
+    ):
+        if package in path:
+            return label
+    for folder in ("events", "projections", "handlers", "streams", "bench"):
+        if path.startswith(str(ROOT / folder)):
+            return f"turnstile {folder}/"
+    return "other python (stdlib: uuid, hashlib, copy, dataclasses...)"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__)
+    parser.add_argument("--bootstrap", default=os.environ.get("TURNSTILE_KAFKA", "127.0.0.1:9092"))
+    parser.add_argument("--no-kafka", action="store_true", help="only the pure-core benchmarks (1 and 4)")
+    parser.add_argument("--profile", action="store_true", help="also profile the engine run (cProfile)")
+    parser.add_argument(
+        "--what-if",
+        action="store_true",
+        help="also run the engine with a bigger producer batch (1 MiB instead of aiokafka's 16 KiB)",
+    )
+    args = parser.parse_args()
+    # Right after a topic is created the client may see NotLeader errors for a moment; it
+    # retries them by itself. Each benchmark's verdict, read from the log, checks the result.
+    logging.getLogger("aiokafka").setLevel(logging.CRITICAL)
+
+    started = time.perf_counter()
+    print(f"turnstile benchmarks - {time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime())}")
+    print(f"machine: {_machine()}\n")
+    print(core.core_per_event().render() + "\n", flush=True)
+    if not args.no_kafka:
+        _ensure_broker(args.bootstrap)
+        asyncio.run(_on_broker(args.bootstrap, args.profile, args.what_if))
+    print(core.memory_per_conversation().render() + "\n")
+    print(f"total {time.perf_counter() - started:.0f} s")
+
+
+if __name__ == "__main__":
+    main()
