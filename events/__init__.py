@@ -26,6 +26,7 @@ from events.outcomes import (
     TurnMetrics,
     TurnPaused,
 )
+from events.rejections import MessageRejected
 from events.union import (
     EVENT_ADAPTER,
     INPUT_TYPES,
@@ -54,6 +55,7 @@ __all__ = [
     "InputEvent",
     "InputInjected",
     "MessageReceived",
+    "MessageRejected",
     "ModelResponded",
     "OperationRecord",
     "ProtocolFailure",

@@ -17,6 +17,9 @@ SCHEMA_VERSION = 1
 # (event, run and turn ids). Bounded so that a hostile value cannot bloat the state.
 Identifier = Annotated[str, StringConstraints(min_length=1, max_length=256)]
 EpochMillis = Annotated[int, Field(ge=0, lt=2**53)]
+# Every integer on the wire stays below 2**53: exact in any JSON reader, and what decoded
+# always re-encodes (a value beyond 64 bits would decode, then make `encode` raise).
+MAX_INT = 2**53
 
 
 class Envelope(BaseModel):
@@ -36,4 +39,4 @@ class TurnEnvelope(Envelope):
 
     turn_id: Identifier
     run_id: Identifier
-    attempt: Annotated[int, Field(ge=1)]
+    attempt: Annotated[int, Field(ge=1, lt=MAX_INT)]

@@ -12,6 +12,7 @@ import orjson
 from pydantic import ValidationError
 
 from events.union import EVENT_ADAPTER, Event
+from events.upcast import UPCASTERS, UpcastError, Upcasters
 
 DEFAULT_MAX_VALUE_BYTES = 1_000_000
 
@@ -28,15 +29,44 @@ def encode(event: Event) -> bytes:
     return orjson.dumps(event.model_dump(mode="json"))
 
 
-def decode(value: bytes | None, max_bytes: int = DEFAULT_MAX_VALUE_BYTES) -> Event | DecodeError:
+def decode(
+    value: bytes | None, max_bytes: int = DEFAULT_MAX_VALUE_BYTES, upcasters: Upcasters = UPCASTERS
+) -> Event | DecodeError:
+    """Bytes to a current-version event. Values of an older `schema_version` are brought to
+    the current shape by `upcasters` before validation; current values take the fast path."""
     if value is None:
         return DecodeError("not_json", "empty value (tombstone)")
     if len(value) > max_bytes:
         return DecodeError("too_large", f"value is {len(value)} bytes, the limit is {max_bytes}")
     try:
-        return EVENT_ADAPTER.validate_json(value)
+        event = EVENT_ADAPTER.validate_json(value)
+    except ValidationError as exc:
+        error = _classify(exc)
+        if not upcasters or error.reason != "invalid_event":
+            return error
+        return _decode_upcast(value, upcasters, error)
+    if upcasters and event.schema_version < upcasters.current:
+        return _decode_upcast(value, upcasters, None)
+    return event
+
+
+def _decode_upcast(value: bytes, upcasters: Upcasters, error: DecodeError | None) -> Event | DecodeError:
+    """The slow path: parse, upcast to the current version, validate. `error` is what the
+    fast path said; it stands when the value was current already (upcasting cannot help)."""
+    raw = orjson.loads(value)
+    if not isinstance(raw, dict):
+        return error or DecodeError("invalid_event", "the value is not a JSON object")
+    version = raw.get("schema_version", upcasters.current)
+    if error is not None and version == upcasters.current:
+        return error
+    try:
+        return EVENT_ADAPTER.validate_python(upcasters.upcast(raw))
     except ValidationError as exc:
         return _classify(exc)
+    except UpcastError as exc:
+        return DecodeError("invalid_event", f"schema_version: {exc}")
+    except Exception as exc:  # an upcaster that chokes on a malformed old value: still no raise
+        return DecodeError("invalid_event", f"upcasting schema_version {version!r} failed: {exc!r}")
 
 
 def _classify(exc: ValidationError) -> DecodeError:

@@ -6,9 +6,9 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from events.base import Identifier, TurnEnvelope
+from events.base import MAX_INT, Identifier, TurnEnvelope
 
-NonNegative = Annotated[int, Field(ge=0)]
+NonNegative = Annotated[int, Field(ge=0, lt=MAX_INT)]
 
 
 class ToolCall(BaseModel):
@@ -52,13 +52,13 @@ class ModelResponded(TurnEnvelope):
     """One provider response: the first half of a tool iteration."""
 
     type: Literal["ModelResponded"] = "ModelResponded"
-    iteration: Annotated[int, Field(ge=1)]
+    iteration: Annotated[int, Field(ge=1, lt=MAX_INT)]
     model: Identifier
     text: str | None = None
     tool_calls: tuple[ToolCall, ...] = ()
     usage: Usage = Usage()
     # None when the model has no known price: the budget then fails closed.
-    cost_usd: Annotated[float, Field(ge=0)] | None = None
+    cost_usd: Annotated[float, Field(ge=0, allow_inf_nan=False)] | None = None
     finish_reason: Annotated[str, Field(max_length=64)] = "stop"
 
 
@@ -67,7 +67,7 @@ class ToolCallStarted(TurnEnvelope):
     finish means its side effect may have happened."""
 
     type: Literal["ToolCallStarted"] = "ToolCallStarted"
-    iteration: Annotated[int, Field(ge=1)]
+    iteration: Annotated[int, Field(ge=1, lt=MAX_INT)]
     call_id: Identifier
     tool: Identifier
     arguments: str
@@ -76,7 +76,7 @@ class ToolCallStarted(TurnEnvelope):
 
 class ToolCallFinished(TurnEnvelope):
     type: Literal["ToolCallFinished"] = "ToolCallFinished"
-    iteration: Annotated[int, Field(ge=1)]
+    iteration: Annotated[int, Field(ge=1, lt=MAX_INT)]
     call_id: Identifier
     ok: bool
     result: str
@@ -90,7 +90,7 @@ class ProtocolFailure(TurnEnvelope):
     model-specific routing is often the cause; never a crash."""
 
     type: Literal["ProtocolFailure"] = "ProtocolFailure"
-    iteration: Annotated[int, Field(ge=1)]
+    iteration: Annotated[int, Field(ge=1, lt=MAX_INT)]
     model: Identifier
     kind: ProtocolFailureKind
     detail: str
@@ -102,7 +102,7 @@ class ContextCompacted(TurnEnvelope):
     """Older tool exchanges were replaced by a short summary before the next request."""
 
     type: Literal["ContextCompacted"] = "ContextCompacted"
-    iteration: Annotated[int, Field(ge=1)]
+    iteration: Annotated[int, Field(ge=1, lt=MAX_INT)]
     compacted_call_ids: tuple[Identifier, ...]
     dimension: Identifier
 

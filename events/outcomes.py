@@ -6,10 +6,10 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from events.base import Identifier, TurnEnvelope
+from events.base import MAX_INT, Identifier, TurnEnvelope
 from events.lifecycle import ToolCall
 
-NonNegative = Annotated[int, Field(ge=0)]
+NonNegative = Annotated[int, Field(ge=0, lt=MAX_INT)]
 InputStatus = Literal["answered", "failed", "paused", "exhausted"]
 
 
@@ -17,12 +17,12 @@ class TurnMetrics(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     model: Identifier
-    attempt: Annotated[int, Field(ge=1)]
+    attempt: Annotated[int, Field(ge=1, lt=MAX_INT)]
     iterations: NonNegative
     tool_calls: NonNegative
     input_tokens: NonNegative
     output_tokens: NonNegative
-    cost_usd: Annotated[float, Field(ge=0)] | None
+    cost_usd: Annotated[float, Field(ge=0, allow_inf_nan=False)] | None
     fallbacks: NonNegative
     duration_ms: NonNegative
 

@@ -19,6 +19,7 @@ from events.lifecycle import (
     TurnClaimed,
 )
 from events.outcomes import TurnCompleted, TurnExhausted, TurnFailed, TurnPaused
+from events.rejections import MessageRejected
 
 InputEvent = MessageReceived | InputInjected | ResumeRequested
 TerminalOutcome = TurnCompleted | TurnFailed | TurnPaused | TurnExhausted
@@ -35,7 +36,7 @@ TurnEvent = (
     | TerminalOutcome
 )
 
-Event = Annotated[InputEvent | TurnEvent, Field(discriminator="type")]
+Event = Annotated[InputEvent | TurnEvent | MessageRejected, Field(discriminator="type")]
 
 EVENT_ADAPTER: TypeAdapter[Event] = TypeAdapter(Event)
 

@@ -1,10 +1,13 @@
-"""When to claim, and what: the bounded debounce and the claim of exact pending inputs."""
+"""When to claim, and what: the bounded debounce, the claim of exact pending inputs, and
+the double-text policy for messages that arrive while a turn is active."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Literal
 
-from events import TurnClaimed, logical_turn_id
+from events import MessageRejected, TurnClaimed, logical_turn_id
 from projections import ConversationState, PendingInput
 
 
@@ -68,4 +71,58 @@ def claim_event(state: ConversationState, plan: ClaimPlan, *, event_id: str, run
         attempt=1,
         input_ids=plan.input_ids,
         history_boundary=plan.history_boundary,
+    )
+
+
+DoubleText = Literal["enqueue", "reject"]
+REJECTION_TEXT = (
+    "I'm still answering your earlier message, so this one was not taken. "
+    "Please send it again once the reply has arrived."
+)
+
+
+@dataclass(frozen=True, slots=True)
+class DoubleTextPolicy:
+    """What a conversation does with a message that arrives while one of its turns is
+    active. `enqueue` (the default): it stays pending and starts the next turn (rule 3).
+    `reject`: it is answered at once with `MessageRejected` and never claimed.
+
+    "Arrives while a turn is active" is judged on the log: the message is folded while the
+    conversation has an active turn (between a `TurnClaimed` and its outcome), so every
+    reader, an auditor included, reaches the same verdict."""
+
+    default: DoubleText = "enqueue"
+    per_conversation: Mapping[str, DoubleText] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for policy in (self.default, *self.per_conversation.values()):
+            if policy not in ("enqueue", "reject"):
+                raise ValueError(f"unknown double-text policy {policy!r}")
+
+    def of(self, conversation_id: str) -> DoubleText:
+        return self.per_conversation.get(conversation_id, self.default)
+
+
+def rejects_on_arrival(policy: DoubleTextPolicy, state: ConversationState, message_id: str) -> bool:
+    """Call right after `message_id` was folded: True when the policy refuses it."""
+    item = state.pending.get(message_id)
+    return (
+        state.active is not None
+        and item is not None
+        and item.kind == "message"
+        and policy.of(state.conversation_id) == "reject"
+    )
+
+
+def rejection_event(
+    state: ConversationState, message_id: str, active_turn_id: str, *, event_id: str, now_ms: int
+) -> MessageRejected:
+    return MessageRejected(
+        event_id=event_id,
+        conversation_id=state.conversation_id,
+        occurred_at=now_ms,
+        message_id=message_id,
+        reason="turn_active",
+        active_turn_id=active_turn_id,
+        text=REJECTION_TEXT,
     )

@@ -20,6 +20,7 @@ from events import (
     FallbackEngaged,
     InputInjected,
     MessageReceived,
+    MessageRejected,
     ModelResponded,
     ProtocolFailure,
     ResumeRequested,
@@ -83,6 +84,8 @@ def _dispatch(state: ConversationState, event: Event) -> Rejection | None:
             return _add_pending(state, pending)
         case ResumeRequested():
             return _add_input(state, event.request_id, "resume", event.content, event.occurred_at)
+        case MessageRejected():
+            return _reject_message(state, event)
         case TurnClaimed():
             return _claim(state, event)
         case AttemptStarted():
@@ -109,6 +112,16 @@ def _add_pending(state: ConversationState, item: PendingInput) -> Rejection | No
     return None
 
 
+def _reject_message(state: ConversationState, event: MessageRejected) -> Rejection | None:
+    """A refused message leaves the pending set for good; republishing it stays a duplicate."""
+    item = state.pending.get(event.message_id)
+    if item is None or item.kind != "message":
+        return Rejection(f"rejection of {event.message_id!r}, which is not a pending message")
+    del state.pending[event.message_id]
+    state.rejected[event.message_id] = event.reason
+    return None
+
+
 def _grant(state: ConversationState, event: InputInjected) -> ApprovalGrant | None:
     """An approval decides the call its turn paused on; one naming another call (or a turn
     that did not pause for approval) stays a plain input the model reads."""
@@ -128,6 +141,8 @@ def _claim(state: ConversationState, claim: TurnClaimed) -> Rejection | None:
     missing = [i for i in claim.input_ids if i not in state.pending]
     if missing:
         return Rejection(f"claimed inputs not pending: {missing[:5]}")
+    if len(set(claim.input_ids)) != len(claim.input_ids):
+        return Rejection("a claim names an input more than once")
     if claim.turn_id != logical_turn_id(claim.input_ids):
         return Rejection("turn id is not the logical id of the claimed inputs")
     if claim.history_boundary != len(state.history):
@@ -179,6 +194,8 @@ def _record_step(state: ConversationState, event: Event) -> Rejection | None:
     turn = _active_run(state, event)
     if isinstance(turn, Rejection):
         return turn
+    if event.event_id in turn.step_ids:
+        return Rejection(f"duplicate of event {event.event_id!r}")
     match event:
         case ModelResponded():
             turn.iterations = event.iteration
@@ -207,6 +224,7 @@ def _record_step(state: ConversationState, event: Event) -> Rejection | None:
                 turn.invalid_calls[event.signature] = turn.invalid_calls.get(event.signature, 0) + 1
         case ContextCompacted():
             pass  # recorded on the log for audit; it changes no state the engine decides on
+    turn.step_ids.add(event.event_id)
     return None
 
 

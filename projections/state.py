@@ -88,6 +88,9 @@ class ActiveTurn:
     operations: dict[str, Operation] = field(default_factory=dict)
     # Canonical signature of an invalid tool call -> how often the model made it.
     invalid_calls: dict[str, int] = field(default_factory=dict)
+    # Event ids of the steps folded into this turn: an exact duplicate (the same event
+    # published twice) is ignored instead of counting tokens or tool calls twice.
+    step_ids: set[str] = field(default_factory=set)
 
     @property
     def input_ids(self) -> tuple[str, ...]:
@@ -124,4 +127,6 @@ class ConversationState:
     seen_inputs: dict[str, str] = field(default_factory=dict)
     # input id -> the logical turn that claimed it (rule 1).
     claimed_by: dict[str, str] = field(default_factory=dict)
+    # message id -> why the double-text policy refused it (`MessageRejected`): never claimed.
+    rejected: dict[str, str] = field(default_factory=dict)
     events_applied: int = 0

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import logging
 import os
 import signal
@@ -11,9 +12,10 @@ import sys
 from pathlib import Path
 
 from events import DecodeError, decode
-from handlers.claim import DebouncePolicy
+from handlers.claim import DebouncePolicy, DoubleTextPolicy
 from handlers.provider import Provider
 from handlers.providers.scripted import ScriptedProvider
+from streams import audit_cli
 from streams.file_log import FileLog
 from streams.log import EventLog, Topics
 from streams.publisher import message_event, publish
@@ -45,6 +47,14 @@ def _open_log(args: argparse.Namespace, group_id: str = "turnstile-worker") -> E
     return FileLog(args.data, topics)
 
 
+def _bootstrap(args: argparse.Namespace) -> str | None:
+    if not args.broker:
+        return None
+    from streams.kafka_log import bootstrap_of
+
+    return bootstrap_of(args.broker)
+
+
 def _provider(args: argparse.Namespace) -> Provider:
     key = os.environ.get("TURNSTILE_API_KEY")
     if args.provider == "openai":
@@ -62,18 +72,36 @@ async def _run(args: argparse.Namespace) -> int:
     log = _open_log(args, args.group)
     config = WorkerConfig(
         debounce=DebouncePolicy(args.quiet_ms, args.max_wait_ms, args.max_batch),
+        double_text=DoubleTextPolicy(args.double_text, dict(args.double_text_for)),
         turn=TurnSettings(model=args.model),
     )
+    from handlers.schedule import parse_schedules
+    from streams.http_api import parse_address
+    from streams.service import Service
+
+    schedules = parse_schedules(json.loads(args.schedules.read_text())) if args.schedules else ()
     provider = _provider(args)
     worker = Worker(log, provider, config)
+    service = Service(
+        worker,
+        schedules=schedules,
+        http=parse_address(args.http) if args.http else None,
+        bootstrap=_bootstrap(args),
+    )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    print(f"worker running on {args.broker or args.data}; Ctrl-C stops it", file=sys.stderr)
+    ready = asyncio.Event()
+    waiting = asyncio.create_task(ready.wait())
     try:
-        await worker.run(stop)
+        running = asyncio.create_task(service.run(stop, ready))
+        await asyncio.wait([running, waiting], return_when=asyncio.FIRST_COMPLETED)
+        http = f"; HTTP on {service.url}" if service.url else ""
+        print(f"worker running on {args.broker or args.data}{http}; Ctrl-C stops it", file=sys.stderr, flush=True)
+        await running
     finally:
+        waiting.cancel()
         await provider.aclose()
     return 0
 
@@ -109,6 +137,21 @@ async def _tail(args: argparse.Namespace) -> int:
     return 0
 
 
+async def _inspect(args: argparse.Namespace) -> int:
+    from streams.inspect_cli import inspect
+
+    topics = Topics(args.events_topic, args.outcomes_topic, args.dlq_topic)
+    await inspect(args.conversation, broker=args.broker, data=args.data, topics=topics)
+    return 0
+
+
+def _conversation_policy(text: str) -> tuple[str, str]:
+    conversation, _, policy = text.rpartition("=")
+    if not conversation or policy not in ("enqueue", "reject"):
+        raise argparse.ArgumentTypeError(f"expected CONVERSATION=enqueue|reject, got {text!r}")
+    return conversation, policy
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="turnstile", description=__doc__)
     parser.add_argument("-v", "--verbose", action="store_true")
@@ -127,6 +170,22 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--quiet-ms", type=int, default=DEFAULT_DEBOUNCE.quiet_ms)
     run.add_argument("--max-wait-ms", type=int, default=DEFAULT_DEBOUNCE.max_wait_ms)
     run.add_argument("--max-batch", type=int, default=DEFAULT_DEBOUNCE.max_batch)
+    run.add_argument("--http", default=None, metavar="HOST:PORT", help="serve the HTTP API and /metrics here")
+    run.add_argument("--schedules", type=Path, default=None, metavar="FILE", help="JSON list of schedules")
+    run.add_argument(
+        "--double-text",
+        choices=["enqueue", "reject"],
+        default="enqueue",
+        help="a message that arrives during a turn: queue it for the next turn (default) or refuse it",
+    )
+    run.add_argument(
+        "--double-text-for",
+        type=_conversation_policy,
+        action="append",
+        default=[],
+        metavar="CONVERSATION=enqueue|reject",
+        help="the policy of one conversation (repeatable)",
+    )
 
     send = sub.add_parser("send", help="publish a user message")
     _add_log_args(send)
@@ -137,6 +196,12 @@ def build_parser() -> argparse.ArgumentParser:
     tail = sub.add_parser("tail", help="print the events of one or all conversations")
     _add_log_args(tail)
     tail.add_argument("--conversation", default=None)
+
+    inspect = sub.add_parser("inspect", help="show a conversation: history, pending, active turn, turn timelines")
+    _add_log_args(inspect)
+    inspect.add_argument("conversation")
+
+    audit_cli.add_parser(sub)
     return parser
 
 
@@ -148,7 +213,7 @@ def main(argv: list[str] | None = None) -> int:
         from streams.demo import main as demo_main
 
         return demo_main(args.data)
-    handler = {"run": _run, "send": _send, "tail": _tail}[args.command]
+    handler = {"run": _run, "send": _send, "tail": _tail, "inspect": _inspect, "audit": audit_cli.run}[args.command]
     return asyncio.run(handler(args))
 
 

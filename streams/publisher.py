@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import uuid
 
-from events import MessageReceived, encode
-from streams.log import EventLog
+from events import InputEvent, MessageReceived, encode
+from streams.log import EventLog, Topics
 
 
 def message_event(conversation_id: str, content: str, now_ms: int, message_id: str | None = None) -> MessageReceived:
@@ -24,3 +24,33 @@ async def publish(log: EventLog, event: MessageReceived) -> tuple[int, int]:
     """Appends keyed by conversation id, so the default partitioner keeps a conversation
     in one partition. Returns (partition, offset)."""
     return await log.append(log.topics.events, event.conversation_id, encode(event))
+
+
+class KafkaPublisher:
+    """For a Python service that only publishes inputs: one idempotent aiokafka producer
+    (acks from every in-sync replica; a retried send is written once), keyed by
+    conversation id with Kafka's default murmur2 partitioner.
+
+        async with KafkaPublisher("127.0.0.1:9092") as publisher:
+            partition, offset = await publisher.publish(message_event("c1", "hi", now_ms, "m-1"))
+    """
+
+    def __init__(self, bootstrap: str, topics: Topics = Topics(), client_id: str = "turnstile-publisher") -> None:
+        from aiokafka import AIOKafkaProducer
+
+        self.topics = topics
+        self.producer = AIOKafkaProducer(
+            bootstrap_servers=bootstrap, client_id=client_id, enable_idempotence=True, acks="all"
+        )
+
+    async def __aenter__(self) -> KafkaPublisher:
+        await self.producer.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.producer.stop()
+
+    async def publish(self, event: InputEvent) -> tuple[int, int]:
+        """Returns (partition, offset) once the broker has the event."""
+        meta = await self.producer.send_and_wait(self.topics.events, encode(event), key=event.conversation_id.encode())
+        return meta.partition, meta.offset

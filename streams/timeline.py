@@ -10,6 +10,7 @@ from events import (
     FallbackEngaged,
     InputInjected,
     MessageReceived,
+    MessageRejected,
     ModelResponded,
     ProtocolFailure,
     ResumeRequested,
@@ -35,6 +36,8 @@ def describe(event: Event) -> str:
             detail = f"message {event.message_id}: {_short(event.content)!r}"
         case InputInjected():
             detail = f"{event.source} input {event.occurrence_key}: {_short(event.content)!r}"
+        case MessageRejected():
+            detail = f"message {event.message_id} rejected ({event.reason}, turn {event.active_turn_id[:8]} active)"
         case ResumeRequested():
             detail = f"resume of turn {event.resumes_turn_id[:8]}"
         case TurnClaimed():

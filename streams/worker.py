@@ -17,14 +17,36 @@ import dataclasses
 import heapq
 import logging
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-from events import OUTCOME_TYPES, DeadLetter, DecodeError, Event, decode, encode
-from handlers.claim import ClaimPlan, DebouncePolicy, WaitUntil, plan_claim
+from events import (
+    OUTCOME_TYPES,
+    DeadLetter,
+    DecodeError,
+    Event,
+    MessageReceived,
+    MessageRejected,
+    ToolCallStarted,
+    decode,
+    encode,
+)
+from handlers.claim import (
+    ClaimPlan,
+    DebouncePolicy,
+    DoubleTextPolicy,
+    WaitUntil,
+    plan_claim,
+    rejection_event,
+    rejects_on_arrival,
+)
 from handlers.provider import Provider
 from projections import ConversationState, apply_event, new_state
 from streams.log import EventLog, PartitionStart, Record
 from streams.runtime import Clock, Ids, RandomIds, SystemClock
 from streams.turn_runner import TurnRunner, TurnSettings
+
+if TYPE_CHECKING:
+    from streams.metrics import Metrics
 
 log = logging.getLogger(__name__)
 
@@ -33,6 +55,7 @@ log = logging.getLogger(__name__)
 class WorkerConfig:
     debounce: DebouncePolicy = DebouncePolicy()
     turn: TurnSettings = TurnSettings()
+    double_text: DoubleTextPolicy = DoubleTextPolicy()
     max_value_bytes: int = 1_000_000
     commit_interval_s: float = 1.0
     max_poll_wait_s: float = 0.1
@@ -55,6 +78,8 @@ class _Runner:
     task: asyncio.Task[None]
     partition: int
     last_offset: int = -1  # offset of the last event this runner appended
+    # event id -> how the fold judged it when the consumer read it back (True: accepted).
+    verdicts: dict[str, asyncio.Future[bool]] = field(default_factory=dict)
 
     def released(self, partition: _Partition) -> bool:
         """Done, and everything it wrote has been folded by the consumer."""
@@ -69,8 +94,12 @@ class Worker:
         config: WorkerConfig = WorkerConfig(),
         clock: Clock | None = None,
         ids: Ids | None = None,
+        metrics: Metrics | None = None,
     ) -> None:
         self.log = log_
+        self.metrics = metrics
+        if metrics is not None:
+            metrics.attach(self)
         self.provider = provider
         self.config = config
         self.clock = clock or SystemClock()
@@ -83,9 +112,17 @@ class Worker:
         self._timers: list[tuple[int, str]] = []
         self._last_commit = 0.0
         self.dead_letters = 0
+        # Bumped by every rebalance callback: a batch polled before one is stale.
+        self._rebalances = 0
+        # Double-text refusals: message id -> the active turn, still to write; and the ids
+        # refused but not yet folded back, which block the conversation's next claim.
+        self._to_reject: dict[str, dict[str, str]] = {}
+        self._refusing: dict[str, set[str]] = {}
+        self._rejecting: dict[str, asyncio.Task[None]] = {}
 
     # -- rebalance -------------------------------------------------------------------
     async def on_assigned(self, partitions: dict[int, PartitionStart]) -> None:
+        self._rebalances += 1
         for p, start in partitions.items():
             self.partitions[p] = _Partition(start.end_offset, start.committed)
         log.info("assigned partitions %s; replaying them from the beginning", sorted(partitions))
@@ -93,7 +130,9 @@ class Worker:
     async def on_revoked(self, partitions: set[int]) -> None:
         """Stop our turns on partitions we lose before the group moves them: the new
         owner rebuilds them from the log and takes over any attempt left open."""
+        self._rebalances += 1
         stopping = [r.task for c, r in self.runners.items() if r.partition in partitions]
+        stopping += [t for c, t in self._rejecting.items() if self._partition_of.get(c) in partitions]
         for task in stopping:
             task.cancel()
         await asyncio.gather(*stopping, return_exceptions=True)
@@ -107,6 +146,8 @@ class Worker:
                 self.runners.pop(conversation, None)
                 self._partition_of.pop(conversation, None)
                 self._dirty.discard(conversation)
+                self._to_reject.pop(conversation, None)
+                self._refusing.pop(conversation, None)
         log.info("revoked partitions %s", sorted(partitions))
 
     # -- main loop -------------------------------------------------------------------
@@ -115,12 +156,17 @@ class Worker:
         try:
             while not stop.is_set():
                 records = await self.log.poll(self._poll_wait_s())
+                polled_at = self._rebalances
                 for record in records:
+                    if self._rebalances != polled_at:
+                        # A rebalance ran while we awaited an append: what is left of the batch
+                        # predates it. An assignment replays from offset 0, so drop it here.
+                        break
                     await self._consume(record)
                 self._decide()
                 await self._maybe_commit()
         finally:
-            tasks = [r.task for r in self.runners.values()]
+            tasks = [r.task for r in self.runners.values()] + list(self._rejecting.values())
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
@@ -138,7 +184,12 @@ class Worker:
         part = self.partitions.get(record.partition)
         if part is None:
             return  # a record of a partition revoked while this batch was in flight
+        was_live = part.live
         part.position = record.offset + 1
+        if not was_live and part.live:
+            # Decisions were held while replaying: every conversation of the partition is
+            # due one now, not only those a later event happens to touch.
+            self._dirty.update(part.conversations)
         effects = record.offset >= part.committed
         event = decode(record.value, self.config.max_value_bytes)
         if isinstance(event, DecodeError):
@@ -156,18 +207,24 @@ class Worker:
             self._partition_of[conversation] = record.partition
             part.conversations.add(conversation)
         rejection = apply_event(state, event)
+        self._read_back(conversation, event, rejection is None)
         if rejection is not None:
             if rejection.conflict:
                 await self._dead_letter(record, DecodeError("conflicting_duplicate", rejection.reason), effects)
             else:
                 log.debug("ignored %s at %s/%s: %s", event.type, record.partition, record.offset, rejection.reason)
             return
-        if effects and isinstance(event, OUTCOME_TYPES):
+        self._note_double_text(state, event)
+        if effects and self.metrics is not None:
+            self.metrics.on_event(state, event)
+        if effects and isinstance(event, (*OUTCOME_TYPES, MessageRejected)):
             await self.log.append(self.log.topics.outcomes, conversation, encode(event))
         self._dirty.add(conversation)
 
     async def _dead_letter(self, record: Record, error: DecodeError, effects: bool) -> None:
         self.dead_letters += 1
+        if effects and self.metrics is not None:
+            self.metrics.on_dead_letter(error.reason)
         log.warning("dead-lettered %s/%s: %s", record.partition, record.offset, error.reason)
         if effects:
             letter = DeadLetter.of(
@@ -198,6 +255,8 @@ class Worker:
         part = self.partitions[partition]
         if not part.live:
             return  # still replaying: the state is not the log's present yet
+        if self._refusals_pending(conversation, state, partition):
+            return  # refused messages leave the pending set before anything is claimed
         runner = self.runners.get(conversation)
         if runner is not None:
             if not runner.released(part):
@@ -213,14 +272,78 @@ class Worker:
         elif isinstance(decision, ClaimPlan):
             self._start(conversation, partition, plan=decision)
 
+    # -- double text -------------------------------------------------------------------
+    def _note_double_text(self, state: ConversationState, event: Event) -> None:
+        conversation = state.conversation_id
+        if isinstance(event, MessageReceived) and rejects_on_arrival(self.config.double_text, state, event.message_id):
+            assert state.active is not None
+            self._to_reject.setdefault(conversation, {})[event.message_id] = state.active.turn_id
+            self._refusing.setdefault(conversation, set()).add(event.message_id)
+        elif isinstance(event, MessageRejected):
+            self._to_reject.get(conversation, {}).pop(event.message_id, None)
+            self._refusing.get(conversation, set()).discard(event.message_id)
+
+    def _refusals_pending(self, conversation: str, state: ConversationState, partition: int) -> bool:
+        """Writes the refusals still owed and says whether any is not yet folded back."""
+        refusing = self._refusing.get(conversation)
+        if refusing:
+            refusing.intersection_update(state.pending)  # claimed or refused by an earlier owner
+        if not refusing:
+            self._to_reject.pop(conversation, None)
+            self._refusing.pop(conversation, None)
+            return False
+        owed = {m: t for m, t in self._to_reject.get(conversation, {}).items() if m in refusing}
+        if owed and conversation not in self._rejecting:
+            work = self._write_refusals(conversation, partition, owed)
+            task = asyncio.create_task(work, name=f"reject:{conversation}")
+            self._rejecting[conversation] = task
+
+            def done(t: asyncio.Task[None]) -> None:
+                self._rejecting.pop(conversation, None)
+                if not t.cancelled() and t.exception() is not None:
+                    log.warning("writing refusals for %s failed (tried again soon): %r", conversation, t.exception())
+                    heapq.heappush(self._timers, (self.clock.now_ms() + 500, conversation))
+                else:
+                    self._dirty.add(conversation)
+
+            task.add_done_callback(done)
+        return True
+
+    async def _write_refusals(self, conversation: str, partition: int, owed: dict[str, str]) -> None:
+        state = self.states[conversation]
+        for message_id, turn_id in owed.items():
+            event = rejection_event(state, message_id, turn_id, event_id=self.ids.new(), now_ms=self.clock.now_ms())
+            await self.log.append(self.log.topics.events, conversation, encode(event), partition)
+            self._to_reject.get(conversation, {}).pop(message_id, None)
+
+    def _read_back(self, conversation: str, event: Event, accepted: bool) -> None:
+        """A runner's own event, read back from the log. If the fold refused it, another owner
+        took the turn over (or won the claim) first: every reader ignores this run from here
+        on, so the runner stops instead of calling the model or tools for nothing."""
+        runner = self.runners.get(conversation)
+        verdict = runner.verdicts.pop(event.event_id, None) if runner is not None else None
+        if runner is None or verdict is None:
+            return
+        if not verdict.done():
+            verdict.set_result(accepted)
+        if not accepted and not runner.task.done():
+            log.warning("%s of %s refused on the log: its run was superseded; stopping it", event.type, conversation)
+            runner.task.cancel()
+
     def _start(self, conversation: str, partition: int, plan: ClaimPlan | None = None, recover: bool = False) -> None:
         state = self.states[conversation]
         private = _private_copy(state, plan)
         slot: _Runner
 
         async def append(event: Event) -> None:
+            verdict = slot.verdicts[event.event_id] = asyncio.get_running_loop().create_future()
             _, offset = await self.log.append(self.log.topics.events, conversation, encode(event), partition)
             slot.last_offset = max(slot.last_offset, offset)
+            # Fencing a side effect: the tool runs only once its ToolCallStarted is read back
+            # as accepted. Written after another owner's takeover, it is ignored by every
+            # reader -- and the tool must not run either (the zombie case).
+            if isinstance(event, ToolCallStarted) and event.side_effect and not await verdict:
+                raise asyncio.CancelledError(f"run {event.run_id} was superseded before its side effect")
 
         runner = TurnRunner(private, append, self.provider, self.config.turn, self.clock.now_ms, self.ids.new)
         work = runner.recover() if recover else runner.claim_and_run(plan)  # type: ignore[arg-type]

@@ -141,3 +141,13 @@ async def test_a_restarted_worker_rebuilds_the_same_state_and_repeats_nothing(tm
 
 async def publish_raw(log: FileLog, event) -> None:
     await log.append(log.topics.events, event.conversation_id, encode(event))
+
+
+async def test_a_backlog_that_takes_several_polls_to_replay_is_answered_in_full(tmp_path):
+    """Decisions wait until a partition is replayed; then every conversation of it is due,
+    not only those a later event touches."""
+    log = FileLog(tmp_path, partitions=1)
+    for i in range(700):  # more than one poll's worth of records
+        await publish(log, message_event(f"c{i}", f"question {i}", NOW(), f"m{i}"))
+    async with running(log, ScriptedProvider()):
+        await until(lambda: sum(isinstance(e, TurnCompleted) for e in events_of(log)) == 700, 60)

@@ -7,7 +7,9 @@ set -euo pipefail
 T_START=$EPOCHREALTIME
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 CACHE="$HERE/.cache"              # jars + CDS archives (git-ignored, kept between runs)
-RUN="$HERE/.run"                  # pid, generated config, data, logs (git-ignored)
+# pid, generated config, data, logs (git-ignored). KAFKA_RUN_DIR gives a second broker (other
+# KAFKA_PORT / KAFKA_CONTROLLER_PORT) its own folder, so it runs beside the default one.
+RUN="${KAFKA_RUN_DIR:-$HERE/.run}"
 LIB="$CACHE/lib"
 STAMP="$CACHE/lib.stamp"          # hash of the pom.xml that lib/ was copied for
 CDS_DIR="$CACHE/cds"

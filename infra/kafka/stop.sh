@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# Stop the broker that start.sh started (pid from .run/kafka.pid): SIGTERM, wait up to
+# Stop the broker that start.sh started (pid from .run/kafka.pid, or $KAFKA_RUN_DIR/kafka.pid): SIGTERM, wait up to
 # KAFKA_STOP_TIMEOUT (30) seconds, then SIGKILL. Exit 0 if nothing was running.
 # Only that pid is ever signalled, and only if its command line is kafka.Kafka with our config.
 set -euo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-RUN="$HERE/.run"
+RUN="${KAFKA_RUN_DIR:-$HERE/.run}"  # the folder start.sh used (KAFKA_RUN_DIR for a second broker)
 PIDFILE="$RUN/kafka.pid"
 PROPS="$RUN/server.properties"
 CDS_DIR="$HERE/.cache/cds"

@@ -1,0 +1,651 @@
+"""The auditor: replays a log of raw records and checks the rules of DESIGN.md on it.
+
+It folds every conversation with the same `apply_event` the workers use (so it sees the
+same state they decided on) and, before each event is folded, asks whether the event is
+one a correct engine could have written in that state. What the fold resolves silently
+(a stale run's events, a duplicate input) is reported as a notice; what no correct
+engine writes is a violation of a named rule, located by partition@offset.
+
+Pure: records in, a report out. No I/O, no clock. `streams/audit_cli.py` reads the log.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from events import (
+    DEFAULT_MAX_VALUE_BYTES,
+    AttemptFailed,
+    AttemptStarted,
+    DecodeError,
+    Event,
+    MessageReceived,
+    MessageRejected,
+    ModelResponded,
+    TerminalOutcome,
+    ToolCallStarted,
+    TurnClaimed,
+    TurnCompleted,
+    TurnEnvelope,
+    TurnExhausted,
+    TurnFailed,
+    TurnPaused,
+    decode,
+    logical_turn_id,
+)
+from events.upcast import UPCASTERS, Upcasters
+from projections.conversation import apply_event, new_state
+from projections.state import ActiveTurn, ConversationState
+
+# Rule id -> what it checks. The order is the order of the report.
+RULES: dict[str, str] = {
+    "one_partition": "a conversation's events are all in one partition (the log keys by conversation id)",
+    "claim_once": "rule 1: a message is claimed by at most one logical turn",
+    "claim_exact": (
+        "rules 1, 2, 6: a claim names received, pending inputs once each; its turn id is sha256 of the "
+        "sorted ids and its history boundary the history length (the claimed messages are the final input)"
+    ),
+    "one_active_turn": "rules 3, 5: no claim while another turn of the conversation is active",
+    "attempts": (
+        "rule 6: attempts share the turn id, each has a new run id, attempt numbers go up by one "
+        "and a new attempt starts only after the previous one failed"
+    ),
+    "no_replay_after_side_effect": (
+        "rule 9: no automatic attempt after a side-effecting tool started, and no failure that says one may follow"
+    ),
+    "one_outcome": "rule 11: one terminal outcome per claimed turn, with a status for exactly its claimed inputs",
+    "double_text": (
+        "double-text refusals: a MessageRejected names a received, unclaimed message that arrived "
+        "while the turn it names was active"
+    ),
+    "budgets": (
+        "rule 7: each outcome's metrics and operation record match the events of its turn; with limits "
+        "given, no iteration, tool call or model request beyond them"
+    ),
+}
+
+_KIND: dict[type, str] = {
+    TurnCompleted: "completed",
+    TurnFailed: "failed",
+    TurnPaused: "paused",
+    TurnExhausted: "exhausted",
+}
+_OUTCOMES = (TurnCompleted, TurnFailed, TurnPaused, TurnExhausted)
+
+
+class LogRecord(Protocol):
+    """One record of the events topic as read (streams.log.Record fits)."""
+
+    @property
+    def partition(self) -> int: ...
+
+    @property
+    def offset(self) -> int: ...
+
+    @property
+    def key(self) -> bytes | None: ...
+
+    @property
+    def value(self) -> bytes | None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class AuditLimits:
+    """Budget limits to hold the log to. They are configuration, not on the log, so the
+    auditor knows them only when told; without them it checks the metrics' consistency."""
+
+    max_iterations: int | None = None
+    max_tool_calls: int | None = None
+    max_cost_usd: float | None = None
+
+    @property
+    def any(self) -> bool:
+        return (self.max_iterations, self.max_tool_calls, self.max_cost_usd) != (None, None, None)
+
+
+@dataclass(frozen=True, slots=True)
+class Finding:
+    """One thing the auditor found, where it is on the log, and what it is."""
+
+    partition: int
+    offset: int
+    conversation_id: str | None
+    turn_id: str | None
+    detail: str
+
+    @property
+    def where(self) -> str:
+        return f"{self.partition}@{self.offset}"
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "at": self.where,
+            "partition": self.partition,
+            "offset": self.offset,
+            "conversation_id": self.conversation_id,
+            "turn_id": self.turn_id,
+            "detail": self.detail,
+        }
+
+
+@dataclass(slots=True)
+class RuleResult:
+    rule: str
+    description: str
+    checked: int = 0
+    violations: list[Finding] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "rule": self.rule,
+            "description": self.description,
+            "checked": self.checked,
+            "violations": [v.to_json() for v in self.violations],
+        }
+
+
+@dataclass(slots=True)
+class AuditReport:
+    records: int
+    events: int
+    conversations: int
+    turns: int
+    outcomes: dict[str, int]
+    rules: list[RuleResult]
+    # Not violations (unless strict, for open turns): what every reader resolves alike.
+    open_turns: list[Finding]
+    stale: list[Finding]
+    ignored: list[Finding]
+    undecodable: list[Finding]
+    strict: bool = False
+
+    @property
+    def violations(self) -> int:
+        return sum(len(r.violations) for r in self.rules) + (len(self.open_turns) if self.strict else 0)
+
+    @property
+    def ok(self) -> bool:
+        return self.violations == 0
+
+    def since(self, offsets: dict[int, int]) -> AuditReport:
+        """Only what was found at or past `offsets` (partition -> first offset not yet
+        reported): what an incremental audit reports. Counts and open turns stay whole."""
+
+        def new(findings: list[Finding]) -> list[Finding]:
+            return [f for f in findings if f.offset >= offsets.get(f.partition, 0)]
+
+        rules = [RuleResult(r.rule, r.description, r.checked, new(r.violations)) for r in self.rules]
+        return dataclasses.replace(
+            self, rules=rules, stale=new(self.stale), ignored=new(self.ignored), undecodable=new(self.undecodable)
+        )
+
+    def rule(self, rule: str) -> RuleResult:
+        return next(r for r in self.rules if r.rule == rule)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "ok": self.ok,
+            "violations": self.violations,
+            "strict": self.strict,
+            "records": self.records,
+            "events": self.events,
+            "conversations": self.conversations,
+            "turns": self.turns,
+            "outcomes": self.outcomes,
+            "rules": [r.to_json() for r in self.rules],
+            "open_turns": [f.to_json() for f in self.open_turns],
+            "stale": [f.to_json() for f in self.stale],
+            "ignored": [f.to_json() for f in self.ignored],
+            "undecodable": [f.to_json() for f in self.undecodable],
+        }
+
+
+@dataclass(slots=True)
+class _Turn:
+    """What the auditor remembers of a logical turn, beside the fold's state."""
+
+    claimed_at: tuple[int, int]
+    runs: dict[str, int]  # run id -> attempt number
+    outcome_at: tuple[int, int] | None = None
+    outcome_event_id: str | None = None
+    outcome_type: str | None = None
+    outcome_run_id: str | None = None
+    zombie_runs: set[str] = field(default_factory=set)  # runs the fold never let start
+
+
+class Auditor:
+    """Feed it the records of the events topic in partition order; ask for the report."""
+
+    def __init__(
+        self,
+        limits: AuditLimits = AuditLimits(),
+        max_value_bytes: int = DEFAULT_MAX_VALUE_BYTES,
+        upcasters: Upcasters = UPCASTERS,
+    ) -> None:
+        self.limits = limits
+        self.max_value_bytes = max_value_bytes
+        self.upcasters = upcasters
+        self.states: dict[str, ConversationState] = {}
+        self._partition_of: dict[str, int] = {}
+        self._turns: dict[tuple[str, str], _Turn] = {}
+        # (conversation, message id) -> the turn active when the message was folded (or None).
+        self._arrived_during: dict[tuple[str, str], str | None] = {}
+        self._rules = {rule: RuleResult(rule, text) for rule, text in RULES.items()}
+        self._stale: list[Finding] = []
+        self._ignored: list[Finding] = []
+        self._undecodable: list[Finding] = []
+        self._records = 0
+        self._events = 0
+        self._at: tuple[int, int] = (0, 0)
+
+    # -- feeding -------------------------------------------------------------------------
+
+    def feed_all(self, records: Iterable[LogRecord]) -> Auditor:
+        for record in records:
+            self.feed(record)
+        return self
+
+    def feed(self, record: LogRecord) -> None:
+        self._records += 1
+        self._at = (record.partition, record.offset)
+        event = decode(record.value, self.max_value_bytes, self.upcasters)
+        if isinstance(event, DecodeError):
+            self._undecodable.append(self._finding(None, None, f"{event.reason}: {event.detail}"))
+            return
+        key = record.key.decode("utf-8", "replace") if record.key is not None else None
+        if key != event.conversation_id:
+            # The workers dead-letter it without folding it, and so does the auditor.
+            detail = f"key_mismatch: key {key!r} is not the conversation id {event.conversation_id!r}"
+            self._undecodable.append(self._finding(event.conversation_id, None, detail))
+            return
+        self._events += 1
+        self._check_partition(event.conversation_id, record.partition)
+        state = self.states.get(event.conversation_id)
+        if state is None:
+            state = self.states[event.conversation_id] = new_state(event.conversation_id)
+        explained = self._before(state, event)
+        rejection = apply_event(state, event)
+        if rejection is None:
+            self._after(event)
+        elif not explained:
+            self._notice(state, event, rejection.reason, rejection.conflict)
+
+    # -- the checks, each before the event is folded ---------------------------------------
+
+    def _before(self, state: ConversationState, event: Event) -> bool:
+        """Run the checks that apply to `event` in `state`. True when the event was fully
+        accounted for (a violation or notice already names it)."""
+        match event:
+            case TurnClaimed():
+                return self._check_claim(state, event)
+            case AttemptStarted():
+                return self._check_attempt(state, event)
+            case TurnCompleted() | TurnFailed() | TurnPaused() | TurnExhausted():
+                return self._check_outcome(state, event)
+            case AttemptFailed():
+                self._check_failure(state, event)
+            case ModelResponded():
+                self._check_model_request(state, event)
+            case ToolCallStarted():
+                self._check_tool_call(state, event)
+            case MessageRejected():
+                return self._check_refusal(state, event)
+            case _:
+                pass
+        return False
+
+    def _check_partition(self, conversation: str, partition: int) -> None:
+        first = self._partition_of.get(conversation)
+        if first is None:
+            self._partition_of[conversation] = partition
+            self._rules["one_partition"].checked += 1
+        elif first != partition:
+            detail = f"event in partition {partition}; the conversation's first was in {first}"
+            self._violate("one_partition", conversation, None, detail)
+
+    def _check_claim(self, state: ConversationState, claim: TurnClaimed) -> bool:
+        conv, turn_id = claim.conversation_id, claim.turn_id
+        known = self._turns.get((conv, turn_id))
+        if known is not None and (turn_id in state.turns or _active_id(state) == turn_id):
+            where = _at(known.claimed_at)
+            self._stale.append(self._finding(conv, turn_id, f"another claim of turn {_short(turn_id)} (first {where})"))
+            return True
+        found = False
+        ids = claim.input_ids
+        once = self._rules["claim_once"]
+        once.checked += len(ids)
+        for input_id in ids:
+            owner = state.claimed_by.get(input_id)
+            if owner is not None and owner != turn_id:
+                first = self._turns[(conv, owner)].claimed_at
+                detail = f"message {input_id!r} already claimed by turn {_short(owner)} ({_at(first)})"
+                found = self._violate("claim_once", conv, turn_id, detail)
+
+        problems = []
+        if len(set(ids)) != len(ids):
+            problems.append("names an input more than once")
+        never = [i for i in ids if i not in state.seen_inputs]
+        if never:
+            problems.append(f"claims inputs never received: {never[:5]}")
+        gone = [i for i in ids if i in state.seen_inputs and i not in state.pending and i not in state.claimed_by]
+        if gone:
+            problems.append(f"claims inputs that are no longer pending: {gone[:5]}")
+        if turn_id != logical_turn_id(ids):
+            problems.append("turn id is not sha256 of the sorted claimed ids")
+        if claim.history_boundary != len(state.history):
+            problems.append(f"history boundary {claim.history_boundary} != history length {len(state.history)}")
+        if claim.attempt != 1:
+            problems.append(f"a claim opens attempt 1, not {claim.attempt}")
+        self._rules["claim_exact"].checked += 1
+        if problems:
+            found = self._violate("claim_exact", conv, turn_id, "; ".join(problems))
+
+        self._rules["one_active_turn"].checked += 1
+        active = state.active
+        if active is not None and active.turn_id != turn_id:
+            first = self._turns[(conv, active.turn_id)].claimed_at
+            detail = f"claimed while turn {_short(active.turn_id)} (claimed {_at(first)}) is active"
+            found = self._violate("one_active_turn", conv, turn_id, detail)
+        return found
+
+    def _check_attempt(self, state: ConversationState, start: AttemptStarted) -> bool:
+        conv, turn_id = start.conversation_id, start.turn_id
+        rule = self._rules["attempts"]
+        rule.checked += 1
+        known = self._turns.get((conv, turn_id))
+        if known is None:
+            return self._violate("attempts", conv, turn_id, f"attempt {start.attempt} of a turn that was never claimed")
+        if known.outcome_at is not None:
+            if start.run_id in known.runs:
+                return self._stale_event(conv, turn_id, f"start of run {start.run_id} after the turn's outcome")
+            detail = f"attempt {start.attempt} started after the turn's outcome ({_at(known.outcome_at)})"
+            return self._violate("attempts", conv, turn_id, detail)
+        turn = state.active
+        assert turn is not None and turn.turn_id == turn_id  # a claimed turn without outcome is the active one
+        if start.run_id == turn.run_id and start.attempt == turn.attempt:
+            if turn.attempt_state == "claimed":
+                return False  # the first start of the claimed attempt
+            return self._stale_event(conv, turn_id, f"run {start.run_id} started again")
+        if start.run_id in known.runs:
+            detail = f"attempt {start.attempt} reuses run id {start.run_id} of attempt {known.runs[start.run_id]}"
+            return self._violate("attempts", conv, turn_id, detail)
+        if start.attempt <= turn.attempt:
+            # A worker that lost the turn (a zombie) starting its own next attempt: the fold
+            # ignores the run, and so does every reader; its later events are stale too.
+            known.zombie_runs.add(start.run_id)
+            detail = (
+                f"attempt {start.attempt} (run {start.run_id}) started while attempt {turn.attempt} "
+                f"({turn.run_id}) owns the turn: a worker that lost it?"
+            )
+            return self._stale_event(conv, turn_id, detail)
+        if start.attempt != turn.attempt + 1:
+            detail = f"attempt {start.attempt} follows attempt {turn.attempt}"
+            return self._violate("attempts", conv, turn_id, detail)
+        if turn.attempt_state != "closed":
+            detail = f"attempt {start.attempt} started while attempt {turn.attempt} ({turn.run_id}) had not failed"
+            return self._violate("attempts", conv, turn_id, detail)
+        self._rules["no_replay_after_side_effect"].checked += 1
+        if turn.side_effect_started:
+            started = ", ".join(op.tool for op in turn.operations.values() if op.side_effect)
+            detail = f"attempt {start.attempt} started after side-effecting tools started: {started}"
+            return self._violate("no_replay_after_side_effect", conv, turn_id, detail)
+        return False
+
+    def _check_failure(self, state: ConversationState, failure: AttemptFailed) -> None:
+        turn = _open_run(state, failure)
+        if turn is None:
+            return
+        self._rules["no_replay_after_side_effect"].checked += 1
+        if failure.retryable and turn.side_effect_started:
+            detail = "attempt failure marked retryable after a side-effecting tool started"
+            self._violate("no_replay_after_side_effect", failure.conversation_id, failure.turn_id, detail)
+
+    def _check_refusal(self, state: ConversationState, refusal: MessageRejected) -> bool:
+        conv, message_id = refusal.conversation_id, refusal.message_id
+        self._rules["double_text"].checked += 1
+        problem = None
+        if (conv, message_id) not in self._arrived_during:
+            problem = f"refuses message {message_id!r}, which was never received"
+        elif message_id in state.claimed_by:
+            problem = f"refuses message {message_id!r}, which turn {_short(state.claimed_by[message_id])} claimed"
+        elif message_id not in state.pending:
+            return self._stale_event(conv, refusal.active_turn_id, f"message {message_id!r} refused again")
+        else:
+            during = self._arrived_during[(conv, message_id)]
+            if during is None:
+                problem = f"refuses message {message_id!r}, which arrived while no turn was active"
+            elif during != refusal.active_turn_id:
+                problem = f"names turn {_short(refusal.active_turn_id)}; {message_id!r} arrived during {_short(during)}"
+        if problem is None:
+            return False
+        return self._violate("double_text", conv, refusal.active_turn_id, problem)
+
+    def _check_model_request(self, state: ConversationState, response: ModelResponded) -> None:
+        turn = _open_run(state, response)
+        if turn is None or not self.limits.any:
+            return
+        rule = self._rules["budgets"]
+        rule.checked += 1
+        conv, turn_id = response.conversation_id, response.turn_id
+        limit = self.limits.max_iterations
+        if limit is not None and response.iteration > limit:
+            self._violate("budgets", conv, turn_id, f"iteration {response.iteration} beyond the limit of {limit}")
+        cost = self.limits.max_cost_usd
+        if cost is not None and (turn.cost_usd is None or turn.cost_usd >= cost):
+            spent = "an unknown cost" if turn.cost_usd is None else f"${turn.cost_usd:.6f}"
+            detail = f"a model request after {spent} was spent (limit ${cost:.6f})"
+            self._violate("budgets", conv, turn_id, detail)
+
+    def _check_tool_call(self, state: ConversationState, call: ToolCallStarted) -> None:
+        turn = _open_run(state, call)
+        limit = self.limits.max_tool_calls
+        if turn is None or limit is None:
+            return
+        self._rules["budgets"].checked += 1
+        if turn.tool_calls >= limit:
+            detail = f"tool call {turn.tool_calls + 1} ({call.tool}) beyond the limit of {limit}"
+            self._violate("budgets", call.conversation_id, call.turn_id, detail)
+
+    def _check_outcome(self, state: ConversationState, outcome: TerminalOutcome) -> bool:
+        conv, turn_id = outcome.conversation_id, outcome.turn_id
+        self._rules["one_outcome"].checked += 1
+        known = self._turns.get((conv, turn_id))
+        if known is None:
+            return self._violate("one_outcome", conv, turn_id, f"{outcome.type} of a turn that was never claimed")
+        if known.outcome_at is not None:
+            if outcome.event_id == known.outcome_event_id:
+                self._ignored.append(self._finding(conv, turn_id, f"{outcome.type} republished (same event id)"))
+                return True
+            earlier = outcome.run_id in known.runs or outcome.run_id in known.zombie_runs
+            if earlier and outcome.run_id != known.outcome_run_id:
+                detail = f"{outcome.type} from run {outcome.run_id}, not the run that ended the turn"
+                return self._stale_event(conv, turn_id, detail)
+            detail = f"second outcome {outcome.type}; the first was {known.outcome_type} at {_at(known.outcome_at)}"
+            return self._violate("one_outcome", conv, turn_id, detail)
+        turn = state.active
+        assert turn is not None and turn.turn_id == turn_id
+        if outcome.run_id != turn.run_id:
+            return self._stale_event(conv, turn_id, f"{outcome.type} from run {outcome.run_id}, not the active run")
+        found = False
+        statuses, claimed = set(outcome.statuses), set(turn.input_ids)
+        if statuses != claimed:
+            detail = f"statuses for {sorted(statuses)[:5]} but the turn claimed {sorted(claimed)[:5]}"
+            found = self._violate("one_outcome", conv, turn_id, detail)
+        self._rules["budgets"].checked += 1
+        mismatches = _metric_mismatches(turn, outcome)
+        if mismatches:
+            detail = f"{outcome.type} metrics disagree with the log: {mismatches}"
+            found = self._violate("budgets", conv, turn_id, detail)
+        return found
+
+    # -- after an accepted event -----------------------------------------------------------
+
+    def _after(self, event: Event) -> None:
+        conv = event.conversation_id
+        match event:
+            case MessageReceived():
+                self._arrived_during[(conv, event.message_id)] = self._active_of(conv)
+            case TurnClaimed():
+                self._turns[(conv, event.turn_id)] = _Turn(self._at, {event.run_id: 1})
+            case AttemptStarted():
+                self._turns[(conv, event.turn_id)].runs[event.run_id] = event.attempt
+            case TurnCompleted() | TurnFailed() | TurnPaused() | TurnExhausted():
+                known = self._turns[(conv, event.turn_id)]
+                known.outcome_at, known.outcome_event_id, known.outcome_type = self._at, event.event_id, event.type
+                known.outcome_run_id = event.run_id
+            case _:
+                pass
+
+    def _active_of(self, conversation: str) -> str | None:
+        state = self.states.get(conversation)
+        return _active_id(state) if state is not None else None
+
+    def _notice(self, state: ConversationState, event: Event, reason: str, conflict: bool) -> None:
+        """An event the fold ignored that no check explained: a stale run, or a duplicate."""
+        if isinstance(event, TurnEnvelope) and (event.conversation_id, event.turn_id) in self._turns:
+            what = f"{event.type} ignored: {reason}"
+            if isinstance(event, ToolCallStarted) and event.side_effect:
+                what += f" (a side-effecting tool, {event.tool}, started in a stale run)"
+            self._stale.append(self._finding(event.conversation_id, event.turn_id, what))
+            return
+        turn_id = event.turn_id if isinstance(event, TurnEnvelope) else None
+        label = "conflict" if conflict else "ignored"
+        self._ignored.append(self._finding(event.conversation_id, turn_id, f"{event.type} {label}: {reason}"))
+
+    # -- reporting ------------------------------------------------------------------------
+
+    def _finding(self, conversation: str | None, turn_id: str | None, detail: str) -> Finding:
+        return Finding(self._at[0], self._at[1], conversation, turn_id, detail)
+
+    def _violate(self, rule: str, conversation: str, turn_id: str | None, detail: str) -> bool:
+        self._rules[rule].violations.append(self._finding(conversation, turn_id, detail))
+        return True
+
+    def _stale_event(self, conversation: str, turn_id: str, detail: str) -> bool:
+        self._stale.append(self._finding(conversation, turn_id, detail))
+        return True
+
+    def report(self, strict: bool = False) -> AuditReport:
+        open_turns = []
+        for conv, state in sorted(self.states.items()):
+            turn = state.active
+            if turn is not None:
+                p, o = self._turns[(conv, turn.turn_id)].claimed_at
+                detail = f"claimed, no outcome yet: attempt {turn.attempt} ({turn.run_id}) is {turn.attempt_state}"
+                open_turns.append(Finding(p, o, conv, turn.turn_id, detail))
+        outcomes = dict.fromkeys(_KIND.values(), 0)
+        for known in self._turns.values():
+            if known.outcome_type is not None:
+                outcomes[_KIND[_TYPE_OF[known.outcome_type]]] += 1
+        outcomes["open"] = len(open_turns)
+        return AuditReport(
+            records=self._records,
+            events=self._events,
+            conversations=len(self.states),
+            turns=len(self._turns),
+            outcomes=outcomes,
+            rules=list(self._rules.values()),
+            open_turns=open_turns,
+            stale=list(self._stale),
+            ignored=list(self._ignored),
+            undecodable=list(self._undecodable),
+            strict=strict,
+        )
+
+
+_TYPE_OF: dict[str, type] = {t.__name__: t for t in _OUTCOMES}
+
+
+def audit(records: Iterable[LogRecord], limits: AuditLimits = AuditLimits(), strict: bool = False) -> AuditReport:
+    """Audit a whole log: records of the events topic, in order within each partition."""
+    return Auditor(limits).feed_all(records).report(strict)
+
+
+def _active_id(state: ConversationState) -> str | None:
+    return state.active.turn_id if state.active is not None else None
+
+
+def _open_run(state: ConversationState, event: TurnEnvelope) -> ActiveTurn | None:
+    """The active turn if `event` belongs to its open attempt (what the fold will accept)."""
+    turn = state.active
+    if turn is None or turn.turn_id != event.turn_id or turn.run_id != event.run_id:
+        return None
+    return turn
+
+
+def _metric_mismatches(turn: ActiveTurn, outcome: TerminalOutcome) -> str:
+    m = outcome.metrics
+    expected: dict[str, object] = {
+        "attempt": turn.attempt,
+        "iterations": turn.iterations,
+        "tool_calls": turn.tool_calls,
+        "input_tokens": turn.input_tokens,
+        "output_tokens": turn.output_tokens,
+        "fallbacks": turn.fallbacks,
+    }
+    if turn.model is not None:
+        expected["model"] = turn.model
+    wrong = [f"{k} {getattr(m, k)} (log: {v})" for k, v in expected.items() if getattr(m, k) != v]
+    if (m.cost_usd is None) != (turn.cost_usd is None) or (
+        m.cost_usd is not None and turn.cost_usd is not None and abs(m.cost_usd - turn.cost_usd) > 1e-9
+    ):
+        wrong.append(f"cost_usd {m.cost_usd} (log: {turn.cost_usd})")
+    logged = {
+        (op.call_id, op.tool, op.side_effect, "unknown" if op.status == "started" else op.status)
+        for op in turn.operations.values()
+    }
+    recorded = {(op.call_id, op.tool, op.side_effect, op.status) for op in outcome.operations}
+    if logged != recorded:
+        wrong.append(f"operations {sorted(recorded)} (log: {sorted(logged)})")
+    return "; ".join(wrong)
+
+
+def _at(where: tuple[int, int]) -> str:
+    return f"{where[0]}@{where[1]}"
+
+
+def _short(turn_id: str) -> str:
+    return turn_id[:12]
+
+
+def render(report: AuditReport, limit: int = 20) -> str:
+    """The report for people: one line per rule, then each violation and notice with its place."""
+    o = report.outcomes
+    lines = [
+        f"audited {report.records} records: {report.events} events, {report.conversations} conversations, "
+        f"{report.turns} turns ({o['completed']} completed, {o['failed']} failed, {o['paused']} paused, "
+        f"{o['exhausted']} exhausted, {o['open']} open)",
+        "",
+    ]
+    for rule in report.rules:
+        status = "FAIL" if rule.violations else "ok"
+        lines.append(f"{status:<5}{rule.rule:<29}checked {rule.checked:<7}violations {len(rule.violations)}")
+        lines.append(f"     {rule.description}")
+        lines += _listed(rule.violations, limit)
+    notices = [
+        ("open turns" + (" (violations: --strict)" if report.strict else " (not violations without --strict)"),
+         report.open_turns),
+        ("events of stale runs and repeated claims, ignored by every reader", report.stale),
+        ("other events the fold ignores (duplicates, conflicts)", report.ignored),
+        ("values that do not decode or are keyed wrongly (the workers dead-letter them)", report.undecodable),
+    ]  # fmt: skip
+    lines.append("")
+    for title, findings in notices:
+        lines.append(f"{len(findings):>5} {title}")
+        lines += _listed(findings, limit)
+    lines.append("")
+    lines.append("no violation" if report.ok else f"{report.violations} violation(s)")
+    return "\n".join(lines)
+
+
+def _listed(findings: list[Finding], limit: int) -> list[str]:
+    out = []
+    for f in findings[:limit]:
+        turn = f" turn {_short(f.turn_id)}" if f.turn_id else ""
+        out.append(f"       {f.where:<12} {f.conversation_id or '-'}{turn}: {f.detail}")
+    if len(findings) > limit:
+        out.append(f"       ... and {len(findings) - limit} more (--json lists all)")
+    return out

@@ -1,0 +1,118 @@
+"""`turnstile audit`: replay the events topic and check the design's rules on it.
+
+The rules are checked by the pure auditor (`projections.audit`); this module reads the
+log and prints. On Kafka it reads every partition from offset 0 with its own consumer,
+independent of the workers' group (the rules need the whole history), and remembers in
+its own consumer group (default `turnstile-audit`) how far it has reported: a later run
+reports only what is new since, unless `--from-beginning`.
+
+Exit status: 0 no violation, 1 at least one violation, 2 the log could not be read.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from projections.audit import AuditLimits, Auditor, AuditReport, render
+from streams.file_log import FileLog
+from streams.log import Record, Topics
+
+DEFAULT_GROUP = "turnstile-audit"
+
+
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    audit = sub.add_parser(
+        "audit",
+        help="replay the events topic and check the design's rules; exit 1 on a violation",
+        description=__doc__.split("\n\n")[0] if __doc__ else None,
+    )
+    where = audit.add_mutually_exclusive_group()
+    where.add_argument("--broker", help="kafka://HOST:PORT[,HOST:PORT] (default: the embedded file log)")
+    where.add_argument("--data", type=Path, default=Path(".turnstile"), help="embedded log folder")
+    audit.add_argument("--events-topic", default=Topics().events)
+    audit.add_argument(
+        "--from-beginning",
+        action="store_true",
+        help="report everything on the log, not only what is new since this group's last audit",
+    )
+    audit.add_argument("--group", default=DEFAULT_GROUP, help=f"the auditor's consumer group (default {DEFAULT_GROUP})")
+    audit.add_argument("--strict", action="store_true", help="turns still open at the end are violations too")
+    audit.add_argument("--json", action="store_true", help="print the report as JSON (every finding)")
+    audit.add_argument("--max-iterations", type=int, default=None, help="hold the log to this iteration limit")
+    audit.add_argument("--max-tool-calls", type=int, default=None, help="hold the log to this tool call limit")
+    audit.add_argument("--max-cost-usd", type=float, default=None, help="hold the log to this cost limit")
+    audit.add_argument("--timeout", type=float, default=60.0, help="seconds to read the topic to its end")
+
+
+def audit_records(records: list[Record], args: argparse.Namespace) -> AuditReport:
+    limits = AuditLimits(args.max_iterations, args.max_tool_calls, args.max_cost_usd)
+    return Auditor(limits).feed_all(records).report(strict=args.strict)
+
+
+async def run(args: argparse.Namespace) -> int:
+    from aiokafka.errors import KafkaError
+
+    try:
+        if args.broker:
+            report = await _audit_kafka(args)
+        else:
+            if not (args.data / args.events_topic).is_dir():
+                raise LookupError(f"no embedded log of topic {args.events_topic!r} in {args.data}")
+            records = FileLog(args.data, Topics(args.events_topic)).read_all(args.events_topic)
+            report = audit_records(records, args)
+    except (OSError, LookupError, TimeoutError, KafkaError) as exc:
+        print(f"turnstile audit: cannot read the log: {exc}", file=sys.stderr)
+        return 2
+    print(json.dumps(report.to_json(), indent=2) if args.json else render(report))
+    return 0 if report.ok else 1
+
+
+async def _audit_kafka(args: argparse.Namespace) -> AuditReport:
+    from streams.kafka_log import bootstrap_of
+    from streams.kafka_reader import read_topic
+
+    bootstrap = bootstrap_of(args.broker)
+    records = await read_topic(bootstrap, args.events_topic, timeout_s=args.timeout)
+    report = audit_records(records, args)
+    ends: dict[int, int] = {}
+    for record in records:
+        ends[record.partition] = max(ends.get(record.partition, 0), record.offset + 1)
+    if not args.from_beginning:
+        report = report.since(await _reported(bootstrap, args.group, args.events_topic, set(ends)))
+    await _mark_reported(bootstrap, args.group, args.events_topic, ends)
+    return report
+
+
+async def _reported(bootstrap: str, group: str, topic: str, partitions: set[int]) -> dict[int, int]:
+    """How far this group's previous audits have reported, per partition."""
+    from aiokafka import AIOKafkaConsumer, TopicPartition
+
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=group, enable_auto_commit=False)
+    await consumer.start()
+    try:
+        out = {}
+        for p in sorted(partitions):
+            committed = await consumer.committed(TopicPartition(topic, p))
+            if committed is not None:
+                out[p] = committed
+        return out
+    finally:
+        await consumer.stop()
+
+
+async def _mark_reported(bootstrap: str, group: str, topic: str, ends: dict[int, int]) -> None:
+    if not ends:
+        return
+    from aiokafka import AIOKafkaConsumer, TopicPartition
+
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=group, enable_auto_commit=False)
+    await consumer.start()
+    try:
+        tps = {TopicPartition(topic, p): offset for p, offset in ends.items()}
+        consumer.assign(list(tps))
+        await consumer.commit(tps)
+    finally:
+        await consumer.stop()

@@ -1,0 +1,172 @@
+"""`turnstile inspect CONVERSATION`: the conversation as the log says it is.
+
+It reads the log with its own reader (no consumer group, nothing committed), so it shows
+the same state whether zero, one or many workers run: the history, the pending set, the
+active turn and a timeline per turn (attempts, iterations, tool calls, outcome, cost,
+duration), rendered with rich.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+from pathlib import Path
+
+from rich.console import Console, Group
+from rich.panel import Panel
+from rich.table import Table
+from rich.text import Text
+
+from streams.file_log import FileLog, partition_for
+from streams.log import Record, Topics
+from streams.views import ConversationView, TurnView, build_view
+
+
+# -- reading -----------------------------------------------------------------------------
+def file_records(directory: Path, topics: Topics, conversation_id: str, partitions: int | None = None) -> list[Record]:
+    """The records of the conversation's partition of the embedded log."""
+    log = FileLog(directory, topics) if partitions is None else FileLog(directory, topics, partitions)
+    partition = partition_for(conversation_id, log.partitions)
+    return [r for r in log.read_all(topics.events) if r.partition == partition]
+
+
+async def kafka_records(bootstrap: str, topic: str, conversation_id: str, timeout_s: float = 30.0) -> list[Record]:
+    """The records of the conversation's partition, up to its end at the time of the call.
+    Kafka's default partitioner (murmur2 of the key) says which partition that is."""
+    from aiokafka import AIOKafkaConsumer, TopicPartition
+
+    # Subscribed without a group, the consumer is given every partition: it reads only the
+    # conversation's one and pauses the others.
+    consumer = AIOKafkaConsumer(
+        topic,
+        bootstrap_servers=bootstrap,
+        enable_auto_commit=False,
+        auto_offset_reset="earliest",
+        isolation_level="read_committed",
+    )
+    await consumer.start()
+    try:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while not (assigned := consumer.assignment()):
+            if loop.time() > deadline:
+                raise LookupError(f"topic {topic!r} has no partitions on {bootstrap}")
+            await asyncio.sleep(0.05)
+        tp = TopicPartition(topic, partition_for(conversation_id, len(assigned)))
+        consumer.pause(*(p for p in assigned if p != tp))
+        await consumer.seek_to_beginning(tp)
+        end = (await consumer.end_offsets([tp]))[tp]
+        out: list[Record] = []
+        while await consumer.position(tp) < end:
+            batch = await consumer.getmany(tp, timeout_ms=200)
+            out.extend(Record(tp.partition, m.offset, m.key, m.value) for m in batch.get(tp, []) if m.offset < end)
+            if not batch and loop.time() > deadline:
+                raise TimeoutError(f"{topic}[{tp.partition}] not read to offset {end}")
+        return out
+    finally:
+        await consumer.stop()
+
+
+# -- rendering ---------------------------------------------------------------------------
+def _time(ms: int) -> str:
+    return dt.datetime.fromtimestamp(ms / 1000, dt.UTC).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
+
+
+def _short(text: str, limit: int = 100) -> str:
+    text = text.replace("\n", " ")
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _cost(value: float | None) -> str:
+    return "unknown" if value is None else f"${value:.6f}"
+
+
+def render(view: ConversationView, console: Console) -> None:
+    state = view.state
+    console.print(Panel(f"[bold]{state.conversation_id}[/]  ·  {state.events_applied} events folded"
+                        f"  ·  {len(view.turns)} turns", title="conversation"))
+
+    history = Table(title="history", expand=True)
+    for column in ("time", "role", "turn", "content"):
+        history.add_column(column)
+    for h in state.history:
+        role = h.role if h.outcome is None else f"{h.role} ({h.outcome})"
+        history.add_row(_time(h.occurred_at), role, h.turn_id[:8], _short(h.content))
+    console.print(history if state.history else Text("history: empty"))
+
+    if state.pending:
+        pending = Table(title="pending", expand=True)
+        for column in ("time", "input", "kind", "content"):
+            pending.add_column(column)
+        for p in state.pending.values():
+            kind = p.kind if p.source is None else f"{p.kind} ({p.source})"
+            pending.add_row(_time(p.occurred_at), p.input_id, kind, _short(p.content))
+        console.print(pending)
+    else:
+        console.print(Text("pending: none"))
+
+    if state.rejected:
+        console.print(Text(f"rejected (double text): {', '.join(state.rejected)}"))
+
+    active = state.active
+    if active is None:
+        console.print(Text("active turn: none"))
+    else:
+        console.print(
+            Panel(
+                f"turn {active.turn_id[:12]}  inputs {list(active.input_ids)}\n"
+                f"claimed {_time(active.claimed_at)}  attempt {active.attempt} ({active.attempt_state})  "
+                f"run {active.run_id[:8]}  model {active.model}\n"
+                f"iterations {active.iterations}  tool calls {active.tool_calls}  cost {_cost(active.cost_usd)}",
+                title="active turn",
+                border_style="yellow",
+            )
+        )
+
+    for turn in view.turns.values():
+        console.print(_turn_panel(turn))
+    if view.undecodable:
+        console.print(Text(f"{view.undecodable} value(s) of the partition did not decode (see the DLQ)"))
+
+
+def _turn_panel(turn: TurnView) -> Panel:
+    outcome = turn.outcome or "active"
+    colour = {"completed": "green", "failed": "red", "paused": "yellow", "exhausted": "magenta"}.get(outcome, "cyan")
+    duration = "—" if turn.duration_ms is None else f"{turn.duration_ms / 1000:.2f}s"
+    head = Text.from_markup(
+        f"inputs {list(turn.input_ids)}  ·  attempts {len(turn.attempts)}  ·  iterations {turn.iterations}"
+        f"  ·  tool calls {len(turn.tool_calls)}  ·  outcome [bold {colour}]{outcome}[/]"
+        f"  ·  cost {_cost(turn.cost_usd)}  ·  duration {duration}"
+    )
+    parts: list[Text | Table] = [head]
+    if turn.outcome_detail:
+        parts.append(Text(_short(turn.outcome_detail, 200)))
+    steps = Table(show_header=True, box=None, expand=True)
+    for column in ("at", "+s", "event", "detail"):
+        steps.add_column(column)
+    for e in turn.entries:
+        detail = e.text if e.ignored is None else f"{e.text}  [ignored: {e.ignored}]"
+        style = "dim" if e.ignored else None
+        steps.add_row(f"{e.partition}@{e.offset}", f"{(e.occurred_at - turn.claimed_at) / 1000:+.3f}", e.type,
+                      _short(detail, 120), style=style)
+    parts.append(steps)
+    return Panel(Group(*parts), title=f"turn {turn.turn_id[:12]}", border_style=colour)
+
+
+async def inspect(
+    conversation_id: str,
+    *,
+    broker: str | None,
+    data: Path,
+    topics: Topics,
+    console: Console | None = None,
+) -> ConversationView:
+    if broker:
+        from streams.kafka_log import bootstrap_of
+
+        records = await kafka_records(bootstrap_of(broker), topics.events, conversation_id)
+    else:
+        records = file_records(data, topics, conversation_id)
+    view = build_view(conversation_id, records)
+    render(view, console or Console())
+    return view

@@ -1,0 +1,137 @@
+"""Prometheus metrics of a worker, served on its HTTP port at `/metrics`.
+
+They are observed on the log as the worker folds it, once per event this worker treats as
+new (at or past the committed offset; the same rule as the outcome records), so a replay
+after a restart does not count history twice within one process:
+
+* `turnstile_turns_total{outcome}`: terminal outcomes (completed, failed, paused, exhausted)
+* `turnstile_claim_latency_seconds{kind}`: from an input's `occurred_at` to its turn's claim
+* `turnstile_turn_iterations`, `turnstile_turn_cost_usd`, `turnstile_turn_duration_seconds`:
+  per finished turn, from its outcome's metrics; `turnstile_cost_usd_total` sums the cost
+  (`turnstile_turns_unpriced_total` counts turns whose cost is unknown)
+* `turnstile_dead_letters_total{reason}`: values sent to the dead-letter topic
+* `turnstile_messages_rejected_total`: refusals of the double-text policy
+* `turnstile_scheduled_inputs_total{schedule}`: occurrences the scheduler published
+* `turnstile_consumer_lag{partition}`: end offset minus the worker's position, per owned
+  partition, when the end offset is known (computed at scrape time)
+
+Each `Metrics` has its own registry, so several workers in one process (tests) do not mix.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from events import OUTCOME_TYPES, Event, MessageRejected, TurnClaimed
+from projections import ConversationState
+
+if TYPE_CHECKING:
+    from streams.worker import Worker
+
+CONTENT_TYPE = CONTENT_TYPE_LATEST
+_LATENCY_BUCKETS = (0.1, 0.25, 0.5, 1, 1.5, 2, 3, 5, 10, 30, 60, 300)
+_ITERATION_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)
+_COST_BUCKETS = (0.0001, 0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5)
+_DURATION_BUCKETS = (0.5, 1, 2, 5, 10, 30, 60, 120, 300, 900)
+
+
+class _LagCollector(Collector):
+    def __init__(self, metrics: Metrics) -> None:
+        self.metrics = metrics
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        family = GaugeMetricFamily(
+            "turnstile_consumer_lag",
+            "Records of the events topic not yet consumed, per owned partition (end offset - position)",
+            labels=["partition"],
+        )
+        worker = self.metrics.worker
+        if worker is not None:
+            for partition, lag in sorted(consumer_lag(worker).items()):
+                family.add_metric([str(partition)], lag)
+        yield family
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.worker: Worker | None = None
+        r = self.registry
+        self.turns = Counter("turnstile_turns", "Terminal outcomes of turns", ["outcome"], registry=r)
+        self.claim_latency = Histogram(
+            "turnstile_claim_latency_seconds",
+            "From an input's occurred_at to the claim of the turn that takes it",
+            ["kind"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.iterations = Histogram(
+            "turnstile_turn_iterations", "Model iterations of a finished turn", buckets=_ITERATION_BUCKETS, registry=r
+        )
+        self.cost = Histogram("turnstile_turn_cost_usd", "Cost of a finished turn", buckets=_COST_BUCKETS, registry=r)
+        self.cost_total = Counter("turnstile_cost_usd", "Cost of every finished turn", registry=r)
+        self.unpriced = Counter("turnstile_turns_unpriced", "Finished turns whose cost is unknown", registry=r)
+        self.duration = Histogram(
+            "turnstile_turn_duration_seconds", "Claim to outcome", buckets=_DURATION_BUCKETS, registry=r
+        )
+        self.dead_letters = Counter(
+            "turnstile_dead_letters", "Values sent to the dead-letter topic", ["reason"], registry=r
+        )
+        self.rejected = Counter("turnstile_messages_rejected", "Refusals of the double-text policy", registry=r)
+        self.scheduled = Counter(
+            "turnstile_scheduled_inputs", "Occurrences published by the scheduler", ["schedule"], registry=r
+        )
+        r.register(_LagCollector(self))
+
+    def attach(self, worker: Worker) -> None:
+        """The worker whose partitions the lag gauge reports."""
+        self.worker = worker
+
+    def on_event(self, state: ConversationState, event: Event) -> None:
+        """Called after `event` was folded into `state`."""
+        if isinstance(event, TurnClaimed):
+            active = state.active
+            for item in active.inputs if active is not None else ():
+                self.claim_latency.labels(item.kind).observe(max(0, event.occurred_at - item.occurred_at) / 1000)
+        elif isinstance(event, OUTCOME_TYPES):
+            self.turns.labels(event.type.removeprefix("Turn").lower()).inc()
+            self.iterations.observe(event.metrics.iterations)
+            self.duration.observe(event.metrics.duration_ms / 1000)
+            if event.metrics.cost_usd is None:
+                self.unpriced.inc()
+            else:
+                self.cost.observe(event.metrics.cost_usd)
+                self.cost_total.inc(event.metrics.cost_usd)
+        elif isinstance(event, MessageRejected):
+            self.rejected.inc()
+
+    def on_dead_letter(self, reason: str) -> None:
+        self.dead_letters.labels(reason).inc()
+
+    def exposition(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+def consumer_lag(worker: Worker) -> dict[int, int]:
+    """End offset minus position for each partition the worker owns, where the end is known:
+    the Kafka consumer's last seen high watermark, or the embedded log's file length."""
+    log: Any = worker.log
+    topic = log.topics.events
+    out: dict[int, int] = {}
+    for partition, part in list(worker.partitions.items()):
+        end: int | None = None
+        consumer = getattr(log, "consumer", None)
+        if consumer is not None:
+            from aiokafka import TopicPartition
+
+            end = consumer.highwater(TopicPartition(topic, partition))
+        elif hasattr(log, "_file"):
+            end = log._file(topic, partition).end_offset()
+        if end is not None:
+            out[partition] = max(0, end - part.position)
+    return out

@@ -1,0 +1,109 @@
+"""The scheduler task: publishes `InputInjected` for each due schedule occurrence.
+
+It runs beside the worker, in its process. Correctness does not depend on it firing once:
+the occurrence key (schedule id + occurrence time) is the input id, so a second firing
+(another worker, a restart, a retried append) is a duplicate every reader ignores, and
+the occurrence gets one logical turn. Beside a worker it fires only the schedules whose
+conversation lives on a partition that worker owns and has replayed, and skips
+occurrences the log already holds, so duplicates stay rare.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from events import InputInjected, encode
+from handlers.schedule import Schedule, due, injected, next_due, occurrence_key
+from streams.file_log import partition_for
+from streams.log import EventLog
+from streams.runtime import Clock, Ids, RandomIds, SystemClock
+
+if TYPE_CHECKING:
+    from streams.metrics import Metrics
+    from streams.worker import Worker
+
+log = logging.getLogger(__name__)
+
+
+class Scheduler:
+    def __init__(
+        self,
+        log_: EventLog,
+        schedules: Sequence[Schedule],
+        *,
+        worker: Worker | None = None,
+        clock: Clock | None = None,
+        ids: Ids | None = None,
+        max_sleep_s: float = 1.0,
+        metrics: Metrics | None = None,
+    ) -> None:
+        self.log = log_
+        self.schedules = tuple(schedules)
+        self.worker = worker
+        self.clock = clock or SystemClock()
+        self.ids = ids or RandomIds()
+        self.max_sleep_s = max_sleep_s
+        self.metrics = metrics
+        self.last_fired: dict[str, int] = {}
+
+    def _partition_count(self) -> int | None:
+        count = getattr(self.log, "partitions", None)  # the embedded log
+        if isinstance(count, int):
+            return count
+        consumer = getattr(self.log, "consumer", None)  # Kafka: known once subscribed
+        partitions = consumer.partitions_for_topic(self.log.topics.events) if consumer is not None else None
+        return len(partitions) if partitions else None
+
+    def _ours(self, schedule: Schedule) -> bool:
+        """Beside a worker: only for conversations on a partition it owns and has replayed."""
+        if self.worker is None:
+            return True
+        count = self._partition_count()
+        if count is None:
+            return False
+        part = self.worker.partitions.get(partition_for(schedule.conversation_id, count))
+        return part is not None and part.live
+
+    def _on_log(self, schedule: Schedule, key: str) -> bool:
+        if self.worker is None:
+            return False
+        state = self.worker.states.get(schedule.conversation_id)
+        return state is not None and key in state.seen_inputs
+
+    async def tick(self) -> list[InputInjected]:
+        """Publish every occurrence due now; returns what was published."""
+        now = self.clock.now_ms()
+        published: list[InputInjected] = []
+        for schedule in self.schedules:
+            if not self._ours(schedule):
+                continue
+            for at in due(schedule, self.last_fired.get(schedule.schedule_id), now):
+                if not self._on_log(schedule, occurrence_key(schedule, at)):
+                    event = injected(schedule, at, event_id=self.ids.new())
+                    await self.log.append(self.log.topics.events, schedule.conversation_id, encode(event))
+                    published.append(event)
+                    log.info("schedule %s fired: %s", schedule.schedule_id, event.occurrence_key)
+                    if self.metrics is not None:
+                        self.metrics.scheduled.labels(schedule.schedule_id).inc()
+                self.last_fired[schedule.schedule_id] = at
+        return published
+
+    def _sleep_s(self) -> float:
+        now = self.clock.now_ms()
+        upcoming = [t for s in self.schedules if (t := next_due(s, now)) is not None]
+        if not upcoming:
+            return self.max_sleep_s
+        return max(0.01, min(self.max_sleep_s, (min(upcoming) - now) / 1000))
+
+    async def run(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            try:
+                await self.tick()
+            except Exception:  # an append that failed: the occurrence is tried again next tick
+                log.exception("a scheduler tick failed")
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), self._sleep_s())

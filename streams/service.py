@@ -1,0 +1,94 @@
+"""One worker process: the worker, its scheduler and its HTTP port, started and stopped together."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Sequence
+
+from handlers.schedule import Schedule
+from streams.file_log import FileLog
+from streams.http_api import HttpServer, ReadConversation, build_app
+from streams.inspect_cli import file_records, kafka_records
+from streams.log import EventLog, Record
+from streams.metrics import Metrics
+from streams.scheduler import Scheduler
+from streams.worker import Worker
+
+
+def conversation_reader(log: EventLog, bootstrap: str | None = None) -> ReadConversation:
+    """How the HTTP views read one conversation from the log, independent of the worker."""
+    if isinstance(log, FileLog):
+        directory, topics, partitions = log.directory, log.topics, log.partitions
+
+        async def read_file(conversation: str) -> list[Record]:
+            return file_records(directory, topics, conversation, partitions)
+
+        return read_file
+    if bootstrap is None:
+        raise ValueError("reading a Kafka log needs the bootstrap servers")
+    topic = log.topics.events
+
+    async def read_kafka(conversation: str) -> list[Record]:
+        return await kafka_records(bootstrap, topic, conversation)
+
+    return read_kafka
+
+
+class Service:
+    def __init__(
+        self,
+        worker: Worker,
+        *,
+        schedules: Sequence[Schedule] = (),
+        http: tuple[str, int] | None = None,
+        bootstrap: str | None = None,
+    ) -> None:
+        self.worker = worker
+        if worker.metrics is None and http is not None:
+            worker.metrics = Metrics()
+            worker.metrics.attach(worker)
+        self.scheduler = (
+            Scheduler(worker.log, schedules, worker=worker, clock=worker.clock, ids=worker.ids, metrics=worker.metrics)
+            if schedules
+            else None
+        )
+        self.http: HttpServer | None = None
+        if http is not None:
+            app = build_app(
+                worker.log,
+                conversation_reader(worker.log, bootstrap),
+                worker=worker,
+                metrics=worker.metrics,
+                clock=worker.clock,
+            )
+            self.http = HttpServer(app, *http)
+
+    @property
+    def url(self) -> str | None:
+        return self.http.url if self.http is not None else None
+
+    async def run(self, stop: asyncio.Event, ready: asyncio.Event | None = None) -> None:
+        """Until `stop` is set or the worker fails (its error is raised)."""
+        inner = asyncio.Event()
+        if self.http is not None:
+            await self.http.start()
+        tasks = [asyncio.create_task(self.worker.run(inner), name="worker")]
+        if self.scheduler is not None:
+            tasks.append(asyncio.create_task(self.scheduler.run(inner), name="scheduler"))
+        stopping = asyncio.create_task(stop.wait())
+        if ready is not None:
+            ready.set()
+        try:
+            await asyncio.wait([tasks[0], stopping], return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            inner.set()
+            stopping.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await stopping
+            results = await asyncio.gather(*tasks, return_exceptions=True)
+            if self.http is not None:
+                await self.http.stop()
+        for result in results:
+            if isinstance(result, BaseException):
+                raise result

@@ -1,0 +1,281 @@
+"""Read models of one conversation, built from the log alone: its folded state and a
+timeline per turn. `turnstile inspect` renders them with rich; the HTTP service returns
+them as JSON (or a small HTML page).
+
+Every event is folded with the same `apply_event` the worker uses, so the view agrees with
+the engine; events the fold ignores (a stale run's, a duplicate input) are kept in the
+timeline, marked `ignored` with the reason, because an operator wants to see them too.
+"""
+
+from __future__ import annotations
+
+import html
+from dataclasses import dataclass, field
+from typing import Any
+
+from events import (
+    OUTCOME_TYPES,
+    AttemptFailed,
+    AttemptStarted,
+    DecodeError,
+    Event,
+    FallbackEngaged,
+    ModelResponded,
+    ProtocolFailure,
+    ToolCallFinished,
+    ToolCallStarted,
+    TurnClaimed,
+    TurnPaused,
+    decode,
+)
+from projections import ConversationState, apply_event, new_state
+from streams.log import Record
+from streams.timeline import describe
+
+
+@dataclass(slots=True)
+class TimelineEntry:
+    partition: int
+    offset: int
+    occurred_at: int
+    type: str
+    text: str
+    ignored: str | None = None  # why the fold ignored it
+
+
+@dataclass(slots=True)
+class AttemptView:
+    attempt: int
+    run_id: str
+    model: str
+    started_at: int
+    iterations: int = 0
+    failed: str | None = None
+    retryable: bool | None = None
+
+
+@dataclass(slots=True)
+class ToolCallView:
+    call_id: str
+    tool: str
+    iteration: int
+    side_effect: bool
+    status: str = "started"  # started | succeeded | failed
+
+
+@dataclass(slots=True)
+class TurnView:
+    turn_id: str
+    input_ids: tuple[str, ...]
+    claimed_at: int
+    attempts: list[AttemptView] = field(default_factory=list)
+    iterations: int = 0  # model responses over every attempt
+    tool_calls: list[ToolCallView] = field(default_factory=list)
+    protocol_failures: int = 0
+    fallbacks: int = 0
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cost_usd: float | None = 0.0
+    outcome: str | None = None  # completed | failed | paused | exhausted; None while active
+    outcome_detail: str | None = None
+    ended_at: int | None = None
+    duration_ms: int | None = None
+    entries: list[TimelineEntry] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class ConversationView:
+    state: ConversationState
+    turns: dict[str, TurnView] = field(default_factory=dict)  # in claim order
+    undecodable: int = 0
+
+
+def build_view(conversation_id: str, records: list[Record]) -> ConversationView:
+    """Fold the records of `conversation_id` (others are skipped) in log order."""
+    view = ConversationView(new_state(conversation_id))
+    for record in records:
+        event = decode(record.value)
+        if isinstance(event, DecodeError):
+            view.undecodable += 1
+            continue
+        if event.conversation_id != conversation_id:
+            continue
+        rejection = apply_event(view.state, event)
+        _record(view, record, event, None if rejection is None else rejection.reason)
+    return view
+
+
+def _record(view: ConversationView, record: Record, event: Event, ignored: str | None) -> None:
+    turn_id = getattr(event, "turn_id", None)
+    if turn_id is None:
+        return
+    turn = view.turns.get(turn_id)
+    if turn is None:
+        if not isinstance(event, TurnClaimed) or ignored is not None:
+            return
+        turn = view.turns[turn_id] = TurnView(turn_id, event.input_ids, event.occurred_at)
+    text = describe(event).removeprefix(f"{event.type:<17} ").removeprefix(f"turn {turn_id[:8]} ")
+    turn.entries.append(TimelineEntry(record.partition, record.offset, event.occurred_at, event.type, text, ignored))
+    if ignored is not None:
+        return
+    match event:
+        case AttemptStarted():
+            turn.attempts.append(AttemptView(event.attempt, event.run_id, event.model, event.occurred_at))
+        case ModelResponded():
+            turn.iterations += 1
+            if turn.attempts:
+                turn.attempts[-1].iterations = event.iteration
+            turn.input_tokens += event.usage.input_tokens
+            turn.output_tokens += event.usage.output_tokens
+            turn.cost_usd = None if turn.cost_usd is None or event.cost_usd is None else turn.cost_usd + event.cost_usd
+        case ToolCallStarted():
+            turn.tool_calls.append(ToolCallView(event.call_id, event.tool, event.iteration, event.side_effect))
+        case ToolCallFinished():
+            for call in turn.tool_calls:
+                if call.call_id == event.call_id:
+                    call.status = "succeeded" if event.ok else "failed"
+        case ProtocolFailure():
+            turn.protocol_failures += 1
+        case FallbackEngaged():
+            turn.fallbacks += 1
+        case AttemptFailed():
+            if turn.attempts:
+                turn.attempts[-1].failed, turn.attempts[-1].retryable = event.reason, event.retryable
+        case _ if isinstance(event, OUTCOME_TYPES):
+            turn.outcome = event.type.removeprefix("Turn").lower()
+            turn.ended_at = event.occurred_at
+            turn.duration_ms = event.metrics.duration_ms
+            turn.cost_usd = event.metrics.cost_usd
+            turn.outcome_detail = _outcome_detail(event)
+
+
+def _outcome_detail(event: Event) -> str:
+    reply = getattr(event, "reply", None)
+    if reply is not None:
+        return str(reply)
+    error = getattr(event, "error", None)
+    if error is not None:
+        return str(error)
+    if isinstance(event, TurnPaused):
+        return f"paused ({event.reason}): {event.resume_hint}"
+    return "iteration allowance used without a final answer"
+
+
+# -- JSON --------------------------------------------------------------------------------
+def state_json(view: ConversationView) -> dict[str, Any]:
+    state = view.state
+    active = state.active
+    return {
+        "conversation_id": state.conversation_id,
+        "events_applied": state.events_applied,
+        "history": [
+            {"role": h.role, "content": h.content, "occurred_at": h.occurred_at, "turn_id": h.turn_id,
+             "outcome": h.outcome}
+            for h in state.history
+        ],
+        "pending": [
+            {"input_id": p.input_id, "kind": p.kind, "source": p.source, "content": p.content,
+             "occurred_at": p.occurred_at}
+            for p in state.pending.values()
+        ],
+        "rejected": dict(state.rejected),
+        "active": None
+        if active is None
+        else {
+            "turn_id": active.turn_id,
+            "input_ids": list(active.input_ids),
+            "claimed_at": active.claimed_at,
+            "run_id": active.run_id,
+            "attempt": active.attempt,
+            "attempt_state": active.attempt_state,
+            "model": active.model,
+            "iterations": active.iterations,
+            "tool_calls": active.tool_calls,
+        },
+        "turns": [turn_summary_json(t) for t in view.turns.values()],
+    }
+
+
+def turn_summary_json(turn: TurnView) -> dict[str, Any]:
+    return {
+        "turn_id": turn.turn_id,
+        "input_ids": list(turn.input_ids),
+        "claimed_at": turn.claimed_at,
+        "attempts": len(turn.attempts),
+        "iterations": turn.iterations,
+        "tool_calls": len(turn.tool_calls),
+        "outcome": turn.outcome,
+        "cost_usd": turn.cost_usd,
+        "duration_ms": turn.duration_ms,
+    }
+
+
+def turn_json(conversation_id: str, turn: TurnView) -> dict[str, Any]:
+    return {
+        "conversation_id": conversation_id,
+        **turn_summary_json(turn),
+        "outcome_detail": turn.outcome_detail,
+        "ended_at": turn.ended_at,
+        "input_tokens": turn.input_tokens,
+        "output_tokens": turn.output_tokens,
+        "protocol_failures": turn.protocol_failures,
+        "fallbacks": turn.fallbacks,
+        "attempts": [
+            {"attempt": a.attempt, "run_id": a.run_id, "model": a.model, "started_at": a.started_at,
+             "iterations": a.iterations, "failed": a.failed, "retryable": a.retryable}
+            for a in turn.attempts
+        ],
+        "tool_calls": [
+            {"call_id": c.call_id, "tool": c.tool, "iteration": c.iteration, "side_effect": c.side_effect,
+             "status": c.status}
+            for c in turn.tool_calls
+        ],
+        "timeline": [
+            {"partition": e.partition, "offset": e.offset, "occurred_at": e.occurred_at, "type": e.type,
+             "text": e.text, "ignored": e.ignored}
+            for e in turn.entries
+        ],
+    }
+
+
+# -- HTML --------------------------------------------------------------------------------
+IGNORED_CLASS = ' class="ignored"'
+
+
+def turn_html(conversation_id: str, turn: TurnView) -> str:
+    data = turn_json(conversation_id, turn)
+    esc = html.escape
+    summary = "".join(
+        f"<tr><th>{esc(k)}</th><td>{esc(str(data[k]))}</td></tr>"
+        for k in ("turn_id", "input_ids", "outcome", "outcome_detail", "iterations", "input_tokens",
+                  "output_tokens", "cost_usd", "duration_ms", "protocol_failures", "fallbacks")
+    )
+    attempts = "".join(
+        f"<tr><td>{a['attempt']}</td><td>{esc(a['run_id'][:12])}</td><td>{esc(a['model'])}</td>"
+        f"<td>{a['iterations']}</td><td>{esc(a['failed'] or '')}</td></tr>"
+        for a in data["attempts"]
+    )
+    tools = "".join(
+        f"<tr><td>{esc(c['call_id'])}</td><td>{esc(c['tool'])}</td><td>{c['iteration']}</td>"
+        f"<td>{'yes' if c['side_effect'] else 'no'}</td><td>{esc(c['status'])}</td></tr>"
+        for c in data["tool_calls"]
+    )
+    rows = "".join(
+        f"<tr{IGNORED_CLASS if e['ignored'] else ''}><td>{e['partition']}@{e['offset']}</td>"
+        f"<td>{(e['occurred_at'] - turn.claimed_at) / 1000:+.3f}s</td><td>{esc(e['type'])}</td>"
+        f"<td>{esc(e['text'])}{' — ignored: ' + esc(e['ignored']) if e['ignored'] else ''}</td></tr>"
+        for e in data["timeline"]
+    )
+    return f"""<!doctype html>
+<html><head><meta charset="utf-8"><title>turn {esc(turn.turn_id[:12])} of {esc(conversation_id)}</title>
+<style>body{{font-family:sans-serif;margin:2em}}table{{border-collapse:collapse;margin-bottom:1.5em}}
+td,th{{border:1px solid #ccc;padding:.25em .5em;text-align:left;vertical-align:top}}
+.ignored{{color:#999}}</style></head>
+<body><h1>Turn {esc(turn.turn_id[:12])}… of {esc(conversation_id)}</h1>
+<table>{summary}</table>
+<h2>Attempts</h2><table><tr><th>#</th><th>run</th><th>model</th><th>iterations</th><th>failed</th></tr>{attempts}</table>
+<h2>Tool calls</h2><table><tr><th>call</th><th>tool</th><th>iteration</th><th>side effect</th><th>status</th></tr>
+{tools}</table>
+<h2>Timeline</h2><table><tr><th>at</th><th>+time</th><th>event</th><th>detail</th></tr>{rows}</table>
+</body></html>
+"""

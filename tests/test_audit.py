@@ -1,0 +1,442 @@
+"""The auditor on hand-built logs: a clean log passes, and each kind of violation is found,
+named by its rule and located by partition@offset. Notices (stale runs, duplicates, open
+turns, undecodable values) are reported without failing the audit."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from builders import CONV, claim, message, started
+
+from events import (
+    AttemptFailed,
+    Event,
+    MessageRejected,
+    ModelResponded,
+    ToolCall,
+    ToolCallFinished,
+    ToolCallStarted,
+    TurnClaimed,
+    TurnCompleted,
+    TurnFailed,
+    TurnMetrics,
+    encode,
+    logical_turn_id,
+)
+from events.outcomes import OperationRecord
+from projections.audit import RULES, AuditLimits, AuditReport, audit, render
+from streams.file_log import FileLog
+from streams.log import Record, Topics
+
+_eids = itertools.count(1)
+
+
+def eid() -> str:
+    return f"audit-evt-{next(_eids)}"
+
+
+def records(*items: Event | bytes | tuple[int, Event], partition: int = 0) -> list[Record]:
+    """A partition of the events topic: offsets in order, keyed by conversation id.
+    Raw bytes are written as they are; (partition, event) puts an event elsewhere."""
+    out = []
+    offsets: dict[int, int] = {}
+    for item in items:
+        p, value = (item if isinstance(item, tuple) else (partition, item))
+        offset = offsets.get(p, 0)
+        offsets[p] = offset + 1
+        if isinstance(value, bytes):
+            out.append(Record(p, offset, CONV.encode(), value))
+        else:
+            out.append(Record(p, offset, value.conversation_id.encode(), encode(value)))
+    return out
+
+
+def turn_fields(c: TurnClaimed, run_id: str | None = None, attempt: int = 1) -> dict[str, object]:
+    return {
+        "event_id": eid(), "conversation_id": c.conversation_id, "occurred_at": c.occurred_at + 1,
+        "turn_id": c.turn_id, "run_id": run_id or c.run_id, "attempt": attempt,
+    }  # fmt: skip
+
+
+def responded(c: TurnClaimed, iteration: int = 1, run_id: str | None = None, attempt: int = 1,
+              calls: tuple[ToolCall, ...] = (), cost: float | None = 0.001) -> ModelResponded:  # fmt: skip
+    return ModelResponded(**turn_fields(c, run_id, attempt), iteration=iteration, model="m", tool_calls=calls,
+                          cost_usd=cost)  # fmt: skip
+
+
+def tool_started(c: TurnClaimed, call_id: str, side_effect: bool, run_id: str | None = None,
+                 attempt: int = 1) -> ToolCallStarted:  # fmt: skip
+    return ToolCallStarted(**turn_fields(c, run_id, attempt), iteration=1, call_id=call_id, tool="transfer",
+                           arguments="{}", side_effect=side_effect)  # fmt: skip
+
+
+def tool_finished(c: TurnClaimed, call_id: str, run_id: str | None = None) -> ToolCallFinished:
+    return ToolCallFinished(**turn_fields(c, run_id), iteration=1, call_id=call_id, ok=True, result="done")
+
+
+def attempt_failed(c: TurnClaimed, run_id: str | None = None, attempt: int = 1, retryable: bool = True
+                   ) -> AttemptFailed:  # fmt: skip
+    return AttemptFailed(**turn_fields(c, run_id, attempt), reason="timeout", retryable=retryable)
+
+
+def metrics(**overrides: object) -> TurnMetrics:
+    values: dict[str, object] = {
+        "model": "m", "attempt": 1, "iterations": 0, "tool_calls": 0, "input_tokens": 0, "output_tokens": 0,
+        "cost_usd": 0.0, "fallbacks": 0, "duration_ms": 0,
+    }  # fmt: skip
+    return TurnMetrics.model_validate(values | overrides)
+
+
+def outcome(c: TurnClaimed, run_id: str | None = None, attempt: int = 1, statuses: dict[str, str] | None = None,
+            operations: tuple[OperationRecord, ...] = (), **m: object) -> TurnCompleted:  # fmt: skip
+    return TurnCompleted.model_validate({
+        **turn_fields(c, run_id, attempt), "reply": "ok", "operations": operations,
+        "statuses": statuses if statuses is not None else dict.fromkeys(c.input_ids, "answered"),
+        "metrics": metrics(attempt=attempt, **m),
+    })  # fmt: skip
+
+
+def violations(report: AuditReport) -> dict[str, list[str]]:
+    return {r.rule: [f"{v.where} {v.detail}" for v in r.violations] for r in report.rules if r.violations}
+
+
+def one_turn(ids: tuple[str, ...] = ("m1",), at: int = 1000, boundary: int = 0) -> tuple[TurnClaimed, list[Event]]:
+    c = claim(list(ids), at, boundary, run_id=f"run-{ids[0]}")
+    return c, [c, started(c, at + 1), outcome(c, iterations=0)]
+
+
+# -- a clean log ------------------------------------------------------------------------------
+
+
+def test_a_clean_log_with_a_retry_tool_calls_and_two_turns_has_no_violation() -> None:
+    m1, m2 = message("m1", 100), message("m2", 200)
+    c = claim(["m1", "m2"], 1000, 0)
+    call = ToolCall(call_id="call-1", name="search", arguments="{}")
+    first_turn: list[Event] = [
+        c, started(c, 1001),
+        responded(c, calls=(call,)), tool_started(c, "call-1", side_effect=False), tool_finished(c, "call-1"),
+        attempt_failed(c),  # the provider timed out: attempt 2, same turn id, new run id
+        started(c, 1100, run_id="run-2", attempt=2),
+        responded(c, iteration=1, run_id="run-2", attempt=2),
+        outcome(c, run_id="run-2", attempt=2, iterations=1, tool_calls=1, cost_usd=0.002,
+                operations=(OperationRecord(call_id="call-1", tool="transfer", side_effect=False,
+                                            status="succeeded"),)),
+    ]  # fmt: skip
+    m3 = message("m3", 3000)
+    c2 = claim(["m3"], 4000, 3, run_id="run-3")  # history: m1, m2 and the reply
+    report = audit(records(m1, m2, *first_turn, m3, c2, started(c2, 4001), outcome(c2)))
+    assert report.ok, render(report)
+    assert report.rule("claim_once").checked == 3 and report.rule("attempts").checked == 3
+    assert report.rule("one_outcome").checked == 2 and report.rule("budgets").checked == 2
+    assert report.rule("no_replay_after_side_effect").checked == 2  # the failure and the retry
+    assert report.outcomes == {"completed": 2, "failed": 0, "paused": 0, "exhausted": 0, "open": 0}
+    assert not (report.stale or report.ignored or report.undecodable or report.open_turns)
+    assert [r.rule for r in report.rules] == list(RULES)
+
+
+# -- rule by rule ----------------------------------------------------------------------------
+
+
+def test_a_message_claimed_by_two_logical_turns() -> None:
+    c1, turn1 = one_turn(("m1",))
+    c2 = claim(["m1", "m2"], 2000, 2, run_id="run-x")
+    report = audit(records(message("m1", 1), *turn1, message("m2", 1500), c2))
+    assert violations(report) == {
+        "claim_once": [f"0@5 message 'm1' already claimed by turn {c1.turn_id[:12]} (0@1)"]
+    }
+
+
+def test_a_claim_whose_turn_id_boundary_or_inputs_are_wrong() -> None:
+    bad_id = TurnClaimed(event_id=eid(), conversation_id=CONV, occurred_at=10, turn_id="not-the-hash", run_id="r",
+                         attempt=1, input_ids=("m1",), history_boundary=0)  # fmt: skip
+    report = audit(records(message("m1", 1), bad_id))
+    assert violations(report) == {"claim_exact": ["0@1 turn id is not sha256 of the sorted claimed ids"]}
+
+    report = audit(records(message("m1", 1), claim(["m1"], 10, boundary=5)))
+    assert violations(report) == {"claim_exact": ["0@1 history boundary 5 != history length 0"]}
+
+    report = audit(records(message("m1", 1), claim(["m1", "ghost"], 10, 0)))
+    assert violations(report) == {"claim_exact": ["0@1 claims inputs never received: ['ghost']"]}
+
+    twice = TurnClaimed(event_id=eid(), conversation_id=CONV, occurred_at=10, turn_id=logical_turn_id(["m1", "m1"]),
+                        run_id="r", attempt=1, input_ids=("m1", "m1"), history_boundary=0)  # fmt: skip
+    report = audit(records(message("m1", 1), twice))
+    assert violations(report) == {"claim_exact": ["0@1 names an input more than once"]}
+
+    c1 = claim(["m1"], 10, 0)
+    log = records(message("m1", 1), c1, started(c1, 11), message("m2", 12), refusal("m2", c1.turn_id), outcome(c1),
+                  claim(["m2"], 30, 2, run_id="run-2"))  # fmt: skip
+    assert violations(audit(log)) == {"claim_exact": ["0@6 claims inputs that are no longer pending: ['m2']"]}
+
+
+def test_a_claim_while_another_turn_of_the_conversation_is_active() -> None:
+    c1 = claim(["m1"], 10, 0)
+    c2 = claim(["m2"], 20, 0, run_id="run-other")
+    report = audit(records(message("m1", 1), message("m2", 2), c1, started(c1, 11), c2))
+    assert violations(report) == {
+        "one_active_turn": [f"0@4 claimed while turn {c1.turn_id[:12]} (claimed 0@2) is active"]
+    }
+    assert report.rule("one_active_turn").violations[0].turn_id == c2.turn_id
+
+
+def test_attempts_must_have_new_run_ids_increasing_numbers_and_follow_a_failure() -> None:
+    c = claim(["m1"], 10, 0)
+    head: list[Event] = [message("m1", 1), c, started(c, 11), attempt_failed(c)]
+    reused = audit(records(*head, started(c, 20, run_id=c.run_id, attempt=2)))
+    assert violations(reused) == {"attempts": ["0@4 attempt 2 reuses run id run-1 of attempt 1"]}
+
+    skipped = audit(records(*head, started(c, 20, run_id="run-3", attempt=3)))
+    assert violations(skipped) == {"attempts": ["0@4 attempt 3 follows attempt 1"]}
+
+    still_open = audit(records(message("m1", 1), c, started(c, 11), started(c, 20, run_id="run-2", attempt=2)))
+    assert violations(still_open) == {"attempts": ["0@3 attempt 2 started while attempt 1 (run-1) had not failed"]}
+
+    unclaimed = audit(records(message("m1", 1), started(c, 11)))
+    assert violations(unclaimed) == {"attempts": ["0@1 attempt 1 of a turn that was never claimed"]}
+
+
+def test_no_attempt_after_a_side_effect_started() -> None:
+    c = claim(["m1"], 10, 0)
+    log = records(
+        message("m1", 1), c, started(c, 11), responded(c),
+        tool_started(c, "call-1", side_effect=True),  # may have moved money: never replayed
+        attempt_failed(c, retryable=True),
+        started(c, 30, run_id="run-2", attempt=2),
+    )  # fmt: skip
+    report = audit(log)
+    assert violations(report) == {
+        "no_replay_after_side_effect": [
+            "0@5 attempt failure marked retryable after a side-effecting tool started",
+            "0@6 attempt 2 started after side-effecting tools started: transfer",
+        ]
+    }
+    # A read-only tool does not forbid a retry.
+    safe = audit(records(message("m1", 1), c, started(c, 11), tool_started(c, "call-1", side_effect=False),
+                         attempt_failed(c), started(c, 30, run_id="run-2", attempt=2)))  # fmt: skip
+    assert safe.ok, render(safe)
+
+
+def test_exactly_one_outcome_per_claimed_turn() -> None:
+    c, turn = one_turn()
+    second = TurnFailed.model_validate({**turn_fields(c), "error": "again", "statuses": {"m1": "failed"},
+                                        "metrics": metrics()})  # fmt: skip
+    report = audit(records(message("m1", 1), *turn, second))
+    assert violations(report) == {"one_outcome": ["0@4 second outcome TurnFailed; the first was TurnCompleted at 0@3"]}
+
+    # The same record republished (same event id) is a duplicate, not a second outcome.
+    report = audit(records(message("m1", 1), *turn, turn[-1]))
+    assert report.ok and [f.detail for f in report.ignored] == ["TurnCompleted republished (same event id)"]
+
+    report = audit(records(message("m1", 1), outcome(c)))
+    assert violations(report) == {"one_outcome": ["0@1 TurnCompleted of a turn that was never claimed"]}
+
+    report = audit(records(message("m1", 1), c, started(c, 11), outcome(c, statuses={"m9": "answered"})))
+    assert violations(report) == {"one_outcome": ["0@3 statuses for ['m9'] but the turn claimed ['m1']"]}
+
+
+def refusal(message_id: str, turn_id: str) -> MessageRejected:
+    return MessageRejected(event_id=eid(), conversation_id=CONV, occurred_at=50, message_id=message_id,
+                           reason="turn_active", active_turn_id=turn_id, text="busy")  # fmt: skip
+
+
+def test_a_double_text_refusal_names_the_turn_its_message_arrived_during() -> None:
+    c1 = claim(["m1"], 10, 0)
+    head: list[Event] = [message("m1", 1), c1, started(c1, 11), message("m2", 12)]  # m2 arrives mid-turn
+    # The refusal may land after the outcome: what counts is when the message arrived.
+    ok = audit(records(*head, outcome(c1), refusal("m2", c1.turn_id)))
+    assert ok.ok and ok.rule("double_text").checked == 1, render(ok)
+
+    wrong_turn = audit(records(*head, refusal("m2", "some-other-turn")))
+    assert violations(wrong_turn) == {
+        "double_text": [f"0@4 names turn some-other-t; 'm2' arrived during {c1.turn_id[:12]}"]
+    }
+    idle = audit(records(message("m1", 1), refusal("m1", c1.turn_id)))
+    assert violations(idle) == {"double_text": ["0@1 refuses message 'm1', which arrived while no turn was active"]}
+    never = audit(records(*head, refusal("m9", c1.turn_id)))
+    assert violations(never) == {"double_text": ["0@4 refuses message 'm9', which was never received"]}
+    claimed = audit(records(*head, refusal("m1", c1.turn_id)))
+    assert violations(claimed) == {
+        "double_text": [f"0@4 refuses message 'm1', which turn {c1.turn_id[:12]} claimed"]
+    }
+    twice = audit(records(*head, refusal("m2", c1.turn_id), refusal("m2", c1.turn_id)))
+    assert twice.ok and [f.detail for f in twice.stale] == ["message 'm2' refused again"]
+
+
+def test_open_turns_are_reported_and_are_violations_only_when_strict() -> None:
+    c = claim(["m1"], 10, 0)
+    log = records(message("m1", 1), c, started(c, 11))
+    report = audit(log)
+    assert report.ok
+    assert [(f.where, f.turn_id) for f in report.open_turns] == [("0@1", c.turn_id)]
+    assert report.outcomes["open"] == 1
+    strict = audit(log, strict=True)
+    assert not strict.ok and strict.violations == 1
+
+
+def test_outcome_metrics_must_match_the_events() -> None:
+    c = claim(["m1"], 10, 0)
+    log = records(message("m1", 1), c, started(c, 11), responded(c), tool_started(c, "call-1", side_effect=False),
+                  outcome(c, iterations=1, tool_calls=0, cost_usd=0.001))  # fmt: skip
+    [line] = violations(audit(log))["budgets"]
+    assert line.startswith("0@5 TurnCompleted metrics disagree with the log: tool_calls 0 (log: 1)")
+    assert "operations [] (log: [('call-1', 'transfer', False, 'unknown')])" in line
+
+
+def test_budget_limits_when_given() -> None:
+    c = claim(["m1"], 10, 0)
+    log = records(
+        message("m1", 1), c, started(c, 11),
+        responded(c, 1, cost=0.3), tool_started(c, "a", side_effect=False), tool_finished(c, "a"),
+        responded(c, 2, cost=0.3), tool_started(c, "b", side_effect=False), tool_finished(c, "b"),
+        responded(c, 3, cost=0.3),
+    )  # fmt: skip
+    assert audit(log).ok  # without limits only the metrics are checked (and this turn is still open)
+    report = audit(log, AuditLimits(max_iterations=2, max_tool_calls=1, max_cost_usd=0.5))
+    assert violations(report) == {
+        "budgets": [
+            "0@7 tool call 2 (transfer) beyond the limit of 1",
+            "0@9 iteration 3 beyond the limit of 2",
+            "0@9 a model request after $0.600000 was spent (limit $0.500000)",
+        ]
+    }
+
+
+def test_a_conversation_in_two_partitions() -> None:
+    report = audit(records((0, message("m1", 1)), (1, message("m2", 2))))
+    assert violations(report) == {"one_partition": ["1@0 event in partition 1; the conversation's first was in 0"]}
+
+
+# -- notices -----------------------------------------------------------------------------------
+
+
+def test_events_of_a_stale_run_are_reported_not_violations() -> None:
+    """Worker A's attempt was taken over (AttemptFailed, attempt 2 by B); A, a zombie, still
+    writes. Every reader ignores A's events; the auditor lists them."""
+    c = claim(["m1"], 10, 0)
+    log = records(
+        message("m1", 1), c, started(c, 11),
+        attempt_failed(c), started(c, 30, run_id="run-B", attempt=2),
+        responded(c),  # from run-1, the zombie
+        tool_started(c, "call-z", side_effect=True),  # the zombie even starts a side effect
+        responded(c, run_id="run-B", attempt=2),
+        outcome(c, run_id="run-B", attempt=2, iterations=1, cost_usd=0.001),
+        outcome(c),  # the zombie's outcome, ignored
+    )  # fmt: skip
+    report = audit(log)
+    assert report.ok, render(report)
+    assert [f.where for f in report.stale] == ["0@5", "0@6", "0@9"]
+    assert "side-effecting tool, transfer, started in a stale run" in report.stale[1].detail
+    assert "not the run that ended the turn" in report.stale[2].detail
+
+
+def test_duplicates_conflicts_and_undecodable_values_are_notices() -> None:
+    c, turn = one_turn()
+    log = records(
+        message("m1", 1), message("m1", 1),  # republished: harmless
+        message("m1", 1, content="other text"),  # id reused: a conflict the workers dead-letter
+        b"not json", b'{"type": "MessageReceived"}',
+        *turn, c,  # the same claim again: the first claim won
+    )  # fmt: skip
+    log.append(Record(0, len(log), b"wrong-key", encode(message("m2", 5))))
+    report = audit(log)
+    assert report.ok, render(report)
+    assert [f.detail.split(":")[0] for f in report.ignored] == ["MessageReceived ignored", "MessageReceived conflict"]
+    assert [f.where for f in report.undecodable] == ["0@3", "0@4", "0@9"]
+    assert report.undecodable[2].detail.startswith("key_mismatch")
+    assert [f.where for f in report.stale] == ["0@8"] and "another claim" in report.stale[0].detail
+
+
+# -- report ------------------------------------------------------------------------------------
+
+
+def bad_log() -> list[Record]:
+    c1 = claim(["m1"], 10, 0)
+    c2 = claim(["m2"], 20, 0, run_id="run-other")
+    return records(message("m1", 1), message("m2", 2), c1, started(c1, 11), c2)
+
+
+def test_render_names_each_rule_with_counts_and_places() -> None:
+    text = render(audit(bad_log()))
+    assert "FAIL one_active_turn" in text and "0@4" in text
+    assert "ok   claim_once" in text
+    assert text.rstrip().endswith("1 violation(s)")
+    assert render(audit(records(message("m1", 1)))).rstrip().endswith("no violation")
+
+
+def test_json_report_and_incremental_reporting() -> None:
+    report = audit(bad_log())
+    data = json.loads(json.dumps(report.to_json()))
+    assert data["ok"] is False and data["violations"] == 1
+    rule = next(r for r in data["rules"] if r["rule"] == "one_active_turn")
+    assert rule["violations"][0]["at"] == "0@4" and rule["checked"] == 2
+    assert not report.since({0: 5}).rule("one_active_turn").violations  # reported by an earlier audit
+    assert report.since({0: 4}).violations == 1 and report.since({1: 9}).violations == 1
+
+
+# -- the command on the embedded log -----------------------------------------------------------
+
+ROOT = Path(__file__).parent.parent
+
+
+def write_file_log(directory: Path, log: list[Record]) -> None:
+    file_log = FileLog(directory, Topics())
+
+    async def write() -> None:
+        for r in log:
+            assert r.key is not None and r.value is not None
+            await file_log.append(Topics().events, r.key.decode(), r.value, r.partition)
+
+    asyncio.run(write())
+
+
+def turnstile_audit(*args: str) -> subprocess.CompletedProcess[str]:
+    command = [sys.executable, "-m", "streams.cli", "audit", *args]
+    return subprocess.run(command, capture_output=True, text=True, timeout=60, cwd=ROOT, check=False)
+
+
+def test_turnstile_audit_on_the_embedded_log_exits_1_on_a_violation(tmp_path: Path) -> None:
+    write_file_log(tmp_path / "bad", bad_log())
+    result = turnstile_audit("--data", str(tmp_path / "bad"))
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "FAIL one_active_turn" in result.stdout and "0@4" in result.stdout
+
+    _, turn = one_turn()
+    write_file_log(tmp_path / "good", records(message("m1", 1), *turn))
+    result = turnstile_audit("--data", str(tmp_path / "good"), "--json")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert json.loads(result.stdout)["outcomes"]["completed"] == 1
+
+
+def test_turnstile_audit_exits_2_when_there_is_no_log(tmp_path: Path) -> None:
+    result = turnstile_audit("--data", str(tmp_path / "nothing-here"))
+    assert result.returncode == 2 and "cannot read the log" in result.stderr
+
+
+def test_a_zombie_that_starts_its_own_next_attempt_is_stale_not_a_second_outcome() -> None:
+    """Seen on a real log after a rebalance: worker B took attempt 1 over and started
+    attempt 2; the old owner A, not yet stopped, failed attempt 1 itself and started its own
+    attempt 2, answered, and wrote an outcome after B's. The fold ignores all of A's."""
+    c = claim(["m1"], 10, 0)
+    log = records(
+        message("m1", 1), c, started(c, 11),
+        attempt_failed(c), started(c, 30, run_id="run-B", attempt=2),  # B takes over
+        attempt_failed(c),  # A's own failure of attempt 1
+        started(c, 31, run_id="run-Z", attempt=2),  # A's attempt 2: a zombie run
+        responded(c, run_id="run-B", attempt=2),
+        outcome(c, run_id="run-B", attempt=2, iterations=1, cost_usd=0.001),
+        responded(c, run_id="run-Z", attempt=2),
+        outcome(c, run_id="run-Z", attempt=2, iterations=1, cost_usd=0.001),
+    )  # fmt: skip
+    report = audit(log)
+    assert report.ok, render(report)
+    assert [f.where for f in report.stale] == ["0@5", "0@6", "0@9", "0@10"]
+    assert "a worker that lost it?" in report.stale[1].detail
+    # An attempt that skips a number is no zombie: a violation.
+    skipped = audit(records(message("m1", 1), c, started(c, 11), attempt_failed(c),
+                            started(c, 30, run_id="run-B", attempt=3)))  # fmt: skip
+    assert violations(skipped) == {"attempts": ["0@4 attempt 3 follows attempt 1"]}

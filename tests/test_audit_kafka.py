@@ -1,0 +1,125 @@
+"""`turnstile audit` on the real broker: a log written by real workers (two in one group,
+a rebalance mid-run, slow model calls, double texts) has no violation; a log with a
+violation makes the command exit 1 and name the offset; the auditor's own consumer group
+remembers what it reported."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+from kafka_fixtures import fresh_topics, kafka_bootstrap  # noqa: F401  (fixtures)
+
+from events import OUTCOME_TYPES, DecodeError, TurnClaimed, decode, encode
+from handlers.claim import DebouncePolicy
+from handlers.provider import ModelRequest
+from handlers.providers.scripted import Scripted, ScriptedProvider, echo_reply
+from streams.kafka_log import KafkaLog
+from streams.kafka_reader import read_topic
+from streams.log import Topics
+from streams.publisher import message_event, publish
+from streams.runtime import SystemClock
+from streams.worker import Worker, WorkerConfig
+
+pytestmark = pytest.mark.kafka
+ROOT = Path(__file__).parent.parent
+NOW = SystemClock().now_ms
+CONVERSATIONS = 12
+
+
+def turnstile_audit(bootstrap: str, topics: Topics, *args: str) -> subprocess.CompletedProcess[str]:
+    command = [sys.executable, "-m", "streams.cli", "audit", "--broker", f"kafka://{bootstrap}",
+               "--events-topic", topics.events, *args]  # fmt: skip
+    return subprocess.run(command, capture_output=True, text=True, timeout=120, cwd=ROOT, check=False)
+
+
+def slow_for_some(request: ModelRequest) -> Scripted:
+    return Scripted(echo_reply(request), delay_s=1.0 if "[slow]" in request.messages[-1].content else 0.05)
+
+
+async def test_a_log_written_by_real_workers_has_no_violation(kafka_bootstrap: str, fresh_topics: Topics) -> None:  # noqa: F811
+    group = f"g-{uuid.uuid4().hex[:8]}"
+    config = WorkerConfig(debounce=DebouncePolicy(quiet_ms=150, max_wait_ms=500))
+    publisher = KafkaLog(kafka_bootstrap, group, fresh_topics)
+    await publisher.producer.start()
+    stop = asyncio.Event()
+
+    def start_worker() -> asyncio.Task[None]:
+        worker = Worker(KafkaLog(kafka_bootstrap, group, fresh_topics), ScriptedProvider(slow_for_some), config)
+        return asyncio.create_task(worker.run(stop))
+
+    tasks = [start_worker()]
+    sent = set()
+    try:
+        for round_ in range(3):  # later messages often land mid-turn: they wait for the next turn
+            for i in range(CONVERSATIONS):
+                text = f"question {round_} of {i}" + (" [slow]" if i % 3 == 0 else "")
+                event = message_event(f"conv-{i}", text, NOW(), f"c{i}-m{round_}")
+                await publish(publisher, event)
+                sent.add(event.message_id)
+            await asyncio.sleep(0.4)
+            if round_ == 0:
+                tasks.append(start_worker())  # a rebalance while turns are in flight
+        deadline = asyncio.get_running_loop().time() + 90
+        while True:
+            events = [e for r in await read_topic(kafka_bootstrap, fresh_topics.events)
+                      if not isinstance(e := decode(r.value), DecodeError)]  # fmt: skip
+            claimed = {i for e in events if isinstance(e, TurnClaimed) for i in e.input_ids}
+            claims = {e.turn_id for e in events if isinstance(e, TurnClaimed)}
+            ended = {e.turn_id for e in events if isinstance(e, OUTCOME_TYPES)}
+            if claimed == sent and claims == ended:
+                break
+            assert asyncio.get_running_loop().time() < deadline, f"{len(sent - claimed)} unclaimed"
+            await asyncio.sleep(1.0)
+    finally:
+        stop.set()
+        await asyncio.gather(*tasks)
+        await publisher.producer.stop()
+
+    audit_group = f"audit-{uuid.uuid4().hex[:8]}"
+    result = turnstile_audit(kafka_bootstrap, fresh_topics, "--from-beginning", "--strict", "--json",
+                             "--group", audit_group, "--max-iterations", "8", "--max-tool-calls", "16")  # fmt: skip
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr
+    report = json.loads(result.stdout)
+    assert report["ok"] and report["violations"] == 0
+    assert report["conversations"] == CONVERSATIONS and report["outcomes"]["open"] == 0
+    assert report["outcomes"]["completed"] == len(claims)
+    checked = {r["rule"]: r["checked"] for r in report["rules"]}
+    assert checked["claim_once"] == len(sent) and checked["one_outcome"] == len(claims)
+    assert not report["undecodable"]
+
+    text = turnstile_audit(kafka_bootstrap, fresh_topics, "--from-beginning", "--group", audit_group)
+    assert text.returncode == 0 and text.stdout.rstrip().endswith("no violation"), text.stdout
+
+
+async def test_a_violation_on_kafka_exits_1_and_is_reported_once_per_group(
+    kafka_bootstrap: str, fresh_topics: Topics  # noqa: F811
+) -> None:
+    from test_audit import bad_log  # hand-built: a claim while another turn is active, at 0@4
+
+    publisher = KafkaLog(kafka_bootstrap, "unused", fresh_topics)
+    await publisher.producer.start()
+    try:
+        where = set()
+        for record in bad_log():
+            event = decode(record.value)
+            assert not isinstance(event, DecodeError)
+            where.add(await publisher.append(fresh_topics.events, event.conversation_id, encode(event)))
+    finally:
+        await publisher.producer.stop()
+    [partition] = {p for p, _ in where}
+
+    group = f"audit-{uuid.uuid4().hex[:8]}"
+    first = turnstile_audit(kafka_bootstrap, fresh_topics, "--group", group)
+    assert first.returncode == 1, first.stdout + first.stderr
+    assert "FAIL one_active_turn" in first.stdout and f"{partition}@4" in first.stdout
+    # The same group has reported it: an incremental audit is clean, a full one is not.
+    again = turnstile_audit(kafka_bootstrap, fresh_topics, "--group", group)
+    assert again.returncode == 0, again.stdout
+    full = turnstile_audit(kafka_bootstrap, fresh_topics, "--group", group, "--from-beginning")
+    assert full.returncode == 1 and f"{partition}@4" in full.stdout

@@ -1,0 +1,124 @@
+"""`turnstile inspect`: the conversation rebuilt from the log by an independent reader."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+from builders import claim, message, started
+from kafka_fixtures import fresh_topics, kafka_bootstrap  # noqa: F401  (fixtures)
+from rich.console import Console
+from worker_harness import FAST, events_of, running, until
+
+from events import TurnCompleted, encode
+from handlers.providers.scripted import ScriptedProvider
+from streams.file_log import FileLog
+from streams.inspect_cli import inspect
+from streams.kafka_log import KafkaLog
+from streams.log import Topics
+from streams.publisher import message_event, publish
+from streams.runtime import SystemClock
+from streams.views import build_view, state_json, turn_json
+from streams.worker import Worker
+
+NOW = SystemClock().now_ms
+ROOT = Path(__file__).parent.parent
+
+
+def console() -> tuple[Console, io.StringIO]:
+    out = io.StringIO()
+    return Console(file=out, width=200, color_system=None), out
+
+
+async def two_turns_and_one_pending(tmp_path: Path) -> FileLog:
+    log = FileLog(tmp_path)
+    async with running(log, ScriptedProvider()):
+        await publish(log, message_event("c1", "check the dates", NOW(), "m1"))
+        await until(lambda: sum(isinstance(e, TurnCompleted) for e in events_of(log, "c1")) == 1)
+        await publish(log, message_event("c1", "also compare the refund rules", NOW(), "m2"))
+        await until(lambda: sum(isinstance(e, TurnCompleted) for e in events_of(log, "c1")) == 2)
+    # Written with no worker running: a pending message and a turn left active by a dead owner.
+    m3, m4 = message("m3", NOW(), "waiting", conv="c1"), message("m4", NOW(), "not yet", conv="c1")
+    c = claim(["m3"], NOW(), 4, run_id="dead-run", conv="c1")
+    for event in (m3, c, started(c, NOW()), m4):
+        await log.append(log.topics.events, "c1", encode(event))
+    return log
+
+
+async def test_inspect_shows_history_pending_active_turn_and_timelines(tmp_path):
+    await two_turns_and_one_pending(tmp_path)
+    con, out = console()
+    view = await inspect("c1", broker=None, data=tmp_path, topics=Topics(), console=con)
+    text = out.getvalue()
+    assert [h.content for h in view.state.history] == [
+        "check the dates", "(scripted reply to) check the dates",
+        "also compare the refund rules", "(scripted reply to) also compare the refund rules",
+    ]
+    assert list(view.state.pending) == ["m4"]
+    assert view.state.active is not None and view.state.active.input_ids == ("m3",)
+    for expected in ("check the dates", "assistant (completed)", "m4", "not yet", "active turn", "dead-run"[:8],
+                     "outcome completed", "TurnClaimed", "ModelResponded", "TurnCompleted", "attempts 1",
+                     "iterations 1", "outcome active"):
+        assert expected in text, expected
+    # One panel per turn, in claim order; the dead owner's turn is still active.
+    turns = list(view.turns.values())
+    assert [t.input_ids for t in turns] == [("m1",), ("m2",), ("m3",)]
+    assert [t.outcome for t in turns] == ["completed", "completed", None]
+    assert turns[0].duration_ms is not None and turns[0].cost_usd == 0.0
+
+
+async def test_views_as_json(tmp_path):
+    log = await two_turns_and_one_pending(tmp_path)
+    view = build_view("c1", log.read_all(log.topics.events))
+    state = state_json(view)
+    assert [p["input_id"] for p in state["pending"]] == ["m4"]
+    assert state["active"]["input_ids"] == ["m3"] and state["active"]["attempt_state"] == "open"
+    assert [t["outcome"] for t in state["turns"]] == ["completed", "completed", None]
+    first = turn_json("c1", next(iter(view.turns.values())))
+    assert [e["type"] for e in first["timeline"]] == [
+        "TurnClaimed", "AttemptStarted", "ModelResponded", "TurnCompleted"
+    ]
+    assert first["attempts"][0]["model"] == "scripted-1" and first["iterations"] == 1
+
+
+def test_inspect_cli_on_the_embedded_log(tmp_path):
+    asyncio.run(two_turns_and_one_pending(tmp_path))
+    result = subprocess.run(
+        [sys.executable, "-m", "streams.cli", "inspect", "--data", str(tmp_path), "c1"],
+        capture_output=True, text=True, timeout=60, cwd=ROOT, check=False, env={"COLUMNS": "200", "PATH": ""},
+    )
+    assert result.returncode == 0, result.stderr
+    assert "outcome completed" in result.stdout and "also compare the refund rules" in result.stdout
+    assert "pending" in result.stdout and "not yet" in result.stdout
+
+
+@pytest.mark.kafka
+async def test_inspect_on_kafka(kafka_bootstrap: str, fresh_topics: Topics):  # noqa: F811
+    group = f"g-{uuid.uuid4().hex[:8]}"
+    worker = Worker(KafkaLog(kafka_bootstrap, group, fresh_topics), ScriptedProvider(), FAST)
+    publisher = KafkaLog(kafka_bootstrap, group, fresh_topics)
+    await publisher.producer.start()
+    stop = asyncio.Event()
+    task = asyncio.create_task(worker.run(stop))
+    try:
+        await publish(publisher, message_event("k1", "hello kafka", NOW(), "m1"))
+        deadline = asyncio.get_running_loop().time() + 60
+        while True:
+            con, out = console()
+            view = await inspect("k1", broker=f"kafka://{kafka_bootstrap}", data=Path("."), topics=fresh_topics,
+                                 console=con)
+            if any(t.outcome == "completed" for t in view.turns.values()):
+                break
+            assert asyncio.get_running_loop().time() < deadline, "no completed turn in time"
+            await asyncio.sleep(0.5)
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 30)
+        await publisher.producer.stop()
+    assert "(scripted reply to) hello kafka" in out.getvalue()
+    assert [h.role for h in view.state.history] == ["user", "assistant"] and not view.state.pending

@@ -1,0 +1,126 @@
+"""A non-Python producer and consumer: `kcat` publishes a MessageReceived as one line of
+JSON, a worker (`turnstile run`, a separate process) answers it, and `kcat` reads the
+outcome back from the outcomes topic as JSON. The commands are the README's; so is the
+Python publisher example, run here as written (on this test's topics)."""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import jsonschema
+import pytest
+from kafka_fixtures import fresh_topics, kafka_bootstrap  # noqa: F401  (fixtures)
+
+from events import logical_turn_id
+from streams.file_log import partition_for
+from streams.log import Topics
+
+pytestmark = pytest.mark.kafka
+ROOT = Path(__file__).parent.parent
+
+
+@pytest.fixture(scope="session")
+def kcat() -> str:
+    found = shutil.which("kcat")
+    if found is None:
+        message = "kcat is not installed: apt-get install -y kcat (tests/run.sh does)"
+        if os.environ.get("CI") or os.environ.get("TURNSTILE_REQUIRE_KAFKA"):
+            pytest.fail(message)
+        pytest.skip(message)
+    return found
+
+
+def kcat_publish(kcat: str, bootstrap: str, topic: str, key: str, value: dict[str, object]) -> None:
+    """The README's command: key and value on one line, split at the first '|'. Kafka's
+    default partitioner (murmur2) must be asked for: librdkafka's default is another hash,
+    and a conversation must land where the workers write its events."""
+    line = f"{key}|{json.dumps(value)}\n"
+    command = [kcat, "-P", "-b", bootstrap, "-t", topic, "-K", "|", "-X", "topic.partitioner=murmur2_random"]
+    subprocess.run(command, input=line, text=True, check=True, timeout=30)
+
+
+def kcat_read(kcat: str, bootstrap: str, topic: str) -> list[dict[str, object]]:
+    """`kcat -C -J`: one JSON envelope per record (topic, partition, offset, key, payload)."""
+    command = [kcat, "-C", "-b", bootstrap, "-t", topic, "-o", "beginning", "-e", "-q", "-J"]
+    out = subprocess.run(command, capture_output=True, text=True, check=True, timeout=30).stdout
+    return [json.loads(line) for line in out.splitlines() if line.strip()]
+
+
+def test_kcat_publishes_a_message_a_worker_answers_it_kcat_reads_the_outcome(
+    kcat: str, kafka_bootstrap: str, fresh_topics: Topics  # noqa: F811
+) -> None:
+    conversation, message_id = f"kcat-{uuid.uuid4().hex[:6]}", "kcat-m1"
+    where = ["--broker", f"kafka://{kafka_bootstrap}", "--events-topic", fresh_topics.events,
+             "--outcomes-topic", fresh_topics.outcomes, "--dlq-topic", fresh_topics.dead_letters]  # fmt: skip
+    group = ["--group", f"g-{uuid.uuid4().hex[:8]}"]
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "streams.cli", "run", *where, *group, "--quiet-ms", "100"],
+        cwd=ROOT, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        message = {
+            "type": "MessageReceived",
+            "event_id": uuid.uuid4().hex,
+            "conversation_id": conversation,
+            "occurred_at": int(time.time() * 1000),
+            "message_id": message_id,
+            "content": "hello from kcat",
+        }
+        kcat_publish(kcat, kafka_bootstrap, fresh_topics.events, conversation, message)
+        deadline = time.monotonic() + 60
+        while not (outcomes := kcat_read(kcat, kafka_bootstrap, fresh_topics.outcomes)):
+            assert worker.poll() is None, worker.stderr.read() if worker.stderr else "the worker stopped"
+            assert time.monotonic() < deadline, "no outcome in time"
+            time.sleep(0.5)
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        assert worker.wait(timeout=30) == 0, worker.stderr.read() if worker.stderr else ""
+
+    [record] = outcomes
+    assert record["key"] == conversation
+    outcome = json.loads(str(record["payload"]))
+    assert outcome["type"] == "TurnCompleted"
+    assert outcome["turn_id"] == logical_turn_id([message_id])
+    assert outcome["statuses"] == {message_id: "answered"}
+    assert "hello from kcat" in outcome["reply"]
+    assert outcome["metrics"]["attempt"] == 1
+    # A consumer in any language validates it with the published schema.
+    published = json.loads((ROOT / "events" / "schemas" / "outcome.schema.json").read_text())
+    jsonschema.validate(outcome, published, cls=jsonschema.Draft7Validator)
+
+    # The message went where Kafka's default partitioner puts the key, beside the worker's events.
+    events = kcat_read(kcat, kafka_bootstrap, fresh_topics.events)
+    assert {e["partition"] for e in events} == {partition_for(conversation, 8)}
+    assert json.loads(str(events[0]["payload"]))["type"] == "MessageReceived"
+
+    audit = subprocess.run(
+        [sys.executable, "-m", "streams.cli", "audit", "--broker", f"kafka://{kafka_bootstrap}",
+         "--events-topic", fresh_topics.events, "--from-beginning", "--strict"],
+        cwd=ROOT, capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert audit.returncode == 0, audit.stdout + audit.stderr
+
+
+def test_the_readme_python_publisher_example_runs_as_written(
+    kcat: str, kafka_bootstrap: str, fresh_topics: Topics, capsys: pytest.CaptureFixture[str]  # noqa: F811
+) -> None:
+    readme = (ROOT / "README.md").read_text()
+    section = readme[readme.index("## For publishers") :]
+    code = section[section.index("```python\n") + len("```python\n") :]
+    code = code[: code.index("```")]
+    assert 'KafkaPublisher("127.0.0.1:9092")' in code
+    code = code.replace('KafkaPublisher("127.0.0.1:9092")', "KafkaPublisher(BOOTSTRAP, TOPICS)")
+    exec(compile(code, "README.md", "exec"), {"BOOTSTRAP": kafka_bootstrap, "TOPICS": fresh_topics})
+    partition, offset = ast.literal_eval(capsys.readouterr().out.strip())
+    assert (partition, offset) == (partition_for("c1", 8), 0)
+    [record] = kcat_read(kcat, kafka_bootstrap, fresh_topics.events)
+    assert record["key"] == "c1" and json.loads(str(record["payload"]))["message_id"] == "m-1"

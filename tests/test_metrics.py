@@ -1,0 +1,121 @@
+"""Prometheus metrics, scraped after turns: outcomes, claim latency, iterations, cost,
+dead letters, refusals and consumer lag."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import uuid
+
+import pytest
+from builders import claim, message, started
+from kafka_fixtures import fresh_topics, kafka_bootstrap  # noqa: F401  (fixtures)
+from prometheus_client.parser import text_string_to_metric_families
+from worker_harness import FAST, events_of, until
+
+from events import TurnCompleted, encode
+from handlers.claim import DoubleTextPolicy
+from handlers.providers.scripted import ScriptedProvider
+from streams.file_log import FileLog
+from streams.kafka_log import KafkaLog
+from streams.log import Topics
+from streams.metrics import Metrics, consumer_lag
+from streams.publisher import message_event, publish
+from streams.runtime import SystemClock
+from streams.worker import Worker, WorkerConfig
+
+NOW = SystemClock().now_ms
+
+
+def scrape(metrics: Metrics) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """(sample name, sorted labels) -> value."""
+    out = {}
+    for family in text_string_to_metric_families(metrics.exposition().decode()):
+        for sample in family.samples:
+            out[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
+    return out
+
+
+async def test_metrics_after_turns_a_dead_letter_and_a_refusal(tmp_path):
+    log = FileLog(tmp_path)
+    metrics = Metrics()
+    config: WorkerConfig = dataclasses.replace(FAST, double_text=DoubleTextPolicy("reject"))
+    worker = Worker(log, ScriptedProvider(delay_s=0.5), config, metrics=metrics)
+    # A turn whose owner died mid-attempt: this worker retries it (a second completed turn).
+    dead = claim(["d1"], NOW(), 0, run_id="dead-run", conv="other")
+    for event in (message("d1", NOW(), conv="other"), dead, started(dead, NOW())):
+        await log.append(log.topics.events, "other", encode(event))
+    await log.append(log.topics.events, "c1", b"not json at all")
+
+    stop = asyncio.Event()
+    task = asyncio.create_task(worker.run(stop))
+    try:
+        sent_at = NOW()
+        await publish(log, message_event("c1", "check the dates", sent_at, "m1"))
+        await until(lambda: "c1" in worker.states and worker.states["c1"].active is not None)
+        await publish(log, message_event("c1", "and this?", NOW(), "m2"))  # refused: a turn is active
+        await until(lambda: any(isinstance(e, TurnCompleted) for e in events_of(log, "c1")))
+        await until(lambda: any(isinstance(e, TurnCompleted) for e in events_of(log, "other")))
+        await until(lambda: not worker.runners)
+        samples = scrape(metrics)
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 10)
+
+    assert samples[("turnstile_turns_total", (("outcome", "completed"),))] == 2.0
+    assert samples[("turnstile_claim_latency_seconds_count", (("kind", "message"),))] == 2.0
+    # FAST debounces for 100 ms: the claim came no sooner, and well within the 3 s bound.
+    latency = samples[("turnstile_claim_latency_seconds_sum", (("kind", "message"),))]
+    assert 0.0 <= latency < 6.0
+    assert samples[("turnstile_turn_iterations_count", ())] == 2.0
+    assert samples[("turnstile_turn_iterations_sum", ())] == 2.0
+    assert samples[("turnstile_turn_cost_usd_count", ())] + samples[("turnstile_turns_unpriced_total", ())] == 2.0
+    assert samples[("turnstile_turn_duration_seconds_count", ())] == 2.0
+    assert samples[("turnstile_dead_letters_total", (("reason", "not_json"),))] == 1.0
+    assert samples[("turnstile_messages_rejected_total", ())] == 1.0
+    lags = {labels: v for (name, labels), v in samples.items() if name == "turnstile_consumer_lag"}
+    assert set(lags) == {(("partition", str(p)),) for p in range(log.partitions)}
+    assert all(v == 0 for v in lags.values())
+
+
+async def test_consumer_lag_is_end_offset_minus_position(tmp_path):
+    log = FileLog(tmp_path, partitions=1)
+    worker = Worker(log, ScriptedProvider(), FAST, metrics=Metrics())
+    await worker.on_assigned({})  # nothing yet
+    for i in range(5):
+        await publish(log, message_event("c1", f"text {i}", NOW(), f"m{i}"))
+    from streams.log import PartitionStart
+
+    await worker.on_assigned({0: PartitionStart(end_offset=5, committed=0)})
+    worker.partitions[0].position = 2
+    assert consumer_lag(worker) == {0: 3}
+    worker.partitions[0].position = 5
+    assert consumer_lag(worker) == {0: 0}
+
+
+@pytest.mark.kafka
+async def test_metrics_of_a_worker_on_kafka(kafka_bootstrap: str, fresh_topics: Topics):  # noqa: F811
+    group = f"g-{uuid.uuid4().hex[:8]}"
+    metrics = Metrics()
+    worker = Worker(KafkaLog(kafka_bootstrap, group, fresh_topics), ScriptedProvider(), FAST, metrics=metrics)
+    publisher = KafkaLog(kafka_bootstrap, group, fresh_topics)
+    await publisher.producer.start()
+    stop = asyncio.Event()
+    task = asyncio.create_task(worker.run(stop))
+    try:
+        await publish(publisher, message_event("k1", "hello", NOW(), "m1"))
+        deadline = asyncio.get_running_loop().time() + 60
+        while scrape(metrics).get(("turnstile_turns_total", (("outcome", "completed"),))) != 1.0:
+            assert asyncio.get_running_loop().time() < deadline and not task.done(), "no completed turn in time"
+            await asyncio.sleep(0.2)
+        # Lag is reported for owned partitions once the consumer has seen their high watermark.
+        while not (lags := consumer_lag(worker)):
+            assert asyncio.get_running_loop().time() < deadline
+            await asyncio.sleep(0.2)
+        assert all(v >= 0 for v in lags.values()) and set(lags) <= set(range(8))
+        samples = scrape(metrics)
+        assert any(name == "turnstile_consumer_lag" for name, _ in samples)
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 30)
+        await publisher.producer.stop()
