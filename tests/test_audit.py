@@ -12,10 +12,13 @@ import sys
 from pathlib import Path
 
 from builders import CONV, claim, message, started
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from events import (
     AttemptFailed,
     Event,
+    MessageReceived,
     MessageRejected,
     ModelResponded,
     ToolCall,
@@ -29,6 +32,7 @@ from events import (
     logical_turn_id,
 )
 from events.outcomes import OperationRecord
+from projections import ConversationState
 from projections.audit import RULES, AuditLimits, AuditReport, audit, render
 from streams.file_log import FileLog
 from streams.log import Record, Topics
@@ -440,3 +444,125 @@ def test_a_zombie_that_starts_its_own_next_attempt_is_stale_not_a_second_outcome
     skipped = audit(records(message("m1", 1), c, started(c, 11), attempt_failed(c),
                             started(c, 30, run_id="run-B", attempt=3)))  # fmt: skip
     assert violations(skipped) == {"attempts": ["0@4 attempt 3 follows attempt 1"]}
+
+
+def test_the_fold_refuses_a_claim_that_names_an_input_twice_instead_of_crashing() -> None:
+    from projections import apply_event, new_state
+
+    state = new_state(CONV)
+    assert apply_event(state, message("m1", 1)) is None
+    twice = TurnClaimed(event_id=eid(), conversation_id=CONV, occurred_at=10, turn_id=logical_turn_id(["m1", "m1"]),
+                        run_id="r", attempt=1, input_ids=("m1", "m1"), history_boundary=0)  # fmt: skip
+    rejection = apply_event(state, twice)
+    assert rejection is not None and "more than once" in rejection.reason
+    assert "m1" in state.pending and state.active is None
+
+
+# -- any log ------------------------------------------------------------------------------------
+
+_IDS = ("m1", "m2", "m3")
+_RUNS = ("run-1", "run-2", "run-3")
+
+
+def _allowed(state: ConversationState, arrived_during: dict[str, str | None]) -> list[str]:
+    """What a correct engine may write next."""
+    turn = state.active
+    if turn is None:
+        return ["message", "claim"] if state.pending else ["message"]
+    out = ["message"]
+    if any(arrived_during.get(i) == turn.turn_id for i in state.pending):
+        out.append("refuse")
+    if turn.attempt_state == "claimed" or (turn.attempt_state == "closed" and not turn.side_effect_started):
+        out.append("start")
+    if turn.attempt_state in ("claimed", "open"):
+        out.append("fail")
+    if turn.attempt_state == "open":
+        out += ["respond", "tool", "end"]
+        if any(op.status == "started" for op in turn.operations.values()):
+            out.append("finish")
+    return out
+
+
+@st.composite
+def any_log(draw: st.DrawFn, correct: bool = False) -> list[Event]:
+    """A log that a plausible engine writes, folded as it is built so that most events are
+    valid, with some drawn off course (other runs, attempt numbers, inputs, boundaries) —
+    unless `correct`: then every event is one a correct engine could write."""
+    from projections import apply_event, new_state
+
+    state = new_state(CONV)
+    log: list[Event] = []
+    runs = itertools.count(1)
+    arrived_during: dict[str, str | None] = {}
+    for _ in range(draw(st.integers(0, 30))):
+        turn = state.active
+        everything = ["message", "claim", "start", "fail", "respond", "tool", "finish", "end", "refuse"]
+        action = draw(st.sampled_from(_allowed(state, arrived_during) if correct else everything))
+        off = not correct and draw(st.integers(0, 5)) == 0  # one event in six goes astray
+        ids = list(state.pending) or ["m-new"]
+        if turn is None and action not in ("message", "claim", "refuse"):
+            action = "message"
+        if correct and action == "refuse":
+            ids = [i for i in state.pending if turn and arrived_during.get(i) == turn.turn_id]
+        if action == "message":
+            event: Event = message(draw(st.sampled_from([*_IDS, f"m{len(log)}"])), len(log))
+        elif action == "claim":
+            chosen = ids[: draw(st.integers(1, len(ids)))] + (["m1"] if off else [])
+            event = claim(chosen, len(log), len(state.history) + (1 if off else 0), run_id=f"run-{next(runs)}")
+        elif action == "refuse":
+            event = refusal(draw(st.sampled_from(ids)), turn.turn_id if turn else "no-turn")
+        else:
+            assert turn is not None
+            c = claim(list(turn.input_ids), turn.claimed_at, turn.history_boundary, run_id=turn.run_id)
+            run, attempt = turn.run_id, turn.attempt
+            if off:
+                run, attempt = draw(st.sampled_from(_RUNS)), draw(st.integers(1, 3))
+            if action == "start":
+                fresh = turn.attempt_state == "closed" and not off
+                event = started(c, len(log), run_id=f"run-{next(runs)}" if fresh else run,
+                                attempt=attempt + 1 if fresh else attempt)  # fmt: skip
+            elif action == "fail":
+                retryable = draw(st.booleans()) and not (correct and turn.side_effect_started)
+                event = attempt_failed(c, run_id=run, attempt=attempt, retryable=retryable)
+            elif action == "respond":
+                event = responded(c, turn.iterations + 1, run_id=run, attempt=attempt)
+            elif action == "tool":
+                call = f"call-{len(log)}"
+                event = tool_started(c, call, draw(st.booleans()), run_id=run, attempt=attempt)
+            elif action == "finish":
+                started_calls = [op.call_id for op in turn.operations.values() if op.status == "started"] or ["x"]
+                event = tool_finished(c, draw(st.sampled_from(started_calls)), run_id=run)
+            else:
+                ops = tuple(
+                    OperationRecord(call_id=o.call_id, tool=o.tool, side_effect=o.side_effect,
+                                    status="unknown" if o.status == "started" else o.status)
+                    for o in turn.operations.values()
+                )  # fmt: skip
+                event = outcome(c, run_id=run, attempt=attempt, operations=ops, iterations=turn.iterations,
+                                tool_calls=turn.tool_calls + (1 if off else 0), cost_usd=turn.cost_usd,
+                                model=turn.model or "m")  # fmt: skip
+        if isinstance(event, MessageReceived) and event.message_id not in arrived_during:
+            arrived_during[event.message_id] = turn.turn_id if turn else None
+        apply_event(state, event)
+        log.append(event)
+    return log
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(any_log(), st.booleans())
+def test_any_log_is_audited_without_raising_and_counts_add_up(events: list[Event], strict: bool) -> None:
+    report = audit(records(*events), AuditLimits(2, 1, 0.001), strict=strict)
+    assert report.events == len(events)
+    assert report.outcomes["open"] == len(report.open_turns) <= 1
+    if strict and report.open_turns:
+        assert not report.ok
+    render(report)
+    json.dumps(report.to_json())
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(any_log(correct=True))
+def test_any_log_a_correct_engine_writes_has_no_violation(events: list[Event]) -> None:
+    report = audit(records(*events))
+    assert report.ok, render(report)
+    assert not report.stale
