@@ -53,7 +53,10 @@ def decode(
 def _decode_upcast(value: bytes, upcasters: Upcasters, error: DecodeError | None) -> Event | DecodeError:
     """The slow path: parse, upcast to the current version, validate. `error` is what the
     fast path said; it stands when the value was current already (upcasting cannot help)."""
-    raw = orjson.loads(value)
+    try:
+        raw = orjson.loads(value)
+    except orjson.JSONDecodeError as exc:  # valid for the validator, not for orjson (e.g. 1e400)
+        return error or DecodeError("not_json", str(exc))
     if not isinstance(raw, dict):
         return error or DecodeError("invalid_event", "the value is not a JSON object")
     version = raw.get("schema_version", upcasters.current)

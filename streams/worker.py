@@ -131,6 +131,11 @@ class Worker:
         """Stop our turns on partitions we lose before the group moves them: the new
         owner rebuilds them from the log and takes over any attempt left open."""
         self._rebalances += 1
+        # Forget the partitions first: while we await below, the consumer loop must neither
+        # fold their records nor decide for them -- a runner started now (e.g. to take over
+        # the turns we are cancelling) would outlive the revoke and write to a partition
+        # another worker owns.
+        leaving = [part for p in partitions if (part := self.partitions.pop(p, None)) is not None]
         stopping = [r.task for c, r in self.runners.items() if r.partition in partitions]
         stopping += [t for c, t in self._rejecting.items() if self._partition_of.get(c) in partitions]
         for task in stopping:
@@ -139,9 +144,8 @@ class Worker:
         # A cancelled append may still be in the producer's buffer: let it land now, before
         # the next owner replays, rather than after it has taken the conversation over.
         await self.log.flush()
-        for p in partitions:
-            part = self.partitions.pop(p, None)
-            for conversation in part.conversations if part else ():
+        for part in leaving:
+            for conversation in part.conversations:
                 self.states.pop(conversation, None)
                 self.runners.pop(conversation, None)
                 self._partition_of.pop(conversation, None)
@@ -153,6 +157,7 @@ class Worker:
     # -- main loop -------------------------------------------------------------------
     async def run(self, stop: asyncio.Event) -> None:
         await self.log.start(self)
+        stopped_cleanly = False
         try:
             while not stop.is_set():
                 records = await self.log.poll(self._poll_wait_s())
@@ -165,13 +170,18 @@ class Worker:
                     await self._consume(record)
                 self._decide()
                 await self._maybe_commit()
+            stopped_cleanly = True
         finally:
             tasks = [r.task for r in self.runners.values()] + list(self._rejecting.values())
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
-            with contextlib.suppress(Exception):
-                await self._maybe_commit(force=True)
+            # Positions run ahead of a record's one-time effects while they are written: after
+            # an error (an append that failed mid-record) committing them would mark an effect
+            # done that never happened. Then the next owner redoes it (at least once).
+            if stopped_cleanly:
+                with contextlib.suppress(Exception):
+                    await self._maybe_commit(force=True)
             await self.log.stop()
 
     def _poll_wait_s(self) -> float:
@@ -252,9 +262,9 @@ class Worker:
         partition = self._partition_of.get(conversation)
         if state is None or partition is None:
             return
-        part = self.partitions[partition]
-        if not part.live:
-            return  # still replaying: the state is not the log's present yet
+        part = self.partitions.get(partition)
+        if part is None or not part.live:
+            return  # being revoked, or still replaying: the state is not the log's present yet
         if self._refusals_pending(conversation, state, partition):
             return  # refused messages leave the pending set before anything is claimed
         runner = self.runners.get(conversation)

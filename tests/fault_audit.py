@@ -229,3 +229,22 @@ async def all_topic_bytes(bootstrap: str, topics: Topics) -> bytes:
             if topic == topics.dead_letters:
                 out += DeadLetter.model_validate_json(r.value or b"").original_value() + b"\n"
     return bytes(out)
+
+
+def markdown_table(lines: Iterable[str]) -> str:
+    """The reliability table from the JSON lines `record` appended, in scenario order."""
+    rows = sorted((json.loads(line) for line in lines if line.strip()), key=lambda r: r["scenario"])
+    head = ["scenario", "published", "claimed", "answered", "answered twice", "lost",
+            "side effects replayed", "DLQ", "turns", "outcomes", "ignored by the fold"]  # fmt: skip
+    keys = ["scenario", "published", "claimed", "answered", "answered_twice", "lost",
+            "side_effects_replayed", "dlq", "turns", "outcomes", "ignored_by"]  # fmt: skip
+    out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    out += ["| " + " | ".join(str(row.get(k, "")) or "0" for k in keys) + " |" for row in rows]
+    return "\n".join(out)
+
+
+if __name__ == "__main__":  # python tests/fault_audit.py counts.jsonl
+    import sys
+
+    with open(sys.argv[1]) as fh:
+        print(markdown_table(fh))

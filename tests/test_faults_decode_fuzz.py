@@ -31,12 +31,13 @@ from events import (
     decode,
     encode,
 )
+from events.upcast import Upcasters
 
 REASONS = {"not_json", "invalid_event", "too_large"}
 
 
 def fuzz(examples: int) -> settings:
-    """Examples per test: 3000 + 500 + 2000 + 4000 + 1500 = 11,000 generated values in all."""
+    """Examples per test: 3000 + 500 + 2000 + 4000 + 1500 + 1000 = 12,000 generated values in all."""
     return settings(
         max_examples=examples, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large]
     )
@@ -182,3 +183,22 @@ def test_valid_events_round_trip(event: Any) -> None:
     raw = encode(event)
     assert decode(raw) == event
     assert isinstance(decode(raw), TurnClaimed | MessageReceived | InputInjected | ModelResponded)
+
+
+# The slow path: with an upcaster registered, values that fail validation (or carry an older
+# schema_version) are parsed again and upcast. It must not raise either.
+UPCASTING = Upcasters(current=2).with_step(1, lambda raw: {**raw, "schema_version": 2})
+
+
+@fuzz(1000)
+@given(st.one_of(mutated_event(), json_values.map(lambda v: json.dumps(v).encode())))
+def test_the_upcasting_path_never_raises(value: bytes) -> None:
+    result = decode(value, upcasters=UPCASTING)  # must not raise
+    assert isinstance(result, DecodeError) or result.schema_version >= 1
+
+
+def test_a_value_orjson_cannot_parse_is_refused_on_the_upcasting_path() -> None:
+    value = orjson.loads(encode(message("m1", 5))) | {"extra": 1}
+    raw = json.dumps(value).replace('"extra": 1', '"extra": 1e400').encode()
+    result = decode(raw, upcasters=UPCASTING)
+    assert isinstance(result, DecodeError)

@@ -42,7 +42,9 @@ from streams.log import Topics  # noqa: E402
 from streams.turn_runner import TurnSettings  # noqa: E402
 from streams.worker import Worker, WorkerConfig  # noqa: E402
 
-ASSIGNED = "assigned partitions"  # what streams.worker logs when the group hands it partitions
+# What streams.worker logs when the group hands it partitions (aiokafka's own "Revoking
+# previously assigned partitions" must not match).
+ASSIGNED = "streams.worker: assigned partitions"
 
 
 class Query(BaseModel):

@@ -1,0 +1,144 @@
+"""Three edges of the worker around rebalances and failed appends, on the embedded log
+where they can be staged exactly; all were found while working on the fault scenarios on
+Kafka (the third is at the end of the file: nothing may be started for a partition while
+it is being revoked).
+
+1. A rebalance that runs while the consumer loop is still working through a polled batch.
+
+The rebalance callbacks run beside the consumer loop: while the loop awaits an append (an
+outcome record, a dead letter -- and during a broker outage that await lasts), the group
+can revoke the partitions and assign them again, replaying from offset 0. The rest of the
+batch polled before the rebalance is stale: folded into the freshly assigned partition it
+would jump its position past the replay and make the worker decide on a state built from
+a few records (a claim with the wrong history boundary, which every reader then refuses).
+
+The rebalance is simulated on the embedded log, deterministically: the first outcome
+record the worker appends triggers revoke + assign (seek to the beginning), exactly as the
+Kafka listener calls them.
+
+2. An append of the consumer loop fails (an outage longer than the producer's timeout):
+the worker stops, and its final commit must not mark the failed one-time effect done."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from builders import claim, completed, message, started
+from fault_audit import check_invariants, fold_records
+from worker_harness import FAST, events_of, running, until
+
+from events import TurnClaimed, TurnCompleted, decode, encode
+from handlers.providers.scripted import ScriptedProvider
+from streams.file_log import FileLog, _PartitionReader
+from streams.log import PartitionStart, RebalanceListener
+from streams.runtime import SystemClock
+from streams.worker import Worker
+
+NOW = SystemClock().now_ms
+
+
+class RebalanceMidBatch(FileLog):
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        self.listener: RebalanceListener | None = None
+        self.armed = True
+
+    async def start(self, listener: RebalanceListener) -> None:
+        self.listener = listener
+        await super().start(listener)
+
+    async def append(self, topic: str, key: str, value: bytes, partition: int | None = None) -> tuple[int, int]:
+        result = await super().append(topic, key, value, partition)
+        if topic == self.topics.outcomes and self.armed and self.listener is not None:
+            self.armed = False
+            everything = set(range(self.partitions))
+            await self.listener.on_revoked(everything)
+            starts = {}
+            for p in everything:  # assigned again, from the beginning
+                self._readers[p] = _PartitionReader(self._file(self.topics.events, p).path)
+                starts[p] = PartitionStart(self._file(self.topics.events, p).end_offset(), 0)
+            await self.listener.on_assigned(starts)
+        return result
+
+
+async def test_the_rest_of_a_batch_polled_before_a_rebalance_is_not_folded(tmp_path) -> None:
+    log = RebalanceMidBatch(tmp_path, partitions=1)
+    t = NOW() - 60_000  # old enough that no debounce waits: m2 is claimable at once
+    first = claim(["m1"], t, 0, conv="c1")
+    # One batch: a finished turn (its outcome record triggers the rebalance), then m2.
+    for event in (message("m1", t, conv="c1"), first, started(first, t), completed(first, t)):
+        await log.append(log.topics.events, "c1", encode(event))
+    await log.append(log.topics.events, "c1", encode(message("m2", t + 1, conv="c1")))
+    provider = ScriptedProvider()
+    async with running(log, provider, FAST):
+        await until(lambda: sum(isinstance(e, TurnCompleted) for e in events_of(log, "c1")) == 2, 20)
+    audit = fold_records(log.read_all(log.topics.events))
+    check_invariants(audit)
+    assert audit.ignored == []  # nothing written on a half-built state
+    claims = [e for e in events_of(log, "c1") if isinstance(e, TurnClaimed)]
+    assert [(c.input_ids, c.history_boundary) for c in claims] == [(("m1",), 0), (("m2",), 2)]
+    assert len(provider.requests) == 1
+
+
+class OutcomeTopicDown(FileLog):
+    """Appends to the outcomes topic fail (a broker outage longer than the producer's
+    timeout), as the consumer loop records an outcome."""
+
+    async def append(self, topic: str, key: str, value: bytes, partition: int | None = None) -> tuple[int, int]:
+        if topic == self.topics.outcomes:
+            raise TimeoutError("outcomes topic unreachable")
+        return await super().append(topic, key, value, partition)
+
+
+async def test_an_effect_that_failed_is_not_committed_as_done(tmp_path) -> None:
+    """The consumer loop cannot write an outcome record and the worker stops on the error
+    (crash-only). Its last commit must not cover the record whose effect failed: the next
+    worker writes the outcome record instead of skipping it."""
+    t = NOW() - 60_000
+    first = claim(["m1"], t, 0, conv="c1")
+    broken = OutcomeTopicDown(tmp_path, partitions=1)
+    for event in (message("m1", t, conv="c1"), first, started(first, t), completed(first, t)):
+        await broken.append(broken.topics.events, "c1", encode(event))
+    worker = Worker(broken, ScriptedProvider(), FAST)
+    with pytest.raises(TimeoutError):
+        await asyncio.wait_for(worker.run(asyncio.Event()), 20)
+    assert broken.read_all(broken.topics.outcomes) == []
+
+    log = FileLog(tmp_path, partitions=1)
+    async with running(log, ScriptedProvider(), FAST):
+        await until(lambda: len(log.read_all(log.topics.outcomes)) == 1, 20)
+    [outcome] = log.read_all(log.topics.outcomes)
+    record = decode(outcome.value)
+    assert isinstance(record, TurnCompleted) and record.turn_id == first.turn_id
+
+
+class SlowFlush(FileLog):
+    """A producer flush that takes a while, as Kafka's does: the consumer loop runs meanwhile."""
+
+    async def flush(self) -> None:
+        await asyncio.sleep(0.5)
+
+
+async def test_nothing_is_started_for_a_partition_while_it_is_being_revoked(tmp_path) -> None:
+    """Found on Kafka (scenario 3): while `on_revoked` awaited the cancelled turns and the
+    producer flush, the consumer loop saw those turns orphaned and started runners to take
+    them over -- runners the revoke then forgot without cancelling. They kept writing (and
+    calling the model) for a partition another worker owned."""
+    log = SlowFlush(tmp_path, partitions=1)
+    worker = Worker(log, ScriptedProvider(delay_s=30.0), FAST)
+    stop = asyncio.Event()
+    task = asyncio.create_task(worker.run(stop))
+    try:
+        await log.append(log.topics.events, "c1", encode(message("m1", NOW() - 60_000, conv="c1")))
+        await until(lambda: any(e.type == "AttemptStarted" for e in events_of(log, "c1")), 20)
+        await until(lambda: not worker._dirty, 5)
+        await worker.on_revoked({0})  # what the Kafka listener calls before the group moves it
+        written = len(events_of(log))
+        await asyncio.sleep(1.0)
+        assert len(events_of(log)) == written, [e.type for e in events_of(log)][written:]
+        turns = [t for t in asyncio.all_tasks() if t.get_name().startswith("turn:")]
+        assert all(t.done() for t in turns), "a runner outlived the revoke"
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 10)
