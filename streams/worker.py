@@ -111,6 +111,7 @@ class Worker:
         self._dirty: set[str] = set()
         self._timers: list[tuple[int, str]] = []
         self._last_commit = 0.0
+        self._effects: list[asyncio.Future[tuple[int, int]]] = []
         self.dead_letters = 0
         # Bumped by every rebalance callback: a batch polled before one is stale.
         self._rebalances = 0
@@ -182,6 +183,8 @@ class Worker:
             if stopped_cleanly:
                 with contextlib.suppress(Exception):
                     await self._maybe_commit(force=True)
+            for effect in self._effects:
+                effect.cancel()  # only after a failure: the next owner redoes them
             await self.log.stop()
 
     def _poll_wait_s(self) -> float:
@@ -203,12 +206,12 @@ class Worker:
         effects = record.offset >= part.committed
         event = decode(record.value, self.config.max_value_bytes)
         if isinstance(event, DecodeError):
-            await self._dead_letter(record, event, effects)
+            self._dead_letter(record, event, effects)
             return
         key = record.key.decode("utf-8", "replace") if record.key is not None else None
         if key != event.conversation_id:
             err = DecodeError("key_mismatch", f"key {key!r} is not the conversation id {event.conversation_id!r}")
-            await self._dead_letter(record, err, effects)
+            self._dead_letter(record, err, effects)
             return
         conversation = event.conversation_id
         state = self.states.get(conversation)
@@ -220,7 +223,7 @@ class Worker:
         self._read_back(conversation, event, rejection is None)
         if rejection is not None:
             if rejection.conflict:
-                await self._dead_letter(record, DecodeError("conflicting_duplicate", rejection.reason), effects)
+                self._dead_letter(record, DecodeError("conflicting_duplicate", rejection.reason), effects)
             else:
                 log.debug("ignored %s at %s/%s: %s", event.type, record.partition, record.offset, rejection.reason)
             return
@@ -228,10 +231,10 @@ class Worker:
         if effects and self.metrics is not None:
             self.metrics.on_event(state, event)
         if effects and isinstance(event, (*OUTCOME_TYPES, MessageRejected)):
-            await self.log.append(self.log.topics.outcomes, conversation, encode(event))
+            self._effect(self.log.topics.outcomes, conversation, encode(event))
         self._dirty.add(conversation)
 
-    async def _dead_letter(self, record: Record, error: DecodeError, effects: bool) -> None:
+    def _dead_letter(self, record: Record, error: DecodeError, effects: bool) -> None:
         self.dead_letters += 1
         if effects and self.metrics is not None:
             self.metrics.on_dead_letter(error.reason)
@@ -246,7 +249,13 @@ class Worker:
                 error.reason,
                 error.detail,
             )
-            await self.log.append(self.log.topics.dead_letters, letter.key or "", letter.encode())
+            self._effect(self.log.topics.dead_letters, letter.key or "", letter.encode())
+
+    def _effect(self, topic: str, key: str, value: bytes) -> None:
+        """Start a one-time write (outcome record, dead letter) without holding up the
+        consumer loop on its acknowledgement; `_maybe_commit` waits for it before the
+        offsets that cover its record are committed."""
+        self._effects.append(asyncio.ensure_future(self.log.append(topic, key, value)))
 
     # -- decisions -------------------------------------------------------------------
     def _decide(self) -> None:
@@ -367,6 +376,12 @@ class Worker:
             return
         self._last_commit = loop_time
         offsets = {p: part.position for p, part in self.partitions.items() if part.live and part.position > 0}
+        # The effects of the records below these offsets must be on the log first; a failed
+        # one raises here, so nothing marks it done and the next owner redoes it.
+        effects, self._effects = self._effects, []
+        for done in await asyncio.gather(*effects, return_exceptions=True):
+            if isinstance(done, BaseException):
+                raise done
         if offsets:
             await self.log.commit(offsets)
 
