@@ -8,7 +8,7 @@ cd "$(dirname "$0")/.."
 .venv/bin/python -m pip install -q --upgrade pip
 .venv/bin/python -m pip install -q -e '.[dev]'
 # kcat (Debian package) is the non-Python producer and consumer of tests/test_kcat.py.
-command -v kcat >/dev/null || (apt-get update -qq && apt-get install -y -qq kcat)
+command -v kcat >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq kcat)
 
 # Leave a broker that was already running (a developer's) as it was; stop only our own.
 was_running=0
