@@ -1,5 +1,5 @@
 """Issue #6 item 7: the relay of benchmark 2 through a faust-streaming agent, one worker
-process. Run by `bench.kafka_faust` as a subprocess (faust installs signal handlers, sets up
+process. Run by `bench.faust_vs_aiokafka` as a subprocess (faust installs signal handlers, sets up
 logging and owns its event loop, so it gets a process of its own):
 
     python -m bench.faust_relay --bootstrap H:P --app-id ID --source T --sink T --events N
@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import cProfile
 import logging
 import os
 import signal
@@ -48,18 +49,27 @@ def build(args: argparse.Namespace) -> tuple[faust.App, dict[str, Any]]:
     sink = app.topic(args.sink, key_type=bytes, value_type=bytes, key_serializer="raw", value_serializer="raw")
     result: dict[str, Any] = {"count": 0}
     loads, dumps = orjson.loads, orjson.dumps
+    profiler = cProfile.Profile() if args.profile else None
 
     @app.agent(source)
     async def relay(stream: faust.StreamT[bytes]) -> None:
         async for key, value in stream.items():
             if not result["count"]:
+                # faust's loggers are left enabled for debug after the worker's logging setup:
+                # every send would build (and drop) a LogRecord. Quiet, as a production worker.
+                logging.getLogger("faust").setLevel(logging.WARNING)
                 result["first"], result["cpu_first"] = time.perf_counter(), time.process_time()
+                if profiler is not None:
+                    profiler.enable()
             await sink.send(key=key, value=dumps(loads(value)))
             result["count"] += 1
             if result["count"] == args.events:
                 await app.producer.flush()
                 result["seconds"] = time.perf_counter() - result.pop("first")
                 result["cpu_s"] = time.process_time() - result.pop("cpu_first")
+                if profiler is not None:
+                    profiler.disable()
+                    profiler.dump_stats(args.profile)
                 conf = app.conf
                 result["settings"] = {
                     "producer_acks": conf.producer_acks,
@@ -84,6 +94,7 @@ def main() -> None:
     parser.add_argument("--sink", required=True)
     parser.add_argument("--events", type=int, required=True)
     parser.add_argument("--partitions", type=int, default=8)
+    parser.add_argument("--profile", default=None, help="cProfile the measured window into this file")
     args = parser.parse_args()
     asyncio.set_event_loop(asyncio.new_event_loop())
     app, _ = build(args)

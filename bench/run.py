@@ -1,8 +1,9 @@
 """One command for every benchmark: `python -m bench.run` from the repository root.
 
 Prints one table per benchmark; every figure is set against a baseline measured in the
-same run. `--profile` also runs the engine benchmark under cProfile and prints where its
-CPU goes. The broker is the one `infra/kafka/start.sh` runs (started if it is not up,
+same run. `--only` / `--skip` pick sections by name (core, throughput, latency, replay,
+faust, memory). `--profile` also runs the engine benchmark under cProfile and prints where
+its CPU goes. The broker is the one `infra/kafka/start.sh` runs (started if it is not up,
 never stopped); benchmarks use fresh topics of their own and delete them at the end.
 """
 
@@ -22,7 +23,7 @@ import sys
 import time
 from pathlib import Path
 
-from bench import core, kafka
+from bench import core, faust_vs_aiokafka, kafka, replay
 from bench.common import Section
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -64,43 +65,74 @@ def _failed(title: str, exc: BaseException) -> Section:
     return section
 
 
-async def _on_broker(bootstrap: str, profile: bool, what_if: bool) -> list[Section]:
+SECTIONS = ("core", "throughput", "latency", "replay", "faust", "memory")
+ON_BROKER = ("throughput", "latency", "replay", "faust")
+
+
+async def _on_broker(bootstrap: str, wanted: set[str], args: argparse.Namespace) -> list[Section]:
     """Each benchmark that fails is reported as failed; the others still run."""
     broker = kafka.Broker(bootstrap)
     sections: list[Section] = []
     try:
-        try:
-            # Alternated, best of each: the machine and the broker are shared, so one slow
-            # moment should not decide the ratio.
-            relays, engines = [], []
-            for _ in range(kafka.THROUGHPUT_ROUNDS):
-                relays.append(await kafka.relay(broker))
-                engines.append(await kafka.engine(broker))
-            bigger = []
-            for _ in range(kafka.THROUGHPUT_ROUNDS if what_if else 0):
-                bigger.append(await kafka.engine(broker, producer_batch_bytes=1 << 20))
-            sections.append(kafka.throughput_section(relays, engines, bigger))
-        except Exception as exc:
-            sections.append(_failed("2-3. broker throughput", exc))
-        print(sections[-1].render() + "\n", flush=True)
-        try:
-            raws, latencies = [], []
-            for _ in range(kafka.LATENCY_ROUNDS):  # alternated; samples of all rounds pooled
-                raws.append(await kafka.ping(broker))
-                latencies.append(await kafka.latency(broker))
-            sections.append(kafka.latency_section(latencies, raws))
-        except Exception as exc:
-            sections.append(_failed("5. turn-transition overhead", exc))
-        print(sections[-1].render() + "\n", flush=True)
-        if profile:
+        if "throughput" in wanted:
+            sections.append(await _throughput(broker, args.what_if))
+            print(sections[-1].render() + "\n", flush=True)
+        if "latency" in wanted:
+            sections.append(await _latency(broker))
+            print(sections[-1].render() + "\n", flush=True)
+        if args.profile:
             try:
                 sections.append(await _profiled_engine(broker))
             except Exception as exc:
                 sections.append(_failed("profile of the engine run", exc))
             print(sections[-1].render() + "\n", flush=True)
+        if "replay" in wanted:
+            try:
+                result = await replay.replay(
+                    broker, args.replay_events, through_worker=not args.no_replay_worker, what_if=args.what_if
+                )
+                sections.append(replay.replay_section(result))
+            except Exception as exc:
+                sections.append(_failed("6. replay from offset 0", exc))
+            print(sections[-1].render() + "\n", flush=True)
+        if "faust" in wanted:
+            try:
+                found = await faust_vs_aiokafka.faust_vs_aiokafka(broker, profile_area=_area if args.profile else None)
+            except Exception as exc:
+                found = [_failed("7. faust vs aiokafka relay", exc)]
+            sections += found
+            for section in found:
+                print(section.render() + "\n", flush=True)
         return sections
     finally:
         await broker.cleanup()
+
+
+async def _throughput(broker: kafka.Broker, what_if: bool) -> Section:
+    try:
+        # Alternated, best of each: the machine and the broker are shared, so one slow
+        # moment should not decide the ratio.
+        relays, engines = [], []
+        for _ in range(kafka.THROUGHPUT_ROUNDS):
+            relays.append(await kafka.relay(broker))
+            engines.append(await kafka.engine(broker))
+        bigger = []
+        for _ in range(kafka.THROUGHPUT_ROUNDS if what_if else 0):
+            bigger.append(await kafka.engine(broker, producer_batch_bytes=1 << 20))
+        return kafka.throughput_section(relays, engines, bigger)
+    except Exception as exc:
+        return _failed("2-3. broker throughput", exc)
+
+
+async def _latency(broker: kafka.Broker) -> Section:
+    try:
+        raws, latencies = [], []
+        for _ in range(kafka.LATENCY_ROUNDS):  # alternated; samples of all rounds pooled
+            raws.append(await kafka.ping(broker))
+            latencies.append(await kafka.latency(broker))
+        return kafka.latency_section(latencies, raws)
+    except Exception as exc:
+        return _failed("5. turn-transition overhead", exc)
 
 
 async def _profiled_engine(broker: kafka.Broker) -> Section:
@@ -143,6 +175,8 @@ def _area(filename: str, name: str) -> str:
     path = Path(filename).as_posix()
     for package, label in (
         ("/aiokafka/", "aiokafka (client)"),
+        ("/faust/", "faust (streams, agents, topics, sensors)"),
+        ("/mode/", "mode (faust's service framework)"),
         ("/asyncio/", "asyncio (event loop, tasks, futures)"),
         ("/pydantic/", "pydantic (python side)"),
     ):
@@ -154,29 +188,50 @@ def _area(filename: str, name: str) -> str:
     return "other python (stdlib: uuid, hashlib, copy, dataclasses...)"
 
 
+def _names(value: str) -> set[str]:
+    names = {n.strip() for n in value.split(",") if n.strip()}
+    unknown = names - set(SECTIONS)
+    if unknown:
+        raise argparse.ArgumentTypeError(f"unknown section(s) {sorted(unknown)}; known: {', '.join(SECTIONS)}")
+    return names
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__)
     parser.add_argument("--bootstrap", default=os.environ.get("TURNSTILE_KAFKA", "127.0.0.1:9092"))
-    parser.add_argument("--no-kafka", action="store_true", help="only the pure-core benchmarks (1 and 4)")
-    parser.add_argument("--profile", action="store_true", help="also profile the engine run (cProfile)")
+    parser.add_argument("--only", type=_names, default=None, help=f"run only these sections: {','.join(SECTIONS)}")
+    parser.add_argument("--skip", type=_names, default=set(), help="skip these sections (comma-separated)")
+    parser.add_argument("--no-kafka", action="store_true", help="only the pure-core benchmarks (core and memory)")
+    parser.add_argument("--profile", action="store_true", help="also profile the engine run and the faust worker")
     parser.add_argument(
         "--what-if",
         action="store_true",
-        help="also run the engine with a bigger producer batch (1 MiB instead of aiokafka's 16 KiB)",
+        help="also run the engine with a bigger producer batch (1 MiB instead of aiokafka's 16 KiB) "
+        "and the replay rebuild with the cyclic gc off",
     )
+    parser.add_argument(
+        "--replay-events", type=int, default=1_000_000, help="events on the replay topic (default 1,000,000)"
+    )
+    parser.add_argument("--no-replay-worker", action="store_true", help="replay: skip the pass through Worker._consume")
     args = parser.parse_args()
+    wanted = (args.only if args.only is not None else set(SECTIONS)) - args.skip
+    if args.no_kafka:
+        wanted -= set(ON_BROKER)
     # Right after a topic is created the client may see NotLeader errors for a moment; it
     # retries them by itself. Each benchmark's verdict, read from the log, checks the result.
     logging.getLogger("aiokafka").setLevel(logging.CRITICAL)
 
     started = time.perf_counter()
     print(f"turnstile benchmarks - {time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime())}")
-    print(f"machine: {_machine()}\n")
-    print(core.core_per_event().render() + "\n", flush=True)
-    if not args.no_kafka:
+    print(f"machine: {_machine()}")
+    print(f"sections: {', '.join(n for n in SECTIONS if n in wanted)}\n")
+    if "core" in wanted:
+        print(core.core_per_event().render() + "\n", flush=True)
+    if wanted & set(ON_BROKER) or args.profile:
         _ensure_broker(args.bootstrap)
-        asyncio.run(_on_broker(args.bootstrap, args.profile, args.what_if))
-    print(core.memory_per_conversation().render() + "\n")
+        asyncio.run(_on_broker(args.bootstrap, wanted, args))
+    if "memory" in wanted:
+        print(core.memory_per_conversation().render() + "\n")
     print(f"total {time.perf_counter() - started:.0f} s")
 
 
