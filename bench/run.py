@@ -17,7 +17,6 @@ import logging
 import os
 import platform
 import pstats
-import socket
 import subprocess
 import sys
 import time
@@ -25,21 +24,13 @@ from pathlib import Path
 
 from bench import core, faust_vs_aiokafka, kafka, replay
 from bench.common import Section
+from streams.kafka_reader import reachable
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def _reachable(bootstrap: str) -> bool:
-    host, _, port = bootstrap.split(",")[0].rpartition(":")
-    try:
-        with socket.create_connection((host, int(port)), timeout=2):
-            return True
-    except OSError:
-        return False
-
-
 def _ensure_broker(bootstrap: str) -> None:
-    if _reachable(bootstrap):
+    if reachable(bootstrap):
         return
     print(f"no broker at {bootstrap}: starting infra/kafka/start.sh", file=sys.stderr)
     subprocess.run(["bash", str(ROOT / "infra" / "kafka" / "start.sh")], check=True)

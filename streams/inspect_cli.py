@@ -8,7 +8,6 @@ duration), rendered with rich.
 
 from __future__ import annotations
 
-import asyncio
 import datetime as dt
 from pathlib import Path
 
@@ -18,6 +17,7 @@ from rich.table import Table
 from rich.text import Text
 
 from streams.file_log import FileLog, partition_for
+from streams.kafka_reader import group_less_consumer, read_to_end
 from streams.log import Record, Topics
 from streams.views import ConversationView, TurnView, build_view
 
@@ -33,38 +33,10 @@ def file_records(directory: Path, topics: Topics, conversation_id: str, partitio
 async def kafka_records(bootstrap: str, topic: str, conversation_id: str, timeout_s: float = 30.0) -> list[Record]:
     """The records of the conversation's partition, up to its end at the time of the call.
     Kafka's default partitioner (murmur2 of the key) says which partition that is."""
-    from aiokafka import AIOKafkaConsumer, TopicPartition
-
-    # Subscribed without a group, the consumer is given every partition: it reads only the
-    # conversation's one and pauses the others.
-    consumer = AIOKafkaConsumer(
-        topic,
-        bootstrap_servers=bootstrap,
-        enable_auto_commit=False,
-        auto_offset_reset="earliest",
-        isolation_level="read_committed",
-    )
-    await consumer.start()
-    try:
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout_s
-        while not (assigned := consumer.assignment()):
-            if loop.time() > deadline:
-                raise LookupError(f"topic {topic!r} has no partitions on {bootstrap}")
-            await asyncio.sleep(0.05)
-        tp = TopicPartition(topic, partition_for(conversation_id, len(assigned)))
+    async with group_less_consumer(bootstrap, topic, timeout_s) as (consumer, assigned):
+        tp = next(p for p in assigned if p.partition == partition_for(conversation_id, len(assigned)))
         consumer.pause(*(p for p in assigned if p != tp))
-        await consumer.seek_to_beginning(tp)
-        end = (await consumer.end_offsets([tp]))[tp]
-        out: list[Record] = []
-        while await consumer.position(tp) < end:
-            batch = await consumer.getmany(tp, timeout_ms=200)
-            out.extend(Record(tp.partition, m.offset, m.key, m.value) for m in batch.get(tp, []) if m.offset < end)
-            if not batch and loop.time() > deadline:
-                raise TimeoutError(f"{topic}[{tp.partition}] not read to offset {end}")
-        return out
-    finally:
-        await consumer.stop()
+        return await read_to_end(consumer, [tp], timeout_s)
 
 
 # -- rendering ---------------------------------------------------------------------------

@@ -5,19 +5,34 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
+from collections.abc import AsyncIterator
 
-from aiokafka import AIOKafkaConsumer
+from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import TopicAlreadyExistsError
 
 from streams.log import Record, Topics
 
 
-async def read_topic(bootstrap: str, topic: str, timeout_s: float = 30.0) -> list[Record]:
-    """Every record of `topic` up to its end at the time of the call, in partition order."""
-    # No group: the consumer subscribes and is given every partition of the topic. The
-    # reset policy must be "earliest": the fetcher resets new partitions by it on its own,
-    # and a "latest" reset racing our seek would silently skip the whole topic.
+def reachable(bootstrap: str, timeout_s: float = 2.0) -> bool:
+    """Whether the first bootstrap address accepts a TCP connection (a cheap pre-check)."""
+    host, _, port = bootstrap.split(",")[0].rpartition(":")
+    try:
+        with socket.create_connection((host, int(port)), timeout=timeout_s):
+            return True
+    except OSError:
+        return False
+
+
+@contextlib.asynccontextmanager
+async def group_less_consumer(
+    bootstrap: str, topic: str, timeout_s: float = 30.0
+) -> AsyncIterator[tuple[AIOKafkaConsumer, list[TopicPartition]]]:
+    """A consumer in no group, given every partition of `topic`: it commits nothing and
+    disturbs no worker. The reset policy must be "earliest": the fetcher resets new
+    partitions by it on its own, and a "latest" reset racing a seek would silently skip
+    the whole topic."""
     consumer = AIOKafkaConsumer(
         topic,
         bootstrap_servers=bootstrap,
@@ -32,23 +47,35 @@ async def read_topic(bootstrap: str, topic: str, timeout_s: float = 30.0) -> lis
             if asyncio.get_running_loop().time() > deadline:
                 raise LookupError(f"topic {topic!r} has no partitions on {bootstrap}")
             await asyncio.sleep(0.05)
-        await consumer.seek_to_beginning(*partitions)
-        ends = await consumer.end_offsets(partitions)
-        out: list[Record] = []
-        remaining = {tp for tp in partitions if ends[tp] > 0}
-        deadline = asyncio.get_running_loop().time() + timeout_s
-        while remaining:
-            batch = await consumer.getmany(*remaining, timeout_ms=200)
-            if not batch and asyncio.get_running_loop().time() > deadline:
-                state = {tp.partition: (await consumer.position(tp), ends[tp]) for tp in remaining}
-                raise TimeoutError(f"partitions of {topic} not read to the end: (position, end) {state}")
-            for tp, messages in batch.items():
-                out.extend(Record(tp.partition, m.offset, m.key, m.value) for m in messages if m.offset < ends[tp])
-                if await consumer.position(tp) >= ends[tp]:
-                    remaining.discard(tp)
-        return sorted(out, key=lambda r: (r.partition, r.offset))
+        yield consumer, partitions
     finally:
         await consumer.stop()
+
+
+async def read_to_end(consumer: AIOKafkaConsumer, partitions: list[TopicPartition], timeout_s: float) -> list[Record]:
+    """Every record of `partitions` from the beginning up to their end at the time of the
+    call, in partition order."""
+    await consumer.seek_to_beginning(*partitions)
+    ends = await consumer.end_offsets(partitions)
+    out: list[Record] = []
+    remaining = {tp for tp in partitions if ends[tp] > 0}
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while remaining:
+        batch = await consumer.getmany(*remaining, timeout_ms=200)
+        if not batch and asyncio.get_running_loop().time() > deadline:
+            state = {tp.partition: (await consumer.position(tp), ends[tp]) for tp in remaining}
+            raise TimeoutError(f"partitions not read to the end: (position, end) {state}")
+        for tp, messages in batch.items():
+            out.extend(Record(tp.partition, m.offset, m.key, m.value) for m in messages if m.offset < ends[tp])
+            if await consumer.position(tp) >= ends[tp]:
+                remaining.discard(tp)
+    return sorted(out, key=lambda r: (r.partition, r.offset))
+
+
+async def read_topic(bootstrap: str, topic: str, timeout_s: float = 30.0) -> list[Record]:
+    """Every record of `topic` up to its end at the time of the call, in partition order."""
+    async with group_less_consumer(bootstrap, topic, timeout_s) as (consumer, partitions):
+        return await read_to_end(consumer, partitions, timeout_s)
 
 
 async def ensure_topics(bootstrap: str, topics: Topics, partitions: int) -> None:

@@ -3,29 +3,19 @@
 from __future__ import annotations
 
 import os
-import socket
 import uuid
 
 import pytest
 
-from streams.kafka_reader import ensure_topics
+from streams.kafka_reader import ensure_topics, reachable
 from streams.log import Topics
 
 BOOTSTRAP = os.environ.get("TURNSTILE_KAFKA", "127.0.0.1:9092")
 
 
-def _reachable(bootstrap: str) -> bool:
-    host, _, port = bootstrap.split(",")[0].rpartition(":")
-    try:
-        with socket.create_connection((host, int(port)), timeout=2):
-            return True
-    except OSError:
-        return False
-
-
 @pytest.fixture(scope="session")
 def kafka_bootstrap() -> str:
-    if not _reachable(BOOTSTRAP):
+    if not reachable(BOOTSTRAP):
         message = f"Kafka is not reachable at {BOOTSTRAP}: start it with infra/kafka/start.sh"
         if os.environ.get("CI") or os.environ.get("TURNSTILE_REQUIRE_KAFKA"):
             pytest.fail(message)

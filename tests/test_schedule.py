@@ -8,7 +8,7 @@ import dataclasses
 import datetime as dt
 
 import pytest
-from pydantic import BaseModel, ConfigDict
+from loop_harness import Query, Transfer
 from worker_harness import FAST, events_of, running, until
 
 from events import (
@@ -136,17 +136,6 @@ class ManualClock:
 
     def now_ms(self) -> int:
         return self.now
-
-
-class Query(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    q: str
-
-
-class Transfer(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    to: str
-    amount: int
 
 
 async def _search(args: Query) -> str:

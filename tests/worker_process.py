@@ -31,7 +31,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # run as a script: the project packages live at the top level
     sys.path.insert(0, str(ROOT))
 
-from pydantic import BaseModel, ConfigDict, Field  # noqa: E402
+from loop_harness import Query, Transfer  # noqa: E402
 
 from handlers.claim import DebouncePolicy  # noqa: E402
 from handlers.pricing import ModelPrice  # noqa: E402
@@ -45,17 +45,6 @@ from streams.worker import Worker, WorkerConfig  # noqa: E402
 # What streams.worker logs when the group hands it partitions (aiokafka's own "Revoking
 # previously assigned partitions" must not match).
 ASSIGNED = "streams.worker: assigned partitions"
-
-
-class Query(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    q: str
-
-
-class Transfer(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    to: str
-    amount: int = Field(gt=0)
 
 
 def tools(tool_dir: Path) -> ToolRegistry:
