@@ -153,7 +153,6 @@ class CountingLog(KafkaLog):
         self.expected = expected
         self.read = self.written = self.outcomes = 0
         self.first = self.last = self.cpu_first = self.cpu_last = 0.0
-        self.blocked_on_outcomes_s = 0.0  # awaited inside the consumer loop, one at a time
         self.append_ms: list[float] = []
         self.done = asyncio.Event()
 
@@ -186,7 +185,6 @@ class CountingLog(KafkaLog):
         self.append_ms.append((time.perf_counter() - start) * 1000)
         self.written += 1
         if topic == self.topics.outcomes:
-            self.blocked_on_outcomes_s += time.perf_counter() - start
             self.outcomes += 1
             if self.outcomes >= self.expected and not self.done.is_set():
                 self.last, self.cpu_last = time.perf_counter(), time.process_time()
@@ -201,7 +199,6 @@ class EngineResult:
     written: int
     seconds: float
     cpu_s: float
-    blocked_on_outcomes_s: float
     verdict: str
 
     @property
@@ -274,7 +271,6 @@ async def engine(
         log.written,
         log.last - log.first,
         log.cpu_last - log.cpu_first,
-        log.blocked_on_outcomes_s,
         verdict,
     )
 
@@ -453,12 +449,6 @@ def throughput_section(
         f"{engine_.cpu_s / (engine_.read + engine_.written) * 1e6:.0f} µs",
         f"{relay_.cpu_s / (2 * relay_.events) * 1e6:.0f} µs",
         f"{(engine_.cpu_s / (engine_.read + engine_.written)) / (relay_.cpu_s / (2 * relay_.events)):.1f}x",
-    )
-    section.add(
-        "engine: wall time awaiting outcome-record appends in the consumer loop",
-        f"{engine_.blocked_on_outcomes_s:.2f} s of {engine_.seconds:.2f} s",
-        "",
-        f"{engine_.blocked_on_outcomes_s / engine_.seconds:.0%}",
     )
     section.notes.append(
         f"relay: {relay_.events:,} MessageReceived across {PARTITIONS} partitions in {relay_.seconds:.2f} s; "
