@@ -22,6 +22,7 @@ from bench.common import NO_DEBOUNCE, T0_MS, Section, conversation_events, fmt, 
 from events import DecodeError, Event, decode, encode
 from handlers.claim import ClaimPlan, plan_claim
 from handlers.context import build_context
+from handlers.provider import ChatMessage
 from handlers.providers.scripted import ScriptedProvider
 from projections import ConversationState, apply_event, new_state
 from streams.log import PartitionStart, Record, Topics
@@ -99,6 +100,22 @@ def _context_us(state: ConversationState) -> float:
     return (time.perf_counter() - start) / calls * 1e6
 
 
+def _context_cached_us(state: ConversationState) -> float:
+    """The worker's path: its per-conversation cache of rendered history holds all but the
+    2 entries the previous turn added (build_context renders those and copies the rest)."""
+    plan = plan_claim(state, T0_MS + 10**9, NO_DEBOUNCE)
+    assert isinstance(plan, ClaimPlan)
+    warm: list[ChatMessage] = []
+    build_context(state.history, plan.history_boundary, plan.inputs, None, warm)
+    known = max(0, len(warm) - 2)
+    calls = max(3, 200_000 // max(1, len(state.history)))
+    start = time.perf_counter()
+    for _ in range(calls):
+        del warm[known:]
+        build_context(state.history, plan.history_boundary, plan.inputs, "You are a helpful assistant.", warm)
+    return (time.perf_counter() - start) / calls * 1e6
+
+
 def _measure(n: int) -> tuple[dict[str, float], int]:
     """Every figure of one conversation size. The rounds interleave baseline and subjects,
     so a noisy moment on the shared machine hits them alike; the best round of each counts."""
@@ -122,6 +139,7 @@ def _measure(n: int) -> tuple[dict[str, float], int]:
                 "fold_tail": tail,
                 "decide": _decide_us(state),
                 "context": _context_us(state),
+                "context_cached": _context_cached_us(state),
             }
         finally:
             gc.enable()
@@ -165,6 +183,12 @@ def core_per_event() -> Section:
         *(fmt(v) for v in figures["context"]),
         f"{figures['context'][-1] / figures['context'][0]:.0f}x",
         f"{figures['context'][-1] / figures['context'][1]:.0f}x",
+    )
+    section.add(
+        "  the same with the worker's rendered cache",
+        *(fmt(v) for v in figures["context_cached"]),
+        f"{figures['context_cached'][-1] / figures['context_cached'][0]:.0f}x",
+        f"{figures['context_cached'][-1] / figures['context_cached'][1]:.0f}x",
     )
     section.notes.append(
         "each message is answered by a completed turn (MessageReceived, TurnClaimed, AttemptStarted, "

@@ -32,7 +32,7 @@ from handlers.claim import DebouncePolicy
 from handlers.providers.scripted import ScriptedProvider
 from streams.kafka_log import KafkaLog
 from streams.kafka_reader import ensure_topics, read_topic
-from streams.log import PartitionStart, RebalanceListener, Record, Topics
+from streams.log import Acknowledged, PartitionStart, RebalanceListener, Record, Topics
 from streams.runtime import SystemClock
 from streams.worker import Worker, WorkerConfig
 
@@ -144,6 +144,8 @@ class CountingLog(KafkaLog):
     conversation's outcome record once it has folded the TurnCompleted it read back: when
     `expected` outcome records are written, every turn is complete and visible."""
 
+    time_sends = False
+
     def __init__(
         self, bootstrap: str, group_id: str, topics: Topics, expected: int, producer_batch_bytes: int | None = None
     ) -> None:
@@ -190,6 +192,22 @@ class CountingLog(KafkaLog):
                 self.last, self.cpu_last = time.perf_counter(), time.process_time()
                 self.done.set()
         return result
+
+    async def send(
+        self, topic: str, key: str, value: bytes, partition: int | None = None
+    ) -> asyncio.Future[Acknowledged]:
+        """The runner's pipelined appends: counted like `append`. The latency benchmark also
+        times their acknowledgement (a callback each, so not in the throughput run)."""
+        start = time.perf_counter()
+        acked = await super().send(topic, key, value, partition)
+        self.written += 1
+        if self.time_sends:
+
+            def landed(_f: asyncio.Future[Acknowledged]) -> None:
+                self.append_ms.append((time.perf_counter() - start) * 1000)
+
+            acked.add_done_callback(landed)
+        return acked
 
 
 @dataclass(frozen=True)
@@ -278,6 +296,8 @@ async def engine(
 # -- 5. turn-transition overhead ---------------------------------------------------------------
 class SeeingLog(CountingLog):
     """Also records when the worker's consumer reads each event back (wall clock, ms)."""
+
+    time_sends = True
 
     def __init__(self, bootstrap: str, group_id: str, topics: Topics, expected: int) -> None:
         super().__init__(bootstrap, group_id, topics, expected)

@@ -41,6 +41,7 @@ from events import DecodeError, decode, encode
 from handlers.providers.scripted import ScriptedProvider
 from projections import ConversationState, apply_event, new_state
 from streams.log import PartitionStart, Record, Topics
+from streams.replay_gc import ReplayGc
 from streams.worker import Worker
 
 MAX_MESSAGES = 40  # longest conversation in the mix
@@ -193,10 +194,16 @@ class Pass:
 Handler = Callable[[TopicPartition, list[ConsumerRecord]], Awaitable[None]]  # type: ignore[type-arg]
 
 
-async def _read(bootstrap: str, topic: str, handle: Handler, timeout_s: float = 300) -> tuple[int, float, float, float]:
+async def _read(
+    bootstrap: str,
+    topic: str,
+    handle: Handler,
+    timeout_s: float = 300,
+    ready: Callable[[dict[TopicPartition, int]], Awaitable[None]] | None = None,
+) -> tuple[int, float, float, float]:
     """Every record from offset 0 to the end, handed to `handle(tp, records)` a fetch at a
     time. Returns (records, wall s, process CPU s, wall s in gc) from the first getmany to
-    the last record handled."""
+    the last record handled. `ready(end offsets)` is awaited before the clock starts."""
     consumer = AIOKafkaConsumer(
         bootstrap_servers=bootstrap,
         enable_auto_commit=False,
@@ -212,6 +219,8 @@ async def _read(bootstrap: str, topic: str, handle: Handler, timeout_s: float = 
         await consumer.seek_to_beginning(*partitions)
         ends = await consumer.end_offsets(partitions)
         remaining = {tp for tp in partitions if ends[tp] > 0}
+        if ready is not None:
+            await ready(ends)
         count = 0
         with _GcTimer() as gc_timer:
             started, cpu0 = time.perf_counter(), time.process_time()
@@ -318,20 +327,35 @@ class _NoAppends:
         raise AssertionError("a replay below the committed offsets must not append")
 
 
-async def worker_rebuild(bootstrap: str, topic: str) -> Pass:
-    """The same, through the engine's Worker._consume (replay path, no one-time effects)."""
-    worker = Worker(_NoAppends(), ScriptedProvider())  # type: ignore[arg-type]
+async def worker_rebuild(bootstrap: str, topic: str, replay_gc: bool = True) -> Pass:
+    """The same, through the engine's Worker._consume (replay path, no one-time effects),
+    with the replay hooks `turnstile run` installs (`streams.replay_gc.ReplayGc`: the cyclic
+    GC eased while partitions replay, the state frozen once all are live -- inside the
+    window). `replay_gc=False` (what-if): without them, as before they existed."""
+    hooks = ReplayGc() if replay_gc else None
+    worker = Worker(_NoAppends(), ScriptedProvider(), replay_hooks=hooks)  # type: ignore[arg-type]
     big = 10**12
-    await worker.on_assigned({p: PartitionStart(end_offset=big, committed=big) for p in range(PARTITIONS)})
+
+    async def ready(ends: dict[TopicPartition, int]) -> None:
+        # Each partition turns live at its real end, as on a restart; every offset is below
+        # the committed one, so nothing is appended.
+        await worker.on_assigned({tp.partition: PartitionStart(end, committed=big) for tp, end in ends.items()})
 
     async def handle(tp: TopicPartition, records: list[ConsumerRecord]) -> None:  # type: ignore[type-arg]
         for m in records:
             await worker._consume(Record(tp.partition, m.offset, m.key, m.value))
-        worker._dirty.clear()  # decisions are held while replaying: nothing to decide here
+        worker._dirty.clear()  # the benchmark measures the replay, not the decisions after it
 
-    records, wall, cpu, gc_s = await _read(bootstrap, topic, handle)
+    try:
+        records, wall, cpu, gc_s = await _read(bootstrap, topic, handle, ready=ready)
+        if worker._replaying:
+            raise AssertionError("the worker's partitions did not all turn live")
+    finally:
+        gc.unfreeze()  # the passes after this one start from the same collector state
     return Pass(
-        "rebuild through Worker._consume (the engine's replay path)",
+        "rebuild through Worker._consume (the engine's replay path)"
+        if replay_gc
+        else "what-if: through Worker._consume without the replay gc hooks",
         records,
         wall,
         cpu,
@@ -361,10 +385,15 @@ async def replay(
     if what_if:
         passes.append(await rebuild(broker.bootstrap, filled.topic, gc_off=True))
         gc.collect()
+        if through_worker:
+            passes.append(await worker_rebuild(broker.bootstrap, filled.topic, replay_gc=False))
+            gc.collect()
     return ReplayResult(filled, passes)
 
 
 def _short(p: Pass) -> str:
+    if p.label.startswith("what-if: through"):
+        return "Worker._consume, no replay gc hooks (what-if)"
     if p.label.startswith("what-if"):
         return "rebuild, gc off (what-if)"
     return p.label.split(":")[0].split(" (")[0]

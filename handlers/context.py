@@ -28,13 +28,21 @@ def build_context(
     history_boundary: int,
     inputs: Sequence[PendingInput],
     system_prompt: str | None,
+    rendered: list[ChatMessage] | None = None,
 ) -> tuple[ChatMessage, ...]:
     """History stops at the turn's boundary (a replay long after the turn sees the same
     context as the turn did), and the claimed inputs never appear in history, only as the
-    final user message."""
-    messages: list[ChatMessage] = []
+    final user message.
+
+    `rendered`, if given, is the caller's cache of this conversation's history as messages,
+    one per entry from the first, kept across turns: history is append-only and its entries
+    never change, so only the entries it lacks up to the boundary are rendered (and
+    appended to it); each turn then costs a copy of references instead of a message per entry."""
+    if rendered is None:
+        rendered = []
+    if len(rendered) < history_boundary:
+        rendered.extend(ChatMessage(entry.role, entry.content) for entry in history[len(rendered) : history_boundary])
+    final = ChatMessage("user", render_pending(inputs))
     if system_prompt:
-        messages.append(ChatMessage("system", system_prompt))
-    messages.extend(ChatMessage(entry.role, entry.content) for entry in history[:history_boundary])
-    messages.append(ChatMessage("user", render_pending(inputs)))
-    return tuple(messages)
+        return (ChatMessage("system", system_prompt), *rendered[:history_boundary], final)
+    return (*rendered[:history_boundary], final)

@@ -81,7 +81,10 @@ async def _run(args: argparse.Namespace) -> int:
 
     schedules = parse_schedules(json.loads(args.schedules.read_text())) if args.schedules else ()
     provider = _provider(args)
-    worker = Worker(log, provider, config)
+    from streams.replay_gc import ReplayGc
+
+    # Process-wide: the cyclic GC is eased while partitions replay, and the replayed state frozen.
+    worker = Worker(log, provider, config, replay_hooks=ReplayGc())
     service = Service(
         worker,
         schedules=schedules,

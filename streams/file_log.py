@@ -18,7 +18,7 @@ from pathlib import Path
 import orjson
 from aiokafka.partitioner import murmur2
 
-from streams.log import PartitionStart, RebalanceListener, Record, Topics
+from streams.log import Acknowledged, Landed, PartitionStart, RebalanceListener, Record, Topics
 
 
 def partition_for(key: str, partitions: int) -> int:
@@ -149,6 +149,13 @@ class FileLog:
         if partition is None:
             partition = partition_for(key, self._partition_count(topic))
         return partition, self._file(topic, partition).append(_encode_line(key, value))
+
+    async def send(
+        self, topic: str, key: str, value: bytes, partition: int | None = None
+    ) -> asyncio.Future[Acknowledged]:
+        acked: asyncio.Future[Acknowledged] = asyncio.get_running_loop().create_future()
+        acked.set_result(Landed(*await self.append(topic, key, value, partition)))  # written at once
+        return acked
 
     async def commit(self, offsets: dict[int, int]) -> None:
         merged = self._read_committed() | offsets

@@ -16,7 +16,7 @@ import logging
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.structs import OffsetAndMetadata
 
-from streams.log import PartitionStart, RebalanceListener, Record, Topics
+from streams.log import Acknowledged, PartitionStart, RebalanceListener, Record, Topics
 
 log = logging.getLogger(__name__)
 
@@ -92,6 +92,16 @@ class KafkaLog:
     async def append(self, topic: str, key: str, value: bytes, partition: int | None = None) -> tuple[int, int]:
         meta = await self.producer.send_and_wait(topic, value=value, key=key.encode(), partition=partition)
         return meta.partition, meta.offset
+
+    async def send(
+        self, topic: str, key: str, value: bytes, partition: int | None = None
+    ) -> asyncio.Future[Acknowledged]:
+        # In the producer's batch for its partition when this returns; the idempotent
+        # producer keeps that order on the log. The future yields aiokafka's RecordMetadata.
+        sent: asyncio.Future[Acknowledged] = await self.producer.send(
+            topic, value=value, key=key.encode(), partition=partition
+        )
+        return sent
 
     async def commit(self, offsets: dict[int, int]) -> None:
         owned = self.consumer.assignment()

@@ -6,6 +6,7 @@ the embedded file log (one process, no broker). The worker cannot tell them apar
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Protocol
@@ -37,6 +38,22 @@ class Topics:
     dead_letters: str = "turnstile.events.dlq"
 
 
+class Acknowledged(Protocol):
+    """Where an appended record landed (aiokafka's RecordMetadata is one)."""
+
+    @property
+    def partition(self) -> int: ...
+
+    @property
+    def offset(self) -> int: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Landed:
+    partition: int
+    offset: int
+
+
 class RebalanceListener(Protocol):
     async def on_assigned(self, partitions: dict[int, PartitionStart]) -> None: ...
 
@@ -55,6 +72,14 @@ class EventLog(Protocol):
 
     async def append(self, topic: str, key: str, value: bytes, partition: int | None = None) -> tuple[int, int]:
         """Append and wait for the log to acknowledge; returns (partition, offset)."""
+        ...
+
+    async def send(
+        self, topic: str, key: str, value: bytes, partition: int | None = None
+    ) -> asyncio.Future[Acknowledged]:
+        """Put the record in the log's order and return without waiting for the log to
+        acknowledge it: the future resolves to where it landed once it does. Records sent
+        to one partition land in the order they were sent."""
         ...
 
     async def commit(self, offsets: dict[int, int]) -> None: ...

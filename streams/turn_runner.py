@@ -19,6 +19,7 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from events import (
     AttemptFailed,
@@ -48,7 +49,14 @@ from projections import ActiveTurn, ConversationState, apply_event
 
 log = logging.getLogger(__name__)
 
-AppendEvent = Callable[[Event], Awaitable[None]]
+
+class AppendEvent(Protocol):
+    """Appends one event to the log. `wait=False` returns once the event is in the log's
+    order, without its acknowledgement; the next append that waits waits for both."""
+
+    def __call__(self, event: Event, wait: bool = True) -> Awaitable[None]: ...
+
+
 RESULT_EXCERPT_CHARS = 300
 # A tool result is recorded in ToolCallFinished: keep it well inside one log value.
 MAX_RESULT_CHARS = 100_000
@@ -115,8 +123,12 @@ class TurnRunner:
         settings: TurnSettings,
         now_ms: Callable[[], int],
         new_id: Callable[[], str],
+        rendered: list[ChatMessage] | None = None,
     ) -> None:
         self.state = state
+        # The conversation's history as messages, kept by the worker across turns (see
+        # `build_context`); a runner of its own renders the history it needs once.
+        self._rendered = rendered if rendered is not None else []
         self._append = append
         self._settings = settings
         self._now_ms = now_ms
@@ -135,8 +147,10 @@ class TurnRunner:
         return self.state.active
 
     async def claim_and_run(self, plan: ClaimPlan) -> None:
+        # Sent with AttemptStarted, which follows at once: one round trip for both.
         await self._emit(
-            claim_event(self.state, plan, event_id=self._new_id(), run_id=self._new_id(), now_ms=self._now_ms())
+            claim_event(self.state, plan, event_id=self._new_id(), run_id=self._new_id(), now_ms=self._now_ms()),
+            wait=False,
         )
         await self._guarded(self._attempts(first=True))
 
@@ -223,7 +237,9 @@ class TurnRunner:
         tools = self._settings.tools.specs(isolated)
         budget = self._settings.budget
         messages: list[ChatMessage] = list(
-            build_context(self.state.history, turn.history_boundary, turn.inputs, self._settings.system_prompt)
+            build_context(
+                self.state.history, turn.history_boundary, turn.inputs, self._settings.system_prompt, self._rendered
+            )
         )
         iteration = 0
         while True:
@@ -310,7 +326,10 @@ class TurnRunner:
                     usage=reply.usage,
                     cost_usd=cost_usd(self._settings.prices, reply.model, reply.usage, route.model),
                     finish_reason=reply.finish_reason,
-                )
+                ),
+                # A reply without tool calls is followed at once by the outcome (see
+                # `_iterate`): one round trip for both. Tool calls wait: a tool may act.
+                wait=bool(reply.tool_calls),
             )
             return reply
 
@@ -433,8 +452,10 @@ class TurnRunner:
     def _stamp(self) -> dict[str, str | int]:
         return self._next_stamp().of(self.turn)
 
-    async def _emit(self, event: Event) -> None:
+    async def _emit(self, event: Event, wait: bool = True) -> None:
+        """Folds the event, then appends it. `wait=False` only where the next event is
+        emitted at once, with nothing done outside the log in between."""
         rejection = apply_event(self.state, event)
         if rejection is not None:
             raise RuntimeError(f"refusing to write {event.type}: the fold rejects it ({rejection.reason})")
-        await self._append(event)
+        await self._append(event, wait)

@@ -17,7 +17,7 @@ import dataclasses
 import heapq
 import logging
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from events import (
     OUTCOME_TYPES,
@@ -39,9 +39,9 @@ from handlers.claim import (
     rejection_event,
     rejects_on_arrival,
 )
-from handlers.provider import Provider
+from handlers.provider import ChatMessage, Provider
 from projections import ConversationState, apply_event, new_state
-from streams.log import EventLog, PartitionStart, Record
+from streams.log import Acknowledged, EventLog, PartitionStart, Record
 from streams.runtime import Clock, Ids, RandomIds, SystemClock
 from streams.turn_runner import TurnRunner, TurnSettings
 
@@ -49,6 +49,15 @@ if TYPE_CHECKING:
     from streams.metrics import Metrics
 
 log = logging.getLogger(__name__)
+
+
+class ReplayHooks(Protocol):
+    """Told when the worker starts replaying (some assigned partition is not live yet) and
+    when every assigned partition has turned live; e.g. `streams.replay_gc.ReplayGc`."""
+
+    def replaying(self) -> None: ...
+
+    def replayed(self) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,8 +104,11 @@ class Worker:
         clock: Clock | None = None,
         ids: Ids | None = None,
         metrics: Metrics | None = None,
+        replay_hooks: ReplayHooks | None = None,
     ) -> None:
         self.log = log_
+        self.replay_hooks = replay_hooks
+        self._replaying = False
         self.metrics = metrics
         if metrics is not None:
             metrics.attach(self)
@@ -120,6 +132,9 @@ class Worker:
         self._to_reject: dict[str, dict[str, str]] = {}
         self._refusing: dict[str, set[str]] = {}
         self._rejecting: dict[str, asyncio.Task[None]] = {}
+        # Per conversation, its history rendered as prompt messages, kept across its turns
+        # (history is append-only): a turn start then does not re-render all of it.
+        self._rendered: dict[str, list[ChatMessage]] = {}
 
     # -- rebalance -------------------------------------------------------------------
     async def on_assigned(self, partitions: dict[int, PartitionStart]) -> None:
@@ -127,6 +142,7 @@ class Worker:
         for p, start in partitions.items():
             self.partitions[p] = _Partition(start.end_offset, start.committed)
         log.info("assigned partitions %s; replaying them from the beginning", sorted(partitions))
+        self._note_replay()
 
     async def on_revoked(self, partitions: set[int]) -> None:
         """Stop our turns on partitions we lose before the group moves them: the new
@@ -153,7 +169,21 @@ class Worker:
                 self._dirty.discard(conversation)
                 self._to_reject.pop(conversation, None)
                 self._refusing.pop(conversation, None)
+                self._rendered.pop(conversation, None)
         log.info("revoked partitions %s", sorted(partitions))
+        self._note_replay()
+
+    def _note_replay(self) -> None:
+        """Tell the replay hooks when replaying starts and when every partition is live."""
+        replaying = any(not part.live for part in self.partitions.values())
+        if replaying == self._replaying:
+            return
+        self._replaying = replaying
+        if self.replay_hooks is not None:
+            if replaying:
+                self.replay_hooks.replaying()
+            else:
+                self.replay_hooks.replayed()
 
     # -- main loop -------------------------------------------------------------------
     async def run(self, stop: asyncio.Event) -> None:
@@ -203,6 +233,7 @@ class Worker:
             # Decisions were held while replaying: every conversation of the partition is
             # due one now, not only those a later event happens to touch.
             self._dirty.update(part.conversations)
+            self._note_replay()
         effects = record.offset >= part.committed
         event = decode(record.value, self.config.max_value_bytes)
         if isinstance(event, DecodeError):
@@ -354,17 +385,27 @@ class Worker:
         private = _private_copy(state, plan)
         slot: _Runner
 
-        async def append(event: Event) -> None:
+        unacked: list[asyncio.Future[Acknowledged]] = []
+
+        async def append(event: Event, wait: bool = True) -> None:
+            """`wait=False` returns once the event is in the log's order; the next append
+            that waits also waits for its acknowledgement (one round trip for both)."""
             verdict = slot.verdicts[event.event_id] = asyncio.get_running_loop().create_future()
-            _, offset = await self.log.append(self.log.topics.events, conversation, encode(event), partition)
-            slot.last_offset = max(slot.last_offset, offset)
+            unacked.append(await self.log.send(self.log.topics.events, conversation, encode(event), partition))
+            if not wait:
+                return
+            acks = unacked[:]
+            unacked.clear()
+            for ack in acks:
+                slot.last_offset = max(slot.last_offset, (await ack).offset)
             # Fencing a side effect: the tool runs only once its ToolCallStarted is read back
             # as accepted. Written after another owner's takeover, it is ignored by every
             # reader -- and the tool must not run either (the zombie case).
             if isinstance(event, ToolCallStarted) and event.side_effect and not await verdict:
                 raise asyncio.CancelledError(f"run {event.run_id} was superseded before its side effect")
 
-        runner = TurnRunner(private, append, self.provider, self.config.turn, self.clock.now_ms, self.ids.new)
+        rendered = self._rendered.setdefault(conversation, [])
+        runner = TurnRunner(private, append, self.provider, self.config.turn, self.clock.now_ms, self.ids.new, rendered)
         work = runner.recover() if recover else runner.claim_and_run(plan)  # type: ignore[arg-type]
         task = asyncio.create_task(work, name=f"turn:{conversation}")
         slot = self.runners[conversation] = _Runner(task, partition)

@@ -106,3 +106,17 @@ def test_a_single_input_is_sent_as_it_is():
 def test_policy_rejects_nonsense():
     with pytest.raises(ValueError):
         DebouncePolicy(quiet_ms=-1)
+
+
+def test_a_rendered_cache_kept_across_turns_gives_the_same_context_and_grows_with_history():
+    first = claim(["a"], 10, 0)
+    state = state_of(message("a", 0), first, started(first, 10), completed(first, 20, "r1"), message("b", 30))
+    inputs = list(state.pending.values())
+    cache: list = []
+    assert build_context(state.history, 0, inputs, "sys", cache) == build_context(state.history, 0, inputs, "sys")
+    assert cache == []
+    assert build_context(state.history, 2, inputs, "sys", cache) == build_context(state.history, 2, inputs, "sys")
+    assert [(m.role, m.content) for m in cache] == [("user", "text of a"), ("assistant", "r1")]
+    kept = list(cache)
+    assert build_context(state.history, 1, inputs, None, cache) == build_context(state.history, 1, inputs, None)
+    assert cache == kept  # entries are rendered once and reused

@@ -50,7 +50,7 @@ async def test_the_state_folded_from_the_log_equals_the_runners_state_after_ever
     snapshots: list[ConversationState] = []
     runner: TurnRunner
 
-    async def append(event: Event) -> None:
+    async def append(event: Event, wait: bool = True) -> None:
         await log.append(log.topics.events, event.conversation_id, encode(event))
         snapshots.append(copy.deepcopy(runner.state))
 

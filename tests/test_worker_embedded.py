@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 
 from builders import claim, message, started
-from worker_harness import events_of, running, until
+from worker_harness import FAST, events_of, running, until
 
 from events import (
     AttemptFailed,
@@ -22,6 +22,7 @@ from handlers.providers.scripted import ScriptedProvider
 from streams.file_log import FileLog
 from streams.publisher import message_event, publish
 from streams.runtime import SystemClock
+from streams.worker import Worker
 
 NOW = SystemClock().now_ms
 
@@ -151,3 +152,69 @@ async def test_a_backlog_that_takes_several_polls_to_replay_is_answered_in_full(
         await publish(log, message_event(f"c{i}", f"question {i}", NOW(), f"m{i}"))
     async with running(log, ScriptedProvider()):
         await until(lambda: sum(isinstance(e, TurnCompleted) for e in events_of(log)) == 700, 60)
+
+
+async def test_later_turns_send_the_whole_history_with_the_workers_rendered_cache(tmp_path):
+    """The worker keeps each conversation's history rendered across turns: a later turn still
+    sends every earlier exchange, in order, then its own input."""
+    log = FileLog(tmp_path)
+    provider = ScriptedProvider()
+    async with running(log, provider) as worker:
+        for i in range(3):
+            await publish(log, message_event("c1", f"question {i}", NOW(), f"m{i}"))
+            await until(lambda i=i: sum(isinstance(e, TurnCompleted) for e in events_of(log)) == i + 1)
+        assert len(worker._rendered["c1"]) == 4  # the history the third turn was sent
+    sent = [[(m.role, m.content) for m in request.messages[1:]] for request in provider.requests]
+    assert sent[2] == [
+        ("user", "question 0"),
+        ("assistant", "(scripted reply to) question 0"),
+        ("user", "question 1"),
+        ("assistant", "(scripted reply to) question 1"),
+        ("user", "question 2"),
+    ]
+
+
+class _Hooks:
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+
+    def replaying(self) -> None:
+        self.calls.append("replaying")
+
+    def replayed(self) -> None:
+        self.calls.append("replayed")
+
+
+async def test_replay_hooks_are_told_when_replay_starts_and_when_every_partition_is_live(tmp_path):
+    log = FileLog(tmp_path, partitions=2)
+    for i in range(20):
+        await publish(log, message_event(f"c{i}", f"question {i}", NOW(), f"m{i}"))
+    hooks = _Hooks()
+    worker = Worker(log, ScriptedProvider(), FAST, replay_hooks=hooks)
+    stop = asyncio.Event()
+    task = asyncio.create_task(worker.run(stop))
+    try:
+        await until(lambda: sum(isinstance(e, TurnCompleted) for e in events_of(log)) == 20)
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 10)
+    assert hooks.calls == ["replaying", "replayed"]
+
+
+def test_replay_gc_eases_the_collector_while_replaying_then_restores_it_and_freezes():
+    import gc
+
+    from streams.replay_gc import ReplayGc
+
+    before = gc.get_threshold()
+    hooks = ReplayGc(gen0_threshold=50_000)
+    try:
+        hooks.replaying()
+        hooks.replaying()  # a second assignment while replaying changes nothing
+        assert gc.get_threshold() == (50_000, *before[1:])
+        hooks.replayed()
+        assert gc.get_threshold() == before
+        assert gc.get_freeze_count() > 0
+    finally:
+        gc.set_threshold(*before)
+        gc.unfreeze()
