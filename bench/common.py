@@ -7,10 +7,10 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from events import AttemptStarted, Event, MessageReceived, ModelResponded, Usage
-from handlers import outcomes
-from handlers.claim import ClaimPlan, DebouncePolicy, claim_event, plan_claim
-from projections import ConversationState, apply_event, new_state
+from turnstile.events import AttemptStarted, Event, MessageReceived, ModelResponded, Usage
+from turnstile.handlers import outcomes
+from turnstile.handlers.claim import ClaimPlan, DebouncePolicy, claim_event, plan_claim
+from turnstile.projections import ConversationState, apply_event, new_state
 
 T0_MS = 1_767_000_000_000  # a fixed epoch (ms): the streams are the same on every run
 MODEL = "scripted-1"

@@ -17,16 +17,16 @@ import tracemalloc
 from collections.abc import Callable
 
 import orjson
+from turnstile.events import DecodeError, Event, decode, encode
+from turnstile.handlers.claim import ClaimPlan, plan_claim
+from turnstile.handlers.context import build_context
+from turnstile.handlers.provider import ChatMessage
+from turnstile.handlers.providers.scripted import ScriptedProvider
+from turnstile.projections import ConversationState, apply_event, new_state
+from turnstile.streams.log import PartitionStart, Record, Topics
+from turnstile.streams.worker import Worker
 
 from bench.common import NO_DEBOUNCE, T0_MS, Section, conversation_events, fmt, message
-from events import DecodeError, Event, decode, encode
-from handlers.claim import ClaimPlan, plan_claim
-from handlers.context import build_context
-from handlers.provider import ChatMessage
-from handlers.providers.scripted import ScriptedProvider
-from projections import ConversationState, apply_event, new_state
-from streams.log import PartitionStart, Record, Topics
-from streams.worker import Worker
 
 SIZES = (10, 1_000, 10_000)
 EVENTS_PER_MEASURE = 60_000  # each figure times at least this many events (or calls)

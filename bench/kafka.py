@@ -25,16 +25,16 @@ from dataclasses import dataclass, field
 import orjson
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
+from turnstile.events import DecodeError, Event, ModelResponded, TurnClaimed, TurnCompleted, decode, encode
+from turnstile.handlers.claim import DebouncePolicy
+from turnstile.handlers.providers.scripted import ScriptedProvider
+from turnstile.streams.kafka_log import KafkaLog
+from turnstile.streams.kafka_reader import ensure_topics, read_topic
+from turnstile.streams.log import Acknowledged, PartitionStart, RebalanceListener, Record, Topics
+from turnstile.streams.runtime import SystemClock
+from turnstile.streams.worker import Worker, WorkerConfig
 
 from bench.common import Section, fmt, message, percentile
-from events import DecodeError, Event, ModelResponded, TurnClaimed, TurnCompleted, decode, encode
-from handlers.claim import DebouncePolicy
-from handlers.providers.scripted import ScriptedProvider
-from streams.kafka_log import KafkaLog
-from streams.kafka_reader import ensure_topics, read_topic
-from streams.log import Acknowledged, PartitionStart, RebalanceListener, Record, Topics
-from streams.runtime import SystemClock
-from streams.worker import Worker, WorkerConfig
 
 PARTITIONS = 8
 THROUGHPUT_ROUNDS = 2

@@ -22,9 +22,10 @@ import sys
 import time
 from pathlib import Path
 
+from turnstile.streams.kafka_reader import reachable
+
 from bench import core, faust_vs_aiokafka, kafka, replay
 from bench.common import Section
-from streams.kafka_reader import reachable
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -1,11 +1,11 @@
 """turnstile's public contract: every event on the log, its envelope and its codec."""
 
-from events.base import SCHEMA_VERSION, Envelope, TurnEnvelope
-from events.codec import DEFAULT_MAX_VALUE_BYTES, DecodeError, decode, encode
-from events.dead_letter import DeadLetter
-from events.identity import content_fingerprint, logical_turn_id
-from events.inputs import Approval, InputInjected, MessageReceived, ResumeRequested
-from events.lifecycle import (
+from turnstile.events.base import SCHEMA_VERSION, Envelope, TurnEnvelope
+from turnstile.events.codec import DEFAULT_MAX_VALUE_BYTES, DecodeError, decode, encode
+from turnstile.events.dead_letter import DeadLetter
+from turnstile.events.identity import content_fingerprint, logical_turn_id
+from turnstile.events.inputs import Approval, InputInjected, MessageReceived, ResumeRequested
+from turnstile.events.lifecycle import (
     AttemptFailed,
     AttemptStarted,
     ContextCompacted,
@@ -18,7 +18,7 @@ from events.lifecycle import (
     TurnClaimed,
     Usage,
 )
-from events.outcomes import (
+from turnstile.events.outcomes import (
     OperationRecord,
     TurnCompleted,
     TurnExhausted,
@@ -26,8 +26,8 @@ from events.outcomes import (
     TurnMetrics,
     TurnPaused,
 )
-from events.rejections import MessageRejected
-from events.union import (
+from turnstile.events.rejections import MessageRejected
+from turnstile.events.union import (
     EVENT_ADAPTER,
     INPUT_TYPES,
     OUTCOME_TYPES,

@@ -10,9 +10,8 @@ from dataclasses import dataclass
 
 import orjson
 from pydantic import ValidationError
-
-from events.union import EVENT_ADAPTER, Event
-from events.upcast import UPCASTERS, UpcastError, Upcasters
+from turnstile.events.union import EVENT_ADAPTER, Event
+from turnstile.events.upcast import UPCASTERS, UpcastError, Upcasters
 
 DEFAULT_MAX_VALUE_BYTES = 1_000_000
 

@@ -4,10 +4,10 @@ examples every time, so the generated contract does not drift on its own."""
 
 from __future__ import annotations
 
-from events.dead_letter import DeadLetter
-from events.identity import logical_turn_id
-from events.inputs import Approval, InputInjected, MessageReceived, ResumeRequested
-from events.lifecycle import (
+from turnstile.events.dead_letter import DeadLetter
+from turnstile.events.identity import logical_turn_id
+from turnstile.events.inputs import Approval, InputInjected, MessageReceived, ResumeRequested
+from turnstile.events.lifecycle import (
     AttemptFailed,
     AttemptStarted,
     ContextCompacted,
@@ -20,9 +20,9 @@ from events.lifecycle import (
     TurnClaimed,
     Usage,
 )
-from events.outcomes import OperationRecord, TurnCompleted, TurnExhausted, TurnFailed, TurnMetrics, TurnPaused
-from events.rejections import MessageRejected
-from events.union import Event
+from turnstile.events.outcomes import OperationRecord, TurnCompleted, TurnExhausted, TurnFailed, TurnMetrics, TurnPaused
+from turnstile.events.rejections import MessageRejected
+from turnstile.events.union import Event
 
 CONVERSATION = "conv-42"
 T0 = 1_767_225_600_000  # 2026-01-01T00:00:00Z

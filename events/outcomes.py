@@ -5,9 +5,8 @@ from __future__ import annotations
 from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
-
-from events.base import MAX_INT, Identifier, TurnEnvelope
-from events.lifecycle import ToolCall
+from turnstile.events.base import MAX_INT, Identifier, TurnEnvelope
+from turnstile.events.lifecycle import ToolCall
 
 NonNegative = Annotated[int, Field(ge=0, lt=MAX_INT)]
 InputStatus = Literal["answered", "failed", "paused", "exhausted"]

@@ -5,8 +5,7 @@ from __future__ import annotations
 from typing import Annotated, Literal
 
 from pydantic import Field
-
-from events.base import Envelope, Identifier
+from turnstile.events.base import Envelope, Identifier
 
 RejectionReason = Literal["turn_active"]
 

@@ -5,9 +5,8 @@ from __future__ import annotations
 from typing import Annotated
 
 from pydantic import Field, TypeAdapter
-
-from events.inputs import InputInjected, MessageReceived, ResumeRequested
-from events.lifecycle import (
+from turnstile.events.inputs import InputInjected, MessageReceived, ResumeRequested
+from turnstile.events.lifecycle import (
     AttemptFailed,
     AttemptStarted,
     ContextCompacted,
@@ -18,8 +17,8 @@ from events.lifecycle import (
     ToolCallStarted,
     TurnClaimed,
 )
-from events.outcomes import TurnCompleted, TurnExhausted, TurnFailed, TurnPaused
-from events.rejections import MessageRejected
+from turnstile.events.outcomes import TurnCompleted, TurnExhausted, TurnFailed, TurnPaused
+from turnstile.events.rejections import MessageRejected
 
 InputEvent = MessageReceived | InputInjected | ResumeRequested
 TerminalOutcome = TurnCompleted | TurnFailed | TurnPaused | TurnExhausted

@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from events.base import SCHEMA_VERSION
+from turnstile.events.base import SCHEMA_VERSION
 
 JsonObject = dict[str, Any]
 # One step: the object of `from_version` in, the object of `from_version + 1` out.

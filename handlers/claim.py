@@ -7,8 +7,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
-from events import MessageRejected, TurnClaimed, logical_turn_id
-from projections import ConversationState, PendingInput
+from turnstile.events import MessageRejected, TurnClaimed, logical_turn_id
+from turnstile.projections import ConversationState, PendingInput
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import replace
 
-from handlers.provider import ChatMessage
+from turnstile.handlers.provider import ChatMessage
 
 STUB_PREFIX = "[compacted result: "
 EXCERPT_CHARS = 80

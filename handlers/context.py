@@ -6,8 +6,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from datetime import UTC, datetime
 
-from handlers.provider import ChatMessage
-from projections import HistoryEntry, PendingInput
+from turnstile.handlers.provider import ChatMessage
+from turnstile.projections import HistoryEntry, PendingInput
 
 
 def render_pending(rows: Sequence[PendingInput]) -> str:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from handlers.provider import ProtocolFamily
+from turnstile.handlers.provider import ProtocolFamily
 
 
 @dataclass(frozen=True, slots=True)

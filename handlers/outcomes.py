@@ -5,9 +5,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from events import OperationRecord, ToolCall, TurnCompleted, TurnExhausted, TurnFailed, TurnMetrics, TurnPaused
-from events.outcomes import InputStatus, PauseReason
-from projections import ActiveTurn
+from turnstile.events import (
+    OperationRecord,
+    ToolCall,
+    TurnCompleted,
+    TurnExhausted,
+    TurnFailed,
+    TurnMetrics,
+    TurnPaused,
+)
+from turnstile.events.outcomes import InputStatus, PauseReason
+from turnstile.projections import ActiveTurn
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from events import Usage
+from turnstile.events import Usage
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
-from events import ToolCall, Usage
+from turnstile.events import ToolCall, Usage
 
 Role = Literal["system", "user", "assistant", "tool"]
 ProtocolFamily = Literal["openai", "anthropic", "scripted"]

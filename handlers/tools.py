@@ -16,9 +16,8 @@ from typing import Any, Literal
 
 import orjson
 from pydantic import BaseModel, ValidationError
-
-from events import ToolCall
-from handlers.provider import ToolSpec
+from turnstile.events import ToolCall
+from turnstile.handlers.provider import ToolSpec
 
 ToolKind = Literal["read_only", "side_effect"]
 ToolFunction = Callable[[Any], Awaitable[str]]

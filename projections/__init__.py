@@ -1,7 +1,7 @@
 """Pure folds over the event log: the same events always give the same state."""
 
-from projections.conversation import Rejection, apply_event, new_state
-from projections.state import (
+from turnstile.projections.conversation import Rejection, apply_event, new_state
+from turnstile.projections.state import (
     ActiveTurn,
     ApprovalGrant,
     ConversationState,

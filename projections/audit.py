@@ -16,7 +16,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from events import (
+from turnstile.events import (
     DEFAULT_MAX_VALUE_BYTES,
     AttemptFailed,
     AttemptStarted,
@@ -36,9 +36,9 @@ from events import (
     decode,
     logical_turn_id,
 )
-from events.upcast import UPCASTERS, Upcasters
-from projections.conversation import apply_event, new_state
-from projections.state import ActiveTurn, ConversationState
+from turnstile.events.upcast import UPCASTERS, Upcasters
+from turnstile.projections.conversation import apply_event, new_state
+from turnstile.projections.state import ActiveTurn, ConversationState
 
 # Rule id -> what it checks. The order is the order of the report.
 RULES: dict[str, str] = {

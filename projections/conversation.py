@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from events import (
+from turnstile.events import (
     AttemptFailed,
     AttemptStarted,
     ContextCompacted,
@@ -36,7 +36,7 @@ from events import (
     content_fingerprint,
     logical_turn_id,
 )
-from projections.state import (
+from turnstile.projections.state import (
     ActiveTurn,
     ApprovalGrant,
     ConversationState,

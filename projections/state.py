@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from events import ToolCall
+from turnstile.events import ToolCall
 
 InputKind = Literal["message", "injected", "resume"]
 OperationStatus = Literal["started", "succeeded", "failed"]

@@ -16,9 +16,9 @@ import json
 import sys
 from pathlib import Path
 
-from projections.audit import AuditLimits, Auditor, AuditReport, render
-from streams.file_log import FileLog
-from streams.log import Record, Topics
+from turnstile.projections.audit import AuditLimits, Auditor, AuditReport, render
+from turnstile.streams.file_log import FileLog
+from turnstile.streams.log import Record, Topics
 
 DEFAULT_GROUP = "turnstile-audit"
 
@@ -71,8 +71,8 @@ async def run(args: argparse.Namespace) -> int:
 
 
 async def _audit_kafka(args: argparse.Namespace) -> AuditReport:
-    from streams.kafka_log import bootstrap_of
-    from streams.kafka_reader import read_topic
+    from turnstile.streams.kafka_log import bootstrap_of
+    from turnstile.streams.kafka_reader import read_topic
 
     bootstrap = bootstrap_of(args.broker)
     records = await read_topic(bootstrap, args.events_topic, timeout_s=args.timeout)

@@ -11,18 +11,18 @@ import signal
 import sys
 from pathlib import Path
 
-from events import DecodeError, decode
-from handlers.claim import DebouncePolicy, DoubleTextPolicy
-from handlers.provider import Provider
-from handlers.providers.scripted import ScriptedProvider
-from streams import audit_cli
-from streams.file_log import FileLog
-from streams.log import EventLog, Topics
-from streams.publisher import message_event, publish
-from streams.runtime import SystemClock
-from streams.timeline import describe
-from streams.turn_runner import TurnSettings
-from streams.worker import Worker, WorkerConfig
+from turnstile.events import DecodeError, decode
+from turnstile.handlers.claim import DebouncePolicy, DoubleTextPolicy
+from turnstile.handlers.provider import Provider
+from turnstile.handlers.providers.scripted import ScriptedProvider
+from turnstile.streams import audit_cli
+from turnstile.streams.file_log import FileLog
+from turnstile.streams.log import EventLog, Topics
+from turnstile.streams.publisher import message_event, publish
+from turnstile.streams.runtime import SystemClock
+from turnstile.streams.timeline import describe
+from turnstile.streams.turn_runner import TurnSettings
+from turnstile.streams.worker import Worker, WorkerConfig
 
 DEFAULT_DATA = Path(".turnstile")
 DEFAULT_TOPICS = Topics()
@@ -41,7 +41,7 @@ def _add_log_args(parser: argparse.ArgumentParser) -> None:
 def _open_log(args: argparse.Namespace, group_id: str = "turnstile-worker") -> EventLog:
     topics = Topics(args.events_topic, args.outcomes_topic, args.dlq_topic)
     if args.broker:
-        from streams.kafka_log import KafkaLog, bootstrap_of
+        from turnstile.streams.kafka_log import KafkaLog, bootstrap_of
 
         return KafkaLog(bootstrap_of(args.broker), group_id=group_id, topics=topics)
     return FileLog(args.data, topics)
@@ -50,7 +50,7 @@ def _open_log(args: argparse.Namespace, group_id: str = "turnstile-worker") -> E
 def _bootstrap(args: argparse.Namespace) -> str | None:
     if not args.broker:
         return None
-    from streams.kafka_log import bootstrap_of
+    from turnstile.streams.kafka_log import bootstrap_of
 
     return bootstrap_of(args.broker)
 
@@ -58,11 +58,11 @@ def _bootstrap(args: argparse.Namespace) -> str | None:
 def _provider(args: argparse.Namespace) -> Provider:
     key = os.environ.get("TURNSTILE_API_KEY")
     if args.provider == "openai":
-        from handlers.providers.openai_chat import OpenAIChatProvider
+        from turnstile.handlers.providers.openai_chat import OpenAIChatProvider
 
         return OpenAIChatProvider(args.base_url or "https://api.openai.com/v1", key)
     if args.provider == "anthropic":
-        from handlers.providers.anthropic_messages import AnthropicMessagesProvider
+        from turnstile.handlers.providers.anthropic_messages import AnthropicMessagesProvider
 
         return AnthropicMessagesProvider(args.base_url or "https://api.anthropic.com", key)
     return ScriptedProvider(delay_s=args.scripted_delay)
@@ -75,13 +75,13 @@ async def _run(args: argparse.Namespace) -> int:
         double_text=DoubleTextPolicy(args.double_text, dict(args.double_text_for)),
         turn=TurnSettings(model=args.model),
     )
-    from handlers.schedule import parse_schedules
-    from streams.http_api import parse_address
-    from streams.service import Service
+    from turnstile.handlers.schedule import parse_schedules
+    from turnstile.streams.http_api import parse_address
+    from turnstile.streams.service import Service
 
     schedules = parse_schedules(json.loads(args.schedules.read_text())) if args.schedules else ()
     provider = _provider(args)
-    from streams.replay_gc import ReplayGc
+    from turnstile.streams.replay_gc import ReplayGc
 
     # Process-wide: the cyclic GC is eased while partitions replay, and the replayed state frozen.
     worker = Worker(log, provider, config, replay_hooks=ReplayGc())
@@ -125,8 +125,8 @@ async def _send(args: argparse.Namespace) -> int:
 
 async def _tail(args: argparse.Namespace) -> int:
     if args.broker:
-        from streams.kafka_log import bootstrap_of
-        from streams.kafka_reader import read_topic
+        from turnstile.streams.kafka_log import bootstrap_of
+        from turnstile.streams.kafka_reader import read_topic
 
         records = await read_topic(bootstrap_of(args.broker), args.events_topic)
     else:
@@ -141,7 +141,7 @@ async def _tail(args: argparse.Namespace) -> int:
 
 
 async def _inspect(args: argparse.Namespace) -> int:
-    from streams.inspect_cli import inspect
+    from turnstile.streams.inspect_cli import inspect
 
     topics = Topics(args.events_topic, args.outcomes_topic, args.dlq_topic)
     await inspect(args.conversation, broker=args.broker, data=args.data, topics=topics)
@@ -156,7 +156,10 @@ def _conversation_policy(text: str) -> tuple[str, str]:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from turnstile import __version__
+
     parser = argparse.ArgumentParser(prog="turnstile", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"turnstile {__version__}")
     parser.add_argument("-v", "--verbose", action="store_true")
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -213,7 +216,7 @@ def main(argv: list[str] | None = None) -> int:
     level = logging.INFO if args.verbose else logging.WARNING
     logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
     if args.command == "demo":
-        from streams.demo import main as demo_main
+        from turnstile.streams.demo import main as demo_main
 
         return demo_main(args.data)
     handler = {"run": _run, "send": _send, "tail": _tail, "inspect": _inspect, "audit": audit_cli.run}[args.command]

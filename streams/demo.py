@@ -11,14 +11,14 @@ import asyncio
 import tempfile
 from pathlib import Path
 
-from events import DecodeError, Event, MessageReceived, TurnClaimed, TurnCompleted, decode
-from handlers.claim import DebouncePolicy
-from handlers.providers.scripted import ScriptedProvider
-from streams.file_log import FileLog
-from streams.publisher import message_event, publish
-from streams.runtime import SystemClock
-from streams.timeline import describe
-from streams.worker import Worker, WorkerConfig
+from turnstile.events import DecodeError, Event, MessageReceived, TurnClaimed, TurnCompleted, decode
+from turnstile.handlers.claim import DebouncePolicy
+from turnstile.handlers.providers.scripted import ScriptedProvider
+from turnstile.streams.file_log import FileLog
+from turnstile.streams.publisher import message_event, publish
+from turnstile.streams.runtime import SystemClock
+from turnstile.streams.timeline import describe
+from turnstile.streams.worker import Worker, WorkerConfig
 
 CONVERSATION = "demo-conversation"
 

@@ -17,8 +17,7 @@ from pathlib import Path
 
 import orjson
 from aiokafka.partitioner import murmur2
-
-from streams.log import Acknowledged, Landed, PartitionStart, RebalanceListener, Record, Topics
+from turnstile.streams.log import Acknowledged, Landed, PartitionStart, RebalanceListener, Record, Topics
 
 
 def partition_for(key: str, partitions: int) -> int:

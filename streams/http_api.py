@@ -25,16 +25,15 @@ from typing import TYPE_CHECKING, Any
 import orjson
 from aiohttp import web
 from pydantic import ValidationError
-
-from events import content_fingerprint, encode
-from streams.log import EventLog, Record
-from streams.publisher import message_event
-from streams.runtime import Clock, SystemClock
-from streams.views import build_view, state_json, turn_html, turn_json
+from turnstile.events import content_fingerprint, encode
+from turnstile.streams.log import EventLog, Record
+from turnstile.streams.publisher import message_event
+from turnstile.streams.runtime import Clock, SystemClock
+from turnstile.streams.views import build_view, state_json, turn_html, turn_json
 
 if TYPE_CHECKING:
-    from streams.metrics import Metrics
-    from streams.worker import Worker
+    from turnstile.streams.metrics import Metrics
+    from turnstile.streams.worker import Worker
 
 log = logging.getLogger(__name__)
 
@@ -123,7 +122,7 @@ def build_app(
     async def get_metrics(_request: web.Request) -> web.Response:
         if metrics is None:
             return _error(404, "metrics are not enabled")
-        from streams.metrics import CONTENT_TYPE
+        from turnstile.streams.metrics import CONTENT_TYPE
 
         return web.Response(body=metrics.exposition(), headers={"Content-Type": CONTENT_TYPE})
 

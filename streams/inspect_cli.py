@@ -15,11 +15,10 @@ from rich.console import Console, Group
 from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
-
-from streams.file_log import FileLog, partition_for
-from streams.kafka_reader import group_less_consumer, read_to_end
-from streams.log import Record, Topics
-from streams.views import ConversationView, TurnView, build_view
+from turnstile.streams.file_log import FileLog, partition_for
+from turnstile.streams.kafka_reader import group_less_consumer, read_to_end
+from turnstile.streams.log import Record, Topics
+from turnstile.streams.views import ConversationView, TurnView, build_view
 
 
 # -- reading -----------------------------------------------------------------------------
@@ -134,7 +133,7 @@ async def inspect(
     console: Console | None = None,
 ) -> ConversationView:
     if broker:
-        from streams.kafka_log import bootstrap_of
+        from turnstile.streams.kafka_log import bootstrap_of
 
         records = await kafka_records(bootstrap_of(broker), topics.events, conversation_id)
     else:

@@ -15,8 +15,7 @@ import logging
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.structs import OffsetAndMetadata
-
-from streams.log import Acknowledged, PartitionStart, RebalanceListener, Record, Topics
+from turnstile.streams.log import Acknowledged, PartitionStart, RebalanceListener, Record, Topics
 
 log = logging.getLogger(__name__)
 

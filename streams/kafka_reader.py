@@ -11,8 +11,7 @@ from collections.abc import AsyncIterator
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import TopicAlreadyExistsError
-
-from streams.log import Record, Topics
+from turnstile.streams.log import Record, Topics
 
 
 def reachable(bootstrap: str, timeout_s: float = 2.0) -> bool:

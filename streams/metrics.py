@@ -26,12 +26,11 @@ from typing import TYPE_CHECKING, Any
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
-
-from events import OUTCOME_TYPES, Event, MessageRejected, TurnClaimed
-from projections import ConversationState
+from turnstile.events import OUTCOME_TYPES, Event, MessageRejected, TurnClaimed
+from turnstile.projections import ConversationState
 
 if TYPE_CHECKING:
-    from streams.worker import Worker
+    from turnstile.streams.worker import Worker
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 _LATENCY_BUCKETS = (0.1, 0.25, 0.5, 1, 1.5, 2, 3, 5, 10, 30, 60, 300)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import uuid
 
-from events import InputEvent, MessageReceived, encode
-from streams.log import EventLog, Topics
+from turnstile.events import InputEvent, MessageReceived, encode
+from turnstile.streams.log import EventLog, Topics
 
 
 def message_event(conversation_id: str, content: str, now_ms: int, message_id: str | None = None) -> MessageReceived:

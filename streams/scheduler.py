@@ -16,15 +16,15 @@ import logging
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from events import InputInjected, encode
-from handlers.schedule import Schedule, due, injected, next_due, occurrence_key
-from streams.file_log import partition_for
-from streams.log import EventLog
-from streams.runtime import Clock, Ids, RandomIds, SystemClock
+from turnstile.events import InputInjected, encode
+from turnstile.handlers.schedule import Schedule, due, injected, next_due, occurrence_key
+from turnstile.streams.file_log import partition_for
+from turnstile.streams.log import EventLog
+from turnstile.streams.runtime import Clock, Ids, RandomIds, SystemClock
 
 if TYPE_CHECKING:
-    from streams.metrics import Metrics
-    from streams.worker import Worker
+    from turnstile.streams.metrics import Metrics
+    from turnstile.streams.worker import Worker
 
 log = logging.getLogger(__name__)
 

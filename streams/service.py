@@ -6,14 +6,14 @@ import asyncio
 import contextlib
 from collections.abc import Sequence
 
-from handlers.schedule import Schedule
-from streams.file_log import FileLog
-from streams.http_api import HttpServer, ReadConversation, build_app
-from streams.inspect_cli import file_records, kafka_records
-from streams.log import EventLog, Record
-from streams.metrics import Metrics
-from streams.scheduler import Scheduler
-from streams.worker import Worker
+from turnstile.handlers.schedule import Schedule
+from turnstile.streams.file_log import FileLog
+from turnstile.streams.http_api import HttpServer, ReadConversation, build_app
+from turnstile.streams.inspect_cli import file_records, kafka_records
+from turnstile.streams.log import EventLog, Record
+from turnstile.streams.metrics import Metrics
+from turnstile.streams.scheduler import Scheduler
+from turnstile.streams.worker import Worker
 
 
 def conversation_reader(log: EventLog, bootstrap: str | None = None) -> ReadConversation:

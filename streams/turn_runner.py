@@ -21,7 +21,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from events import (
+from turnstile.events import (
     AttemptFailed,
     AttemptStarted,
     ContextCompacted,
@@ -33,19 +33,19 @@ from events import (
     ToolCallFinished,
     ToolCallStarted,
 )
-from events.outcomes import PauseReason
-from handlers import outcomes
-from handlers.budget import Spent, TurnBudget, hard_limit, soft_dimension, spending_limit
-from handlers.claim import ClaimPlan, claim_event
-from handlers.compaction import compact_tool_exchanges
-from handlers.context import build_context
-from handlers.fallback import FallTo, RouteInfo, next_route
-from handlers.pricing import DEFAULT_PRICES, PriceTable, cost_usd
-from handlers.protocol import RepeatPolicy, repeated_call_error, tool_error
-from handlers.provider import ChatMessage, ModelReply, ModelRequest, Provider, ProviderError, ToolSpec
-from handlers.providers.http_errors import RateLimitedError
-from handlers.tools import InvalidCall, ToolRegistry, ValidCall, call_signature, validate_call
-from projections import ActiveTurn, ConversationState, apply_event
+from turnstile.events.outcomes import PauseReason
+from turnstile.handlers import outcomes
+from turnstile.handlers.budget import Spent, TurnBudget, hard_limit, soft_dimension, spending_limit
+from turnstile.handlers.claim import ClaimPlan, claim_event
+from turnstile.handlers.compaction import compact_tool_exchanges
+from turnstile.handlers.context import build_context
+from turnstile.handlers.fallback import FallTo, RouteInfo, next_route
+from turnstile.handlers.pricing import DEFAULT_PRICES, PriceTable, cost_usd
+from turnstile.handlers.protocol import RepeatPolicy, repeated_call_error, tool_error
+from turnstile.handlers.provider import ChatMessage, ModelReply, ModelRequest, Provider, ProviderError, ToolSpec
+from turnstile.handlers.providers.http_errors import RateLimitedError
+from turnstile.handlers.tools import InvalidCall, ToolRegistry, ValidCall, call_signature, validate_call
+from turnstile.projections import ActiveTurn, ConversationState, apply_event
 
 log = logging.getLogger(__name__)
 

@@ -13,7 +13,7 @@ import html
 from dataclasses import dataclass, field
 from typing import Any
 
-from events import (
+from turnstile.events import (
     OUTCOME_TYPES,
     AttemptFailed,
     AttemptStarted,
@@ -28,9 +28,9 @@ from events import (
     TurnPaused,
     decode,
 )
-from projections import ConversationState, apply_event, new_state
-from streams.log import Record
-from streams.timeline import describe
+from turnstile.projections import ConversationState, apply_event, new_state
+from turnstile.streams.log import Record
+from turnstile.streams.timeline import describe
 
 
 @dataclass(slots=True)

@@ -19,7 +19,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
-from events import (
+from turnstile.events import (
     OUTCOME_TYPES,
     DeadLetter,
     DecodeError,
@@ -30,7 +30,7 @@ from events import (
     decode,
     encode,
 )
-from handlers.claim import (
+from turnstile.handlers.claim import (
     ClaimPlan,
     DebouncePolicy,
     DoubleTextPolicy,
@@ -39,14 +39,14 @@ from handlers.claim import (
     rejection_event,
     rejects_on_arrival,
 )
-from handlers.provider import ChatMessage, Provider
-from projections import ConversationState, apply_event, new_state
-from streams.log import Acknowledged, EventLog, PartitionStart, Record
-from streams.runtime import Clock, Ids, RandomIds, SystemClock
-from streams.turn_runner import TurnRunner, TurnSettings
+from turnstile.handlers.provider import ChatMessage, Provider
+from turnstile.projections import ConversationState, apply_event, new_state
+from turnstile.streams.log import Acknowledged, EventLog, PartitionStart, Record
+from turnstile.streams.runtime import Clock, Ids, RandomIds, SystemClock
+from turnstile.streams.turn_runner import TurnRunner, TurnSettings
 
 if TYPE_CHECKING:
-    from streams.metrics import Metrics
+    from turnstile.streams.metrics import Metrics
 
 log = logging.getLogger(__name__)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import itertools
 
-from events import (
+from turnstile.events import (
     AttemptStarted,
     MessageReceived,
     TurnClaimed,

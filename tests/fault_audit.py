@@ -21,7 +21,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 
-from events import (
+from turnstile.events import (
     OUTCOME_TYPES,
     DeadLetter,
     DecodeError,
@@ -30,9 +30,9 @@ from events import (
     TurnClaimed,
     decode,
 )
-from projections import ConversationState, Rejection, apply_event, new_state
-from streams.kafka_reader import read_topic
-from streams.log import Record, Topics
+from turnstile.projections import ConversationState, Rejection, apply_event, new_state
+from turnstile.streams.kafka_reader import read_topic
+from turnstile.streams.log import Record, Topics
 
 
 @dataclass

@@ -6,9 +6,8 @@ import os
 import uuid
 
 import pytest
-
-from streams.kafka_reader import ensure_topics, reachable
-from streams.log import Topics
+from turnstile.streams.kafka_reader import ensure_topics, reachable
+from turnstile.streams.log import Topics
 
 BOOTSTRAP = os.environ.get("TURNSTILE_KAFKA", "127.0.0.1:9092")
 

@@ -9,19 +9,18 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
+from turnstile.events import OUTCOME_TYPES, Event, InputInjected, ResumeRequested, encode
+from turnstile.handlers.budget import TurnBudget
+from turnstile.handlers.claim import DebouncePolicy
+from turnstile.handlers.pricing import ModelPrice
+from turnstile.handlers.tools import Tool, ToolRegistry
+from turnstile.streams.file_log import FileLog
+from turnstile.streams.log import EventLog
+from turnstile.streams.publisher import message_event, publish
+from turnstile.streams.runtime import SystemClock
+from turnstile.streams.turn_runner import Route, TurnSettings
+from turnstile.streams.worker import WorkerConfig
 from worker_harness import events_of, until
-
-from events import OUTCOME_TYPES, Event, InputInjected, ResumeRequested, encode
-from handlers.budget import TurnBudget
-from handlers.claim import DebouncePolicy
-from handlers.pricing import ModelPrice
-from handlers.tools import Tool, ToolRegistry
-from streams.file_log import FileLog
-from streams.log import EventLog
-from streams.publisher import message_event, publish
-from streams.runtime import SystemClock
-from streams.turn_runner import Route, TurnSettings
-from streams.worker import WorkerConfig
 
 NOW = SystemClock().now_ms
 PRICE = ModelPrice(input_per_mtok=1.0, output_per_mtok=2.0)

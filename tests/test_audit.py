@@ -14,8 +14,7 @@ from pathlib import Path
 from builders import CONV, claim, message, started
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
-from events import (
+from turnstile.events import (
     AttemptFailed,
     Event,
     MessageReceived,
@@ -31,11 +30,11 @@ from events import (
     encode,
     logical_turn_id,
 )
-from events.outcomes import OperationRecord
-from projections import ConversationState
-from projections.audit import RULES, AuditLimits, AuditReport, audit, render
-from streams.file_log import FileLog
-from streams.log import Record, Topics
+from turnstile.events.outcomes import OperationRecord
+from turnstile.projections import ConversationState
+from turnstile.projections.audit import RULES, AuditLimits, AuditReport, audit, render
+from turnstile.streams.file_log import FileLog
+from turnstile.streams.log import Record, Topics
 
 _eids = itertools.count(1)
 
@@ -399,7 +398,7 @@ def write_file_log(directory: Path, log: list[Record]) -> None:
 
 
 def turnstile_audit(*args: str) -> subprocess.CompletedProcess[str]:
-    command = [sys.executable, "-m", "streams.cli", "audit", *args]
+    command = [sys.executable, "-m", "turnstile.streams.cli", "audit", *args]
     return subprocess.run(command, capture_output=True, text=True, timeout=60, cwd=ROOT, check=False)
 
 
@@ -447,7 +446,7 @@ def test_a_zombie_that_starts_its_own_next_attempt_is_stale_not_a_second_outcome
 
 
 def test_the_fold_refuses_a_claim_that_names_an_input_twice_instead_of_crashing() -> None:
-    from projections import apply_event, new_state
+    from turnstile.projections import apply_event, new_state
 
     state = new_state(CONV)
     assert apply_event(state, message("m1", 1)) is None
@@ -488,7 +487,7 @@ def any_log(draw: st.DrawFn, correct: bool = False) -> list[Event]:
     """A log that a plausible engine writes, folded as it is built so that most events are
     valid, with some drawn off course (other runs, attempt numbers, inputs, boundaries) —
     unless `correct`: then every event is one a correct engine could write."""
-    from projections import apply_event, new_state
+    from turnstile.projections import apply_event, new_state
 
     state = new_state(CONV)
     log: list[Event] = []

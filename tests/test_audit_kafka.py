@@ -14,17 +14,16 @@ from pathlib import Path
 
 import pytest
 from kafka_fixtures import fresh_topics, kafka_bootstrap  # noqa: F401  (fixtures)
-
-from events import OUTCOME_TYPES, DecodeError, TurnClaimed, decode, encode
-from handlers.claim import DebouncePolicy
-from handlers.provider import ModelRequest
-from handlers.providers.scripted import Scripted, ScriptedProvider, echo_reply
-from streams.kafka_log import KafkaLog
-from streams.kafka_reader import read_topic
-from streams.log import Topics
-from streams.publisher import message_event, publish
-from streams.runtime import SystemClock
-from streams.worker import Worker, WorkerConfig
+from turnstile.events import OUTCOME_TYPES, DecodeError, TurnClaimed, decode, encode
+from turnstile.handlers.claim import DebouncePolicy
+from turnstile.handlers.provider import ModelRequest
+from turnstile.handlers.providers.scripted import Scripted, ScriptedProvider, echo_reply
+from turnstile.streams.kafka_log import KafkaLog
+from turnstile.streams.kafka_reader import read_topic
+from turnstile.streams.log import Topics
+from turnstile.streams.publisher import message_event, publish
+from turnstile.streams.runtime import SystemClock
+from turnstile.streams.worker import Worker, WorkerConfig
 
 pytestmark = pytest.mark.kafka
 ROOT = Path(__file__).parent.parent
@@ -33,7 +32,7 @@ CONVERSATIONS = 12
 
 
 def turnstile_audit(bootstrap: str, topics: Topics, *args: str) -> subprocess.CompletedProcess[str]:
-    command = [sys.executable, "-m", "streams.cli", "audit", "--broker", f"kafka://{bootstrap}",
+    command = [sys.executable, "-m", "turnstile.streams.cli", "audit", "--broker", f"kafka://{bootstrap}",
                "--events-topic", topics.events, *args]  # fmt: skip
     return subprocess.run(command, capture_output=True, text=True, timeout=120, cwd=ROOT, check=False)
 

@@ -11,13 +11,12 @@ from pathlib import Path
 import pytest
 from loop_harness import World, config, outcomes, say, settings
 from provider_server import ProviderServer, Raw, Reply, Step
+from turnstile.handlers.budget import TurnBudget
+from turnstile.handlers.providers.openai_chat import OpenAIChatProvider
+from turnstile.projections.audit import AuditLimits, AuditReport, audit, render
+from turnstile.streams.file_log import FileLog
+from turnstile.streams.log import Topics
 from worker_harness import running
-
-from handlers.budget import TurnBudget
-from handlers.providers.openai_chat import OpenAIChatProvider
-from projections.audit import AuditLimits, AuditReport, audit, render
-from streams.file_log import FileLog
-from streams.log import Topics
 
 
 @pytest.fixture

@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import pytest
 from builders import CONV, claim, completed, message, started
-
-from events import logical_turn_id
-from handlers.claim import ClaimPlan, DebouncePolicy, WaitUntil, claim_event, plan_claim
-from handlers.context import build_context, render_pending
-from projections import apply_event, new_state
+from turnstile.events import logical_turn_id
+from turnstile.handlers.claim import ClaimPlan, DebouncePolicy, WaitUntil, claim_event, plan_claim
+from turnstile.handlers.context import build_context, render_pending
+from turnstile.projections import apply_event, new_state
 
 POLICY = DebouncePolicy(quiet_ms=1000, max_wait_ms=3000, max_batch=20)
 

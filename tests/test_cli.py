@@ -11,10 +11,9 @@ from pathlib import Path
 
 import pytest
 from kafka_fixtures import fresh_topics, kafka_bootstrap  # noqa: F401  (fixtures)
+from turnstile.streams.log import Topics
 
-from streams.log import Topics
-
-CLI = [sys.executable, "-m", "streams.cli"]
+CLI = [sys.executable, "-m", "turnstile.streams.cli"]
 ROOT = Path(__file__).parent.parent
 
 

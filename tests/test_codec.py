@@ -5,8 +5,7 @@ from __future__ import annotations
 import orjson
 import pytest
 from builders import claim, completed, message, started
-
-from events import DeadLetter, DecodeError, decode, encode
+from turnstile.events import DeadLetter, DecodeError, decode, encode
 
 
 @pytest.mark.parametrize(

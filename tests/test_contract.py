@@ -10,10 +10,9 @@ import jsonschema
 import orjson
 import pytest
 import yaml
-
-from events import SCHEMA_VERSION, DecodeError, MessageReceived, TurnClaimed, decode, encode, logical_turn_id
-from events.schema import ASYNCAPI_PATH, SCHEMA_DIR, drift, event_models, main
-from events.upcast import UPCASTERS, Upcasters
+from turnstile.events import SCHEMA_VERSION, DecodeError, MessageReceived, TurnClaimed, decode, encode, logical_turn_id
+from turnstile.events.schema import ASYNCAPI_PATH, SCHEMA_DIR, drift, event_models, main
+from turnstile.events.upcast import UPCASTERS, Upcasters
 
 GOLDEN = Path(__file__).parent / "golden"
 EVENT_TYPES = {m.__name__ for m in event_models()}
@@ -31,7 +30,7 @@ def schema(name: str) -> dict[str, object]:
 
 
 def test_checked_in_schemas_and_asyncapi_match_the_models() -> None:
-    assert drift() == [], "run `python -m events.schema --write` and commit the result"
+    assert drift() == [], "run `python -m turnstile.events.schema --write` and commit the result"
 
 
 def test_the_generator_check_command_exits_zero_in_sync(capsys: pytest.CaptureFixture[str]) -> None:
@@ -40,7 +39,7 @@ def test_the_generator_check_command_exits_zero_in_sync(capsys: pytest.CaptureFi
 
 def test_drift_is_detected(monkeypatch: pytest.MonkeyPatch) -> None:
     """A model change that nobody regenerated shows up as an out-of-date file."""
-    import events.schema as generator
+    import turnstile.events.schema as generator
 
     real = generator.schema_documents
 

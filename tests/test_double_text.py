@@ -10,16 +10,15 @@ from pathlib import Path
 
 import pytest
 from builders import claim, completed, eid, message, started
+from turnstile.events import MessageRejected, TurnClaimed, TurnCompleted, decode
+from turnstile.handlers.claim import DoubleTextPolicy, rejection_event, rejects_on_arrival
+from turnstile.handlers.providers.scripted import ScriptedProvider
+from turnstile.projections import apply_event, new_state
+from turnstile.streams.file_log import FileLog
+from turnstile.streams.publisher import message_event, publish
+from turnstile.streams.runtime import SystemClock
+from turnstile.streams.worker import WorkerConfig
 from worker_harness import FAST, events_of, running, until
-
-from events import MessageRejected, TurnClaimed, TurnCompleted, decode
-from handlers.claim import DoubleTextPolicy, rejection_event, rejects_on_arrival
-from handlers.providers.scripted import ScriptedProvider
-from projections import apply_event, new_state
-from streams.file_log import FileLog
-from streams.publisher import message_event, publish
-from streams.runtime import SystemClock
-from streams.worker import WorkerConfig
 
 NOW = SystemClock().now_ms
 ROOT = Path(__file__).parent.parent
@@ -136,12 +135,12 @@ async def test_a_refusal_owed_when_the_worker_stopped_is_written_by_the_next_one
 
 
 def test_the_cli_takes_a_default_and_per_conversation_policies():
-    from streams.cli import build_parser
+    from turnstile.streams.cli import build_parser
 
     args = build_parser().parse_args(["run", "--double-text", "reject", "--double-text-for", "c1=enqueue"])
     assert args.double_text == "reject" and dict(args.double_text_for) == {"c1": "enqueue"}
     bad = subprocess.run(
-        [sys.executable, "-m", "streams.cli", "run", "--double-text-for", "c1=drop"],
+        [sys.executable, "-m", "turnstile.streams.cli", "run", "--double-text-for", "c1=drop"],
         capture_output=True, text=True, cwd=ROOT, timeout=30, check=False,
     )
     assert bad.returncode == 2 and "CONVERSATION=enqueue|reject" in bad.stderr

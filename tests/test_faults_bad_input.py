@@ -12,15 +12,14 @@ import orjson
 import pytest
 from fault_audit import check_invariants, counts, dead_letters, record, until_settled
 from kafka_fixtures import fresh_topics, kafka_bootstrap  # noqa: F401  (fixtures)
-
-from events import MessageReceived, TurnCompleted, encode
-from handlers.claim import DebouncePolicy
-from handlers.providers.scripted import ScriptedProvider
-from streams.kafka_log import KafkaLog
-from streams.log import Topics
-from streams.publisher import message_event
-from streams.runtime import SystemClock
-from streams.worker import Worker, WorkerConfig
+from turnstile.events import MessageReceived, TurnCompleted, encode
+from turnstile.handlers.claim import DebouncePolicy
+from turnstile.handlers.providers.scripted import ScriptedProvider
+from turnstile.streams.kafka_log import KafkaLog
+from turnstile.streams.log import Topics
+from turnstile.streams.publisher import message_event
+from turnstile.streams.runtime import SystemClock
+from turnstile.streams.worker import Worker, WorkerConfig
 
 pytestmark = pytest.mark.kafka
 NOW = SystemClock().now_ms

@@ -21,13 +21,12 @@ from fault_audit import check_invariants, counts, dead_letters, record, until_se
 from kafka_fixtures import kafka_bootstrap  # noqa: F401  (the shared broker must be up: jars and java are there)
 from provider_server import Delay, ProviderServer, Reply
 from test_faults_crash import Fleet, check_no_secret, server, until  # noqa: F401  (fixtures)
-
-from events import AttemptStarted
-from streams.kafka_log import KafkaLog
-from streams.kafka_reader import ensure_topics
-from streams.log import Topics
-from streams.publisher import message_event, publish
-from streams.runtime import SystemClock
+from turnstile.events import AttemptStarted
+from turnstile.streams.kafka_log import KafkaLog
+from turnstile.streams.kafka_reader import ensure_topics
+from turnstile.streams.log import Topics
+from turnstile.streams.publisher import message_event, publish
+from turnstile.streams.runtime import SystemClock
 
 pytestmark = pytest.mark.kafka
 NOW = SystemClock().now_ms

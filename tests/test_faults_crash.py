@@ -26,9 +26,7 @@ from fault_audit import (
 )
 from kafka_fixtures import fresh_topics, kafka_bootstrap  # noqa: F401  (fixtures)
 from provider_server import Delay, ProviderServer, Raw, Reply
-from worker_process import WorkerProcess, worker_args, worker_env
-
-from events import (
+from turnstile.events import (
     OUTCOME_TYPES,
     AttemptFailed,
     AttemptStarted,
@@ -41,11 +39,12 @@ from events import (
     decode,
     logical_turn_id,
 )
-from streams.kafka_log import KafkaLog
-from streams.kafka_reader import read_topic
-from streams.log import Topics
-from streams.publisher import message_event, publish
-from streams.runtime import SystemClock
+from turnstile.streams.kafka_log import KafkaLog
+from turnstile.streams.kafka_reader import read_topic
+from turnstile.streams.log import Topics
+from turnstile.streams.publisher import message_event, publish
+from turnstile.streams.runtime import SystemClock
+from worker_process import WorkerProcess, worker_args, worker_env
 
 pytestmark = pytest.mark.kafka
 NOW = SystemClock().now_ms

@@ -11,8 +11,7 @@ import orjson
 from builders import claim, completed, message, started
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
-from events import (
+from turnstile.events import (
     Approval,
     AttemptFailed,
     DecodeError,
@@ -31,7 +30,7 @@ from events import (
     decode,
     encode,
 )
-from events.upcast import Upcasters
+from turnstile.events.upcast import Upcasters
 
 REASONS = {"not_json", "invalid_event", "too_large"}
 

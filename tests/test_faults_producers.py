@@ -20,16 +20,15 @@ import pytest
 from builders import claim, message, started
 from fault_audit import LogAudit, check_invariants, counts, dead_letters, record, until_settled
 from kafka_fixtures import fresh_topics, kafka_bootstrap  # noqa: F401  (fixtures)
-
-from events import ModelResponded, TurnClaimed, Usage, encode
-from handlers.claim import DebouncePolicy
-from handlers.providers.scripted import ScriptedProvider
-from projections import apply_event, new_state
-from streams.kafka_log import KafkaLog
-from streams.log import Topics
-from streams.publisher import message_event
-from streams.runtime import SystemClock
-from streams.worker import Worker, WorkerConfig
+from turnstile.events import ModelResponded, TurnClaimed, Usage, encode
+from turnstile.handlers.claim import DebouncePolicy
+from turnstile.handlers.providers.scripted import ScriptedProvider
+from turnstile.projections import apply_event, new_state
+from turnstile.streams.kafka_log import KafkaLog
+from turnstile.streams.log import Topics
+from turnstile.streams.publisher import message_event
+from turnstile.streams.runtime import SystemClock
+from turnstile.streams.worker import Worker, WorkerConfig
 
 pytestmark = pytest.mark.kafka
 NOW = SystemClock().now_ms

@@ -18,14 +18,21 @@ from kafka_fixtures import fresh_topics, kafka_bootstrap  # noqa: F401  (fixture
 from loop_harness import World, config, settings
 from provider_server import Delay, ProviderServer, Reply
 from test_faults_crash import Fleet, check_no_secret, fleet, publisher, server, until  # noqa: F401  (fixtures)
-
-from events import OUTCOME_TYPES, AttemptFailed, AttemptStarted, ModelResponded, ToolCallStarted, TurnClaimed, encode
-from handlers.providers.openai_chat import OpenAIChatProvider
-from streams.kafka_log import KafkaLog
-from streams.log import Topics
-from streams.publisher import message_event, publish
-from streams.runtime import SystemClock
-from streams.worker import Worker
+from turnstile.events import (
+    OUTCOME_TYPES,
+    AttemptFailed,
+    AttemptStarted,
+    ModelResponded,
+    ToolCallStarted,
+    TurnClaimed,
+    encode,
+)
+from turnstile.handlers.providers.openai_chat import OpenAIChatProvider
+from turnstile.streams.kafka_log import KafkaLog
+from turnstile.streams.log import Topics
+from turnstile.streams.publisher import message_event, publish
+from turnstile.streams.runtime import SystemClock
+from turnstile.streams.worker import Worker
 
 pytestmark = pytest.mark.kafka
 NOW = SystemClock().now_ms

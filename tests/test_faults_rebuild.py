@@ -13,16 +13,15 @@ from collections.abc import Callable
 import pytest
 from fault_audit import audit_log, check_invariants, counts, dead_letters, record, until_settled
 from kafka_fixtures import fresh_topics, kafka_bootstrap  # noqa: F401  (fixtures)
-
-from events import OUTCOME_TYPES
-from handlers.claim import DebouncePolicy
-from handlers.providers.scripted import ScriptedProvider
-from streams.kafka_log import KafkaLog
-from streams.kafka_reader import read_topic
-from streams.log import Topics
-from streams.publisher import message_event, publish
-from streams.runtime import SystemClock
-from streams.worker import Worker, WorkerConfig
+from turnstile.events import OUTCOME_TYPES
+from turnstile.handlers.claim import DebouncePolicy
+from turnstile.handlers.providers.scripted import ScriptedProvider
+from turnstile.streams.kafka_log import KafkaLog
+from turnstile.streams.kafka_reader import read_topic
+from turnstile.streams.log import Topics
+from turnstile.streams.publisher import message_event, publish
+from turnstile.streams.runtime import SystemClock
+from turnstile.streams.worker import Worker, WorkerConfig
 
 pytestmark = pytest.mark.kafka
 NOW = SystemClock().now_ms

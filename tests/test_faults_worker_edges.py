@@ -26,14 +26,13 @@ import asyncio
 import pytest
 from builders import claim, completed, message, started
 from fault_audit import check_invariants, fold_records
+from turnstile.events import TurnClaimed, TurnCompleted, decode, encode
+from turnstile.handlers.providers.scripted import ScriptedProvider
+from turnstile.streams.file_log import FileLog, _PartitionReader
+from turnstile.streams.log import PartitionStart, RebalanceListener
+from turnstile.streams.runtime import SystemClock
+from turnstile.streams.worker import Worker
 from worker_harness import FAST, events_of, running, until
-
-from events import TurnClaimed, TurnCompleted, decode, encode
-from handlers.providers.scripted import ScriptedProvider
-from streams.file_log import FileLog, _PartitionReader
-from streams.log import PartitionStart, RebalanceListener
-from streams.runtime import SystemClock
-from streams.worker import Worker
 
 NOW = SystemClock().now_ms
 

@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 from builders import CONV, claim, completed, message, started
-
-from events import decode, encode
-from projections import apply_event, new_state
+from turnstile.events import decode, encode
+from turnstile.projections import apply_event, new_state
 
 
 def fold(events):

@@ -19,15 +19,14 @@ from pathlib import Path
 import httpx
 import pytest
 from kafka_fixtures import fresh_topics, kafka_bootstrap  # noqa: F401  (fixtures)
+from turnstile.handlers.providers.scripted import ScriptedProvider
+from turnstile.handlers.schedule import Interval, Schedule
+from turnstile.streams.file_log import FileLog
+from turnstile.streams.kafka_log import KafkaLog
+from turnstile.streams.log import Topics
+from turnstile.streams.service import Service
+from turnstile.streams.worker import Worker
 from worker_harness import FAST, until
-
-from handlers.providers.scripted import ScriptedProvider
-from handlers.schedule import Interval, Schedule
-from streams.file_log import FileLog
-from streams.kafka_log import KafkaLog
-from streams.log import Topics
-from streams.service import Service
-from streams.worker import Worker
 
 ROOT = Path(__file__).parent.parent
 
@@ -145,7 +144,7 @@ def test_turnstile_run_with_http_and_schedules_as_a_process(tmp_path):
     port = free_port()
     base = f"http://127.0.0.1:{port}"
     worker = subprocess.Popen(
-        [sys.executable, "-m", "streams.cli", "run", "--data", str(tmp_path / "log"), "--quiet-ms", "100",
+        [sys.executable, "-m", "turnstile.streams.cli", "run", "--data", str(tmp_path / "log"), "--quiet-ms", "100",
          "--http", f"127.0.0.1:{port}", "--schedules", str(schedules)],
         cwd=ROOT, stderr=subprocess.PIPE, text=True,
     )

@@ -13,18 +13,17 @@ import pytest
 from builders import claim, message, started
 from kafka_fixtures import fresh_topics, kafka_bootstrap  # noqa: F401  (fixtures)
 from rich.console import Console
+from turnstile.events import TurnCompleted, encode
+from turnstile.handlers.providers.scripted import ScriptedProvider
+from turnstile.streams.file_log import FileLog
+from turnstile.streams.inspect_cli import inspect
+from turnstile.streams.kafka_log import KafkaLog
+from turnstile.streams.log import Topics
+from turnstile.streams.publisher import message_event, publish
+from turnstile.streams.runtime import SystemClock
+from turnstile.streams.views import build_view, state_json, turn_json
+from turnstile.streams.worker import Worker
 from worker_harness import FAST, events_of, running, until
-
-from events import TurnCompleted, encode
-from handlers.providers.scripted import ScriptedProvider
-from streams.file_log import FileLog
-from streams.inspect_cli import inspect
-from streams.kafka_log import KafkaLog
-from streams.log import Topics
-from streams.publisher import message_event, publish
-from streams.runtime import SystemClock
-from streams.views import build_view, state_json, turn_json
-from streams.worker import Worker
 
 NOW = SystemClock().now_ms
 ROOT = Path(__file__).parent.parent
@@ -89,7 +88,7 @@ async def test_views_as_json(tmp_path):
 def test_inspect_cli_on_the_embedded_log(tmp_path):
     asyncio.run(two_turns_and_one_pending(tmp_path))
     result = subprocess.run(
-        [sys.executable, "-m", "streams.cli", "inspect", "--data", str(tmp_path), "c1"],
+        [sys.executable, "-m", "turnstile.streams.cli", "inspect", "--data", str(tmp_path), "c1"],
         capture_output=True, text=True, timeout=60, cwd=ROOT, check=False, env={"COLUMNS": "200", "PATH": ""},
     )
     assert result.returncode == 0, result.stderr

@@ -12,16 +12,15 @@ import pytest
 from kafka_fixtures import fresh_topics, kafka_bootstrap  # noqa: F401  (fixtures)
 from loop_harness import NOW, World, config, settings
 from provider_server import ProviderServer, Raw, Reply, Step
-
-from events import OUTCOME_TYPES, DecodeError, Event, decode
-from handlers.budget import TurnBudget
-from handlers.providers.openai_chat import OpenAIChatProvider
-from streams.kafka_log import KafkaLog
-from streams.kafka_reader import read_topic
-from streams.log import Topics
-from streams.publisher import message_event, publish
-from streams.turn_runner import TurnSettings
-from streams.worker import Worker
+from turnstile.events import OUTCOME_TYPES, DecodeError, Event, decode
+from turnstile.handlers.budget import TurnBudget
+from turnstile.handlers.providers.openai_chat import OpenAIChatProvider
+from turnstile.streams.kafka_log import KafkaLog
+from turnstile.streams.kafka_reader import read_topic
+from turnstile.streams.log import Topics
+from turnstile.streams.publisher import message_event, publish
+from turnstile.streams.turn_runner import TurnSettings
+from turnstile.streams.worker import Worker
 
 pytestmark = pytest.mark.kafka
 TIMEOUT_S = 90

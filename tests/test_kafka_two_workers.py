@@ -10,18 +10,17 @@ from collections import Counter
 
 import pytest
 from kafka_fixtures import fresh_topics, kafka_bootstrap  # noqa: F401  (fixtures)
-
-from events import OUTCOME_TYPES, DecodeError, MessageReceived, TurnClaimed, decode
-from handlers.claim import DebouncePolicy
-from handlers.provider import ModelRequest
-from handlers.providers.scripted import Scripted, ScriptedProvider, echo_reply
-from streams.kafka_log import KafkaLog
-from streams.kafka_reader import read_topic
-from streams.log import Topics
-from streams.publisher import message_event, publish
-from streams.runtime import SystemClock
-from streams.turn_runner import TurnSettings
-from streams.worker import Worker, WorkerConfig
+from turnstile.events import OUTCOME_TYPES, DecodeError, MessageReceived, TurnClaimed, decode
+from turnstile.handlers.claim import DebouncePolicy
+from turnstile.handlers.provider import ModelRequest
+from turnstile.handlers.providers.scripted import Scripted, ScriptedProvider, echo_reply
+from turnstile.streams.kafka_log import KafkaLog
+from turnstile.streams.kafka_reader import read_topic
+from turnstile.streams.log import Topics
+from turnstile.streams.publisher import message_event, publish
+from turnstile.streams.runtime import SystemClock
+from turnstile.streams.turn_runner import TurnSettings
+from turnstile.streams.worker import Worker, WorkerConfig
 
 pytestmark = pytest.mark.kafka
 CONVERSATIONS = 50

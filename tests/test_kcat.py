@@ -19,10 +19,9 @@ from pathlib import Path
 import jsonschema
 import pytest
 from kafka_fixtures import fresh_topics, kafka_bootstrap  # noqa: F401  (fixtures)
-
-from events import logical_turn_id
-from streams.file_log import partition_for
-from streams.log import Topics
+from turnstile.events import logical_turn_id
+from turnstile.streams.file_log import partition_for
+from turnstile.streams.log import Topics
 
 pytestmark = pytest.mark.kafka
 ROOT = Path(__file__).parent.parent
@@ -63,7 +62,7 @@ def test_kcat_publishes_a_message_a_worker_answers_it_kcat_reads_the_outcome(
              "--outcomes-topic", fresh_topics.outcomes, "--dlq-topic", fresh_topics.dead_letters]  # fmt: skip
     group = ["--group", f"g-{uuid.uuid4().hex[:8]}"]
     worker = subprocess.Popen(
-        [sys.executable, "-m", "streams.cli", "run", *where, *group, "--quiet-ms", "100"],
+        [sys.executable, "-m", "turnstile.streams.cli", "run", *where, *group, "--quiet-ms", "100"],
         cwd=ROOT, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     try:
@@ -103,7 +102,7 @@ def test_kcat_publishes_a_message_a_worker_answers_it_kcat_reads_the_outcome(
     assert json.loads(str(events[0]["payload"]))["type"] == "MessageReceived"
 
     audit = subprocess.run(
-        [sys.executable, "-m", "streams.cli", "audit", "--broker", f"kafka://{kafka_bootstrap}",
+        [sys.executable, "-m", "turnstile.streams.cli", "audit", "--broker", f"kafka://{kafka_bootstrap}",
          "--events-topic", fresh_topics.events, "--from-beginning", "--strict"],
         cwd=ROOT, capture_output=True, text=True, timeout=60, check=False,
     )  # fmt: skip

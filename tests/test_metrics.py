@@ -11,18 +11,17 @@ import pytest
 from builders import claim, message, started
 from kafka_fixtures import fresh_topics, kafka_bootstrap  # noqa: F401  (fixtures)
 from prometheus_client.parser import text_string_to_metric_families
+from turnstile.events import TurnCompleted, encode
+from turnstile.handlers.claim import DoubleTextPolicy
+from turnstile.handlers.providers.scripted import ScriptedProvider
+from turnstile.streams.file_log import FileLog
+from turnstile.streams.kafka_log import KafkaLog
+from turnstile.streams.log import Topics
+from turnstile.streams.metrics import Metrics, consumer_lag
+from turnstile.streams.publisher import message_event, publish
+from turnstile.streams.runtime import SystemClock
+from turnstile.streams.worker import Worker, WorkerConfig
 from worker_harness import FAST, events_of, until
-
-from events import TurnCompleted, encode
-from handlers.claim import DoubleTextPolicy
-from handlers.providers.scripted import ScriptedProvider
-from streams.file_log import FileLog
-from streams.kafka_log import KafkaLog
-from streams.log import Topics
-from streams.metrics import Metrics, consumer_lag
-from streams.publisher import message_event, publish
-from streams.runtime import SystemClock
-from streams.worker import Worker, WorkerConfig
 
 NOW = SystemClock().now_ms
 
@@ -84,7 +83,7 @@ async def test_consumer_lag_is_end_offset_minus_position(tmp_path):
     await worker.on_assigned({})  # nothing yet
     for i in range(5):
         await publish(log, message_event("c1", f"text {i}", NOW(), f"m{i}"))
-    from streams.log import PartitionStart
+    from turnstile.streams.log import PartitionStart
 
     await worker.on_assigned({0: PartitionStart(end_offset=5, committed=0)})
     worker.partitions[0].position = 2

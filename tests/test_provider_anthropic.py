@@ -7,11 +7,10 @@ from collections.abc import AsyncIterator, Iterator
 
 import pytest
 from provider_server import Delay, Drop, ProviderServer, Raw, Reply, Step
-
-from events import ToolCall, Usage
-from handlers.provider import ChatMessage, ModelRequest, ProviderError, ToolSpec
-from handlers.providers.anthropic_messages import AnthropicMessagesProvider
-from handlers.providers.http_errors import RateLimitedError
+from turnstile.events import ToolCall, Usage
+from turnstile.handlers.provider import ChatMessage, ModelRequest, ProviderError, ToolSpec
+from turnstile.handlers.providers.anthropic_messages import AnthropicMessagesProvider
+from turnstile.handlers.providers.http_errors import RateLimitedError
 
 API_KEY = "sk-ant-test-0123456789abcdef"
 REQUEST = ModelRequest(model="claude-test", messages=(ChatMessage("user", "Hello"),), max_output_tokens=64)

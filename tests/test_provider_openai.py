@@ -10,11 +10,10 @@ from collections.abc import AsyncIterator, Iterator
 import httpx
 import pytest
 from provider_server import Delay, Drop, ProviderServer, Raw, Reply, Step
-
-from events import ToolCall, Usage
-from handlers.provider import ChatMessage, ModelRequest, ProviderError, ToolSpec
-from handlers.providers.http_errors import EXCERPT_CHARS, RateLimitedError
-from handlers.providers.openai_chat import OpenAIChatProvider
+from turnstile.events import ToolCall, Usage
+from turnstile.handlers.provider import ChatMessage, ModelRequest, ProviderError, ToolSpec
+from turnstile.handlers.providers.http_errors import EXCERPT_CHARS, RateLimitedError
+from turnstile.handlers.providers.openai_chat import OpenAIChatProvider
 
 API_KEY = "sk-test-0123456789abcdef"
 REQUEST = ModelRequest(model="gpt-test", messages=(ChatMessage("user", "Hello"),), max_output_tokens=64)

@@ -9,9 +9,7 @@ import datetime as dt
 
 import pytest
 from loop_harness import Query, Transfer
-from worker_harness import FAST, events_of, running, until
-
-from events import (
+from turnstile.events import (
     InputInjected,
     ProtocolFailure,
     ToolCall,
@@ -21,9 +19,9 @@ from events import (
     Usage,
     logical_turn_id,
 )
-from handlers.provider import ModelReply, ModelRequest
-from handlers.providers.scripted import Scripted, ScriptedProvider, echo_reply
-from handlers.schedule import (
+from turnstile.handlers.provider import ModelReply, ModelRequest
+from turnstile.handlers.providers.scripted import Scripted, ScriptedProvider, echo_reply
+from turnstile.handlers.schedule import (
     Cron,
     Interval,
     Schedule,
@@ -34,10 +32,11 @@ from handlers.schedule import (
     occurrence_key,
     parse_schedules,
 )
-from handlers.tools import Tool, ToolRegistry
-from streams.file_log import FileLog
-from streams.publisher import message_event, publish
-from streams.scheduler import Scheduler
+from turnstile.handlers.tools import Tool, ToolRegistry
+from turnstile.streams.file_log import FileLog
+from turnstile.streams.publisher import message_event, publish
+from turnstile.streams.scheduler import Scheduler
+from worker_harness import FAST, events_of, running, until
 
 
 def ms(text: str) -> int:

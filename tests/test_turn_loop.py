@@ -14,15 +14,14 @@ import orjson
 import pytest
 from loop_harness import NOW, Query, World, config, inject, of_type, outcomes, say, settings
 from provider_server import Delay, Drop, ProviderServer, Raw, Reply
+from turnstile.events import Approval, InputInjected, ResumeRequested, encode
+from turnstile.handlers.budget import TurnBudget
+from turnstile.handlers.providers.anthropic_messages import AnthropicMessagesProvider
+from turnstile.handlers.providers.openai_chat import OpenAIChatProvider
+from turnstile.handlers.tools import Tool, ToolRegistry
+from turnstile.streams.file_log import FileLog
+from turnstile.streams.turn_runner import Route
 from worker_harness import events_of, running, until
-
-from events import Approval, InputInjected, ResumeRequested, encode
-from handlers.budget import TurnBudget
-from handlers.providers.anthropic_messages import AnthropicMessagesProvider
-from handlers.providers.openai_chat import OpenAIChatProvider
-from handlers.tools import Tool, ToolRegistry
-from streams.file_log import FileLog
-from streams.turn_runner import Route
 
 KEY = "test-key"
 

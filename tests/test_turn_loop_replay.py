@@ -10,16 +10,15 @@ import copy
 
 from loop_harness import NOW, World, config, outcomes, say, settings
 from provider_server import ProviderServer, Raw, Reply
+from turnstile.events import Event, encode
+from turnstile.handlers.claim import ClaimPlan, DebouncePolicy, plan_claim
+from turnstile.handlers.providers.openai_chat import OpenAIChatProvider
+from turnstile.projections import ConversationState, apply_event, new_state
+from turnstile.streams.file_log import FileLog
+from turnstile.streams.publisher import message_event, publish
+from turnstile.streams.runtime import RandomIds, SystemClock
+from turnstile.streams.turn_runner import TurnRunner
 from worker_harness import events_of, running, until
-
-from events import Event, encode
-from handlers.claim import ClaimPlan, DebouncePolicy, plan_claim
-from handlers.providers.openai_chat import OpenAIChatProvider
-from projections import ConversationState, apply_event, new_state
-from streams.file_log import FileLog
-from streams.publisher import message_event, publish
-from streams.runtime import RandomIds, SystemClock
-from streams.turn_runner import TurnRunner
 
 SCRIPT = (
     Reply(

@@ -5,18 +5,17 @@ from __future__ import annotations
 import pytest
 from builders import claim, message, started
 from pydantic import BaseModel
-
-from events import Approval, InputInjected, ToolCall, TurnMetrics, TurnPaused, Usage
-from handlers.budget import Spent, TurnBudget, hard_limit, soft_dimension, spending_limit
-from handlers.compaction import compact_tool_exchanges
-from handlers.fallback import FallTo, NoFallback, RouteInfo, next_route
-from handlers.pricing import ModelPrice, cost_usd
-from handlers.protocol import RepeatPolicy
-from handlers.provider import ChatMessage, ProviderError
-from handlers.providers.http_errors import RateLimitedError
-from handlers.tools import InvalidCall, Tool, ToolRegistry, ValidCall, call_signature, validate_call
-from projections import apply_event, new_state
-from streams.turn_runner import TurnSettings
+from turnstile.events import Approval, InputInjected, ToolCall, TurnMetrics, TurnPaused, Usage
+from turnstile.handlers.budget import Spent, TurnBudget, hard_limit, soft_dimension, spending_limit
+from turnstile.handlers.compaction import compact_tool_exchanges
+from turnstile.handlers.fallback import FallTo, NoFallback, RouteInfo, next_route
+from turnstile.handlers.pricing import ModelPrice, cost_usd
+from turnstile.handlers.protocol import RepeatPolicy
+from turnstile.handlers.provider import ChatMessage, ProviderError
+from turnstile.handlers.providers.http_errors import RateLimitedError
+from turnstile.handlers.tools import InvalidCall, Tool, ToolRegistry, ValidCall, call_signature, validate_call
+from turnstile.projections import apply_event, new_state
+from turnstile.streams.turn_runner import TurnSettings
 
 
 class Args(BaseModel):

@@ -5,9 +5,7 @@ from __future__ import annotations
 import asyncio
 
 from builders import claim, message, started
-from worker_harness import FAST, events_of, running, until
-
-from events import (
+from turnstile.events import (
     AttemptFailed,
     AttemptStarted,
     DeadLetter,
@@ -17,12 +15,13 @@ from events import (
     TurnFailed,
     encode,
 )
-from handlers.provider import ModelRequest
-from handlers.providers.scripted import ScriptedProvider
-from streams.file_log import FileLog
-from streams.publisher import message_event, publish
-from streams.runtime import SystemClock
-from streams.worker import Worker
+from turnstile.handlers.provider import ModelRequest
+from turnstile.handlers.providers.scripted import ScriptedProvider
+from turnstile.streams.file_log import FileLog
+from turnstile.streams.publisher import message_event, publish
+from turnstile.streams.runtime import SystemClock
+from turnstile.streams.worker import Worker
+from worker_harness import FAST, events_of, running, until
 
 NOW = SystemClock().now_ms
 
@@ -50,7 +49,7 @@ async def test_a_slow_model_call_does_not_hold_up_other_conversations(tmp_path):
     log = FileLog(tmp_path, partitions=1)  # both conversations share the one partition
 
     def script(request: ModelRequest):
-        from handlers.providers.scripted import Scripted, echo_reply
+        from turnstile.handlers.providers.scripted import Scripted, echo_reply
 
         return Scripted(echo_reply(request), delay_s=30.0 if "slow" in request.messages[-1].content else 0.0)
 
@@ -204,7 +203,7 @@ async def test_replay_hooks_are_told_when_replay_starts_and_when_every_partition
 def test_replay_gc_eases_the_collector_while_replaying_then_restores_it_and_freezes():
     import gc
 
-    from streams.replay_gc import ReplayGc
+    from turnstile.streams.replay_gc import ReplayGc
 
     before = gc.get_threshold()
     hooks = ReplayGc(gen0_threshold=50_000)

@@ -6,12 +6,12 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Callable
 
-from events import DecodeError, Event, decode
-from handlers.claim import DebouncePolicy
-from handlers.provider import Provider
-from streams.file_log import FileLog
-from streams.turn_runner import TurnSettings
-from streams.worker import Worker, WorkerConfig
+from turnstile.events import DecodeError, Event, decode
+from turnstile.handlers.claim import DebouncePolicy
+from turnstile.handlers.provider import Provider
+from turnstile.streams.file_log import FileLog
+from turnstile.streams.turn_runner import TurnSettings
+from turnstile.streams.worker import Worker, WorkerConfig
 
 FAST = WorkerConfig(
     debounce=DebouncePolicy(quiet_ms=100, max_wait_ms=300),

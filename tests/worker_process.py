@@ -32,19 +32,18 @@ if str(ROOT) not in sys.path:  # run as a script: the project packages live at t
     sys.path.insert(0, str(ROOT))
 
 from loop_harness import Query, Transfer  # noqa: E402
-
-from handlers.claim import DebouncePolicy  # noqa: E402
-from handlers.pricing import ModelPrice  # noqa: E402
-from handlers.providers.openai_chat import OpenAIChatProvider  # noqa: E402
-from handlers.tools import Tool, ToolRegistry  # noqa: E402
-from streams.kafka_log import KafkaLog  # noqa: E402
-from streams.log import Topics  # noqa: E402
-from streams.turn_runner import TurnSettings  # noqa: E402
-from streams.worker import Worker, WorkerConfig  # noqa: E402
+from turnstile.handlers.claim import DebouncePolicy  # noqa: E402
+from turnstile.handlers.pricing import ModelPrice  # noqa: E402
+from turnstile.handlers.providers.openai_chat import OpenAIChatProvider  # noqa: E402
+from turnstile.handlers.tools import Tool, ToolRegistry  # noqa: E402
+from turnstile.streams.kafka_log import KafkaLog  # noqa: E402
+from turnstile.streams.log import Topics  # noqa: E402
+from turnstile.streams.turn_runner import TurnSettings  # noqa: E402
+from turnstile.streams.worker import Worker, WorkerConfig  # noqa: E402
 
 # What streams.worker logs when the group hands it partitions (aiokafka's own "Revoking
 # previously assigned partitions" must not match).
-ASSIGNED = "streams.worker: assigned partitions"
+ASSIGNED = "turnstile.streams.worker: assigned partitions"
 
 
 def tools(tool_dir: Path) -> ToolRegistry:
@@ -121,7 +120,7 @@ def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(
         level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(process)d %(levelname)s %(name)s: %(message)s"
     )
-    for name in ("streams", "handlers", "httpx", "httpcore"):
+    for name in ("turnstile", "httpx", "httpcore"):
         logging.getLogger(name).setLevel(logging.DEBUG)
     asyncio.run(_main(args))
 

@@ -6,10 +6,9 @@ from typing import Any
 
 import httpx
 import orjson
-
-from events import ToolCall
-from handlers.provider import ChatMessage, ModelReply, ModelRequest, ProtocolFamily, ToolSpec
-from handlers.providers.http_errors import (
+from turnstile.events import ToolCall
+from turnstile.handlers.provider import ChatMessage, ModelReply, ModelRequest, ProtocolFamily, ToolSpec
+from turnstile.handlers.providers.http_errors import (
     JsonHttp,
     build_tool_call,
     build_usage,

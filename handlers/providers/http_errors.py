@@ -17,9 +17,8 @@ from typing import Any
 import httpx
 import orjson
 from pydantic import ValidationError
-
-from events import ToolCall, Usage
-from handlers.provider import ProviderError
+from turnstile.events import ToolCall, Usage
+from turnstile.handlers.provider import ProviderError
 
 # A reply bigger than this is not a chat completion; refuse it instead of buffering it.
 MAX_RESPONSE_BYTES = 16 * 1024 * 1024

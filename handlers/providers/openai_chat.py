@@ -5,10 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 import httpx
-
-from events import ToolCall
-from handlers.provider import ChatMessage, ModelReply, ModelRequest, ProtocolFamily, ToolSpec
-from handlers.providers.http_errors import (
+from turnstile.events import ToolCall
+from turnstile.handlers.provider import ChatMessage, ModelReply, ModelRequest, ProtocolFamily, ToolSpec
+from turnstile.handlers.providers.http_errors import (
     JsonHttp,
     build_tool_call,
     build_usage,

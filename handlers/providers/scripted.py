@@ -10,8 +10,8 @@ import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from events import Usage
-from handlers.provider import ModelReply, ModelRequest, ProtocolFamily
+from turnstile.events import Usage
+from turnstile.handlers.provider import ModelReply, ModelRequest, ProtocolFamily
 
 
 @dataclass(frozen=True, slots=True)

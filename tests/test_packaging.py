@@ -1,0 +1,75 @@
+"""The wheel is how users and images install turnstile: one `turnstile` namespace with every
+subpackage, the command working from a new venv outside the repository, nothing generic at
+the top of site-packages."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import tomllib
+import venv
+import zipfile
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+NOT_SHIPPED = {"tests", "bench", "build", "examples"}
+
+
+def package_folders() -> set[str]:
+    """Every folder of the repository that is a Python package and is meant to ship."""
+    found = set()
+    for init in REPO.rglob("__init__.py"):
+        parts = init.relative_to(REPO).parent.parts
+        if parts and (parts[0] in NOT_SHIPPED or any(p.startswith(".") for p in parts)):
+            continue
+        found.add(".".join(("turnstile", *parts)))
+    return found
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("wheel")
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(out), str(REPO)],
+        check=True, capture_output=True, timeout=300,
+    )
+    return next(out.glob("turnstile_engine-*.whl"))
+
+
+def test_pyproject_lists_every_package_folder() -> None:
+    listed = set(tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    assert listed == package_folders()
+
+
+def test_the_wheel_has_one_namespace_with_every_subpackage_and_the_contract_files(wheel: Path) -> None:
+    names = zipfile.ZipFile(wheel).namelist()
+    top = {n.split("/")[0] for n in names if not n.split("/")[0].endswith((".dist-info", ".data"))}
+    assert top == {"turnstile"}
+    shipped = {n.rsplit("/", 1)[0].replace("/", ".") for n in names if n.endswith("__init__.py")}
+    assert shipped == package_folders()
+    assert "turnstile/py.typed" in names
+    assert "turnstile/events/asyncapi.yaml" in names
+    assert any(n.startswith("turnstile/events/schemas/") and n.endswith(".json") for n in names)
+    assert not any(n.startswith("turnstile/tests/") or n.startswith("turnstile/bench/") for n in names)
+
+
+def test_the_wheel_installed_outside_the_repository_runs_the_command(wheel: Path, tmp_path: Path) -> None:
+    env_dir = tmp_path / "venv"
+    venv.create(env_dir, with_pip=True)
+    python, command = env_dir / "bin" / "python", env_dir / "bin" / "turnstile"
+    subprocess.run([python, "-m", "pip", "install", "-q", str(wheel)], check=True, capture_output=True, timeout=600)
+
+    def run(*argv: str | Path) -> subprocess.CompletedProcess[str]:
+        # cwd outside the repository, so nothing can be imported from the source tree
+        return subprocess.run(argv, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+
+    version = run(command, "--version")
+    assert version.returncode == 0 and version.stdout.startswith("turnstile "), version
+    demo = run(command, "demo", "--data", tmp_path / "demo-log")
+    assert demo.returncode == 0, demo.stdout + demo.stderr
+    for generic in ("events", "streams", "handlers", "projections"):
+        assert run(python, "-c", f"import {generic}").returncode != 0, generic
+    imported = run(python, "-c", "import turnstile.handlers.providers.openai_chat, turnstile.streams.cli")
+    assert imported.returncode == 0, imported.stderr
