@@ -6,7 +6,7 @@ cd "$(dirname "$0")/.."
 
 [[ -x .venv/bin/python ]] || python3 -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip
-.venv/bin/python -m pip install -q -e '.[dev]' --config-settings editable_mode=strict
+.venv/bin/python -m pip install -q -e '.[dev]'
 # kcat (Debian package) is the non-Python producer and consumer of tests/test_kcat.py.
 command -v kcat >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq kcat)
 

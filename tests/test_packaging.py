@@ -15,17 +15,25 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 NOT_SHIPPED = {"tests", "bench", "build", "examples"}
+CARD_FOLDERS = ("events", "projections", "handlers", "streams")
 
 
 def package_folders() -> set[str]:
-    """Every folder of the repository that is a Python package and is meant to ship."""
+    """Every folder of the repository that is a Python package and is meant to ship, by the
+    name it has once installed (the card's folders live under `turnstile`)."""
     found = set()
-    for init in REPO.rglob("__init__.py"):
+    for init in REPO.rglob("__init__.py"):  # does not descend into turnstile/'s links
         parts = init.relative_to(REPO).parent.parts
-        if parts and (parts[0] in NOT_SHIPPED or any(p.startswith(".") for p in parts)):
+        if parts[0] in NOT_SHIPPED or any(p.startswith(".") for p in parts):
             continue
-        found.add(".".join(("turnstile", *parts)))
+        found.add(".".join(parts if parts[0] == "turnstile" else ("turnstile", *parts)))
     return found
+
+
+def test_the_namespace_links_each_card_folder() -> None:
+    for folder in CARD_FOLDERS:
+        link = REPO / "turnstile" / folder
+        assert link.is_symlink() and link.resolve() == REPO / folder, folder
 
 
 @pytest.fixture(scope="module")
