@@ -77,6 +77,7 @@ async def _run(args: argparse.Namespace) -> int:
         debounce=DebouncePolicy(args.quiet_ms, args.max_wait_ms, args.max_batch),
         double_text=DoubleTextPolicy(args.double_text, dict(args.double_text_for)),
         turn=TurnSettings(model=args.model),
+        drain_grace_s=args.drain_grace_s,
     )
     from turnstile.handlers.schedule import parse_schedules
     from turnstile.streams.http_api import parse_address
@@ -96,16 +97,28 @@ async def _run(args: argparse.Namespace) -> int:
     )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
     ready = asyncio.Event()
     waiting = asyncio.create_task(ready.wait())
+    running = asyncio.create_task(service.run(stop, ready))
+
+    def on_signal() -> None:
+        if stop.is_set():
+            running.cancel()  # the second signal: stop now, the next owner resumes the turns
+        stop.set()
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, on_signal)
     try:
-        running = asyncio.create_task(service.run(stop, ready))
         await asyncio.wait([running, waiting], return_when=asyncio.FIRST_COMPLETED)
         http = f"; HTTP on {service.url}" if service.url else ""
         print(f"worker running on {args.broker or args.data}{http}; Ctrl-C stops it", file=sys.stderr, flush=True)
-        await running
+        try:
+            await running
+        except asyncio.CancelledError:
+            if not running.cancelled():
+                raise
+            print("stopped without draining: the turns in flight resume on the next worker", file=sys.stderr)
+            return 130
     finally:
         waiting.cancel()
         await provider.aclose()
@@ -187,6 +200,13 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--quiet-ms", type=int, default=DEFAULT_DEBOUNCE.quiet_ms)
     run.add_argument("--max-wait-ms", type=int, default=DEFAULT_DEBOUNCE.max_wait_ms)
     run.add_argument("--max-batch", type=int, default=DEFAULT_DEBOUNCE.max_batch)
+    run.add_argument(
+        "--drain-grace-s",
+        type=float,
+        default=WorkerConfig.drain_grace_s,
+        help="on SIGTERM or Ctrl-C, seconds the turns in flight may take to end (default: 30; a second signal"
+        " stops at once, leaving them to the next worker)",
+    )
     run.add_argument("--http", default=None, metavar="HOST:PORT", help="serve the HTTP API and /metrics here")
     run.add_argument("--schedules", type=Path, default=None, metavar="FILE", help="JSON list of schedules")
     run.add_argument(

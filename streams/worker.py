@@ -68,6 +68,9 @@ class WorkerConfig:
     max_value_bytes: int = 1_000_000
     commit_interval_s: float = 1.0
     max_poll_wait_s: float = 0.1
+    # On stop (SIGTERM, SIGINT): how long turns in flight may take to end before they are
+    # cancelled and left to the next owner. 0 stops at once, as a crash would.
+    drain_grace_s: float = 30.0
 
 
 @dataclass(slots=True)
@@ -127,6 +130,7 @@ class Worker:
         self.dead_letters = 0
         # Bumped by every rebalance callback: a batch polled before one is stale.
         self._rebalances = 0
+        self.draining = False  # set once stop is asked: no new claims from then on
         # Double-text refusals: message id -> the active turn, still to write; and the ids
         # refused but not yet folded back, which block the conversation's next claim.
         self._to_reject: dict[str, dict[str, str]] = {}
@@ -191,16 +195,8 @@ class Worker:
         stopped_cleanly = False
         try:
             while not stop.is_set():
-                records = await self.log.poll(self._poll_wait_s())
-                polled_at = self._rebalances
-                for record in records:
-                    if self._rebalances != polled_at:
-                        # A rebalance ran while we awaited an append: what is left of the batch
-                        # predates it. An assignment replays from offset 0, so drop it here.
-                        break
-                    await self._consume(record)
-                self._decide()
-                await self._maybe_commit()
+                await self._step()
+            await self._drain()
             stopped_cleanly = True
         finally:
             tasks = [r.task for r in self.runners.values()] + list(self._rejecting.values())
@@ -216,6 +212,34 @@ class Worker:
             for effect in self._effects:
                 effect.cancel()  # only after a failure: the next owner redoes them
             await self.log.stop()
+
+    async def _step(self) -> None:
+        """One turn of the consumer loop: fold what arrived, decide, commit when due."""
+        records = await self.log.poll(self._poll_wait_s())
+        polled_at = self._rebalances
+        for record in records:
+            if self._rebalances != polled_at:
+                # A rebalance ran while we awaited an append: what is left of the batch
+                # predates it. An assignment replays from offset 0, so drop it here.
+                break
+            await self._consume(record)
+        self._decide()
+        await self._maybe_commit()
+
+    async def _drain(self) -> None:
+        """Stop claiming, and keep consuming -- runners wait for their own events to be read
+        back -- until every turn in flight has ended and been folded, or the grace is over.
+        What is still running then is cancelled by `run` and resumed by the next owner."""
+        self.draining = True
+        if not self.runners:
+            return
+        grace = self.config.drain_grace_s
+        log.warning("stopping: %d turns in flight may take up to %.0f s to end", len(self.runners), grace)
+        deadline = asyncio.get_running_loop().time() + grace
+        while self.runners and asyncio.get_running_loop().time() < deadline:
+            await self._step()
+        if self.runners:
+            log.warning("stopping: grace over, %d turns left to the next owner", len(self.runners))
 
     def _poll_wait_s(self) -> float:
         wait = self.config.max_poll_wait_s
@@ -312,6 +336,8 @@ class Worker:
             if not runner.released(part):
                 return
             del self.runners[conversation]
+        if self.draining:
+            return  # stopping: nothing new is claimed or taken over; the next owner will
         if state.active is not None:
             # Nobody here runs it, and this partition is ours: its owner is gone.
             self._start(conversation, partition, recover=True)

@@ -92,7 +92,10 @@ def settings(
 
 
 def config(turn: TurnSettings) -> WorkerConfig:
-    return WorkerConfig(debounce=DebouncePolicy(quiet_ms=50, max_wait_ms=200), turn=turn, commit_interval_s=0.05)
+    # drain_grace_s=0: a test's stop is a crash unless it tests the drain
+    return WorkerConfig(
+        debounce=DebouncePolicy(quiet_ms=50, max_wait_ms=200), turn=turn, commit_interval_s=0.05, drain_grace_s=0.0
+    )
 
 
 async def say(log: EventLog, text: str, message_id: str, conv: str = "c1") -> None:

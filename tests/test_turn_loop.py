@@ -8,11 +8,24 @@ repeats (rule 8), the loop's events, budgets (rule 7), retries (rule 9), fallbac
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import AsyncIterator, Iterator
 
 import orjson
 import pytest
-from loop_harness import ATTEMPTS_ONLY, NOW, Query, World, config, inject, of_type, outcomes, say, settings
+from loop_harness import (
+    ATTEMPTS_ONLY,
+    NOW,
+    Query,
+    World,
+    config,
+    inject,
+    of_type,
+    outcomes,
+    outcomes_of,
+    say,
+    settings,
+)
 from provider_server import Delay, Drop, ProviderServer, Raw, Reply
 from turnstile.events import Approval, InputInjected, ResumeRequested, encode
 from turnstile.handlers.budget import TurnBudget
@@ -22,6 +35,7 @@ from turnstile.handlers.tools import Tool, ToolRegistry
 from turnstile.streams.file_log import FileLog
 from turnstile.streams.provider_http import HttpProvider
 from turnstile.streams.turn_runner import Route
+from turnstile.streams.worker import Worker
 from worker_harness import events_of, running, until
 
 KEY = "test-key"
@@ -398,6 +412,36 @@ async def test_a_side_effect_started_but_not_finished_when_the_worker_stopped_is
     assert [(o.tool, o.status) for o in outcome.operations] == [("transfer", "unknown")]
     assert len(server.requests) == 1  # the model was not asked again
     assert len(of_type(events_of(world.log, "c1"), "AttemptStarted")) == 1
+
+
+async def test_a_stopping_worker_lets_the_turn_in_flight_finish_before_it_returns(server, openai, world):
+    world.block = asyncio.Event()
+    server.push(Reply(tool_calls=[("call_1", "transfer", '{"to": "bob", "amount": 5}')]), Reply(text="Sent."))
+    worker = Worker(world.log, openai, dataclasses.replace(config(settings(world)), drain_grace_s=10.0))
+    stop = asyncio.Event()
+    task = asyncio.create_task(worker.run(stop))
+    await say(world.log, "pay bob", "m1")
+    await until(lambda: bool(of_type(events_of(world.log, "c1"), "ToolCallStarted")))
+    stop.set()  # SIGTERM while the transfer is under way
+    await until(lambda: worker.draining)
+    world.block.set()
+    await asyncio.wait_for(task, 10)
+    assert [t.amount for t in world.transfers] == [5]
+    assert [e.type for e in outcomes_of(world.log)] == ["TurnCompleted"]
+    assert len(of_type(events_of(world.log, "c1"), "ToolCallFinished")) == 1
+
+
+async def test_a_drain_that_outlasts_its_grace_leaves_the_turn_to_the_next_owner(server, openai, world, tmp_path):
+    world.block = asyncio.Event()  # never set: the transfer outlives the grace
+    server.push(Reply(tool_calls=[("call_1", "transfer", '{"to": "bob", "amount": 5}')]))
+    worker = Worker(world.log, openai, dataclasses.replace(config(settings(world)), drain_grace_s=0.2))
+    stop = asyncio.Event()
+    task = asyncio.create_task(worker.run(stop))
+    await say(world.log, "pay bob", "m1")
+    await until(lambda: bool(of_type(events_of(world.log, "c1"), "ToolCallStarted")))
+    stop.set()
+    await asyncio.wait_for(task, 10)
+    assert world.transfers == [] and outcomes_of(world.log) == []  # cancelled, nothing claimed done
 
 
 # -- 6. fallback (rule 10) ------------------------------------------------------------------------

@@ -17,6 +17,7 @@ FAST = WorkerConfig(
     debounce=DebouncePolicy(quiet_ms=100, max_wait_ms=300),
     turn=TurnSettings(backoff_base_ms=10, backoff_max_ms=20),
     commit_interval_s=0.05,
+    drain_grace_s=0.0,  # a test's stop is a crash unless it tests the drain
 )
 
 
