@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 from turnstile.events.base import MAX_INT, Identifier, TurnEnvelope
 
 NonNegative = Annotated[int, Field(ge=0, lt=MAX_INT)]
@@ -22,10 +22,29 @@ class ToolCall(BaseModel):
 
 
 class Usage(BaseModel):
+    """Tokens of one provider response, by how they are billed.
+
+    `input_tokens` is the whole prompt, cached parts included; `cached_input_tokens` and
+    `cache_write_tokens` are the parts of it read from and written to the provider's
+    prompt cache. `output_tokens` is everything generated; `reasoning_tokens` is the part
+    spent on hidden reasoning (billed as output). Events written before the cache fields
+    existed decode with them at zero, which is what they measured."""
+
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     input_tokens: NonNegative = 0
     output_tokens: NonNegative = 0
+    cached_input_tokens: NonNegative = 0
+    cache_write_tokens: NonNegative = 0
+    reasoning_tokens: NonNegative = 0
+
+    @model_validator(mode="after")
+    def _parts_fit_their_totals(self) -> Usage:
+        if self.cached_input_tokens + self.cache_write_tokens > self.input_tokens:
+            raise ValueError("cached_input_tokens + cache_write_tokens exceed input_tokens")
+        if self.reasoning_tokens > self.output_tokens:
+            raise ValueError("reasoning_tokens exceed output_tokens")
+        return self
 
 
 class TurnClaimed(TurnEnvelope):

@@ -21,6 +21,10 @@ class TurnMetrics(BaseModel):
     tool_calls: NonNegative
     input_tokens: NonNegative
     output_tokens: NonNegative
+    # Parts of the totals above (see `Usage`); outcomes written before they existed decode as 0.
+    cached_input_tokens: NonNegative = 0
+    cache_write_tokens: NonNegative = 0
+    reasoning_tokens: NonNegative = 0
     cost_usd: Annotated[float, Field(ge=0, allow_inf_nan=False)] | None
     fallbacks: NonNegative
     duration_ms: NonNegative
@@ -51,11 +55,19 @@ class TurnCompleted(_Outcome):
     reply: str
 
 
+# Why a turn failed, when the model's reply itself is the reason (None: everything else,
+# e.g. a provider error, an internal error, a repeated invalid call).
+FailureReason = Literal["refusal", "content_filter"]
+
+
 class TurnFailed(_Outcome):
-    """The turn cannot proceed safely; `error` is shown to the user."""
+    """The turn cannot proceed safely; `error` is shown to the user. A refusal or a
+    content filter keeps what the provider said in `text`."""
 
     type: Literal["TurnFailed"] = "TurnFailed"
     error: str
+    reason: FailureReason | None = None
+    text: str | None = None
 
 
 PauseReason = Literal["tool_calls", "cost", "deadline", "approval"]
@@ -72,8 +84,14 @@ class TurnPaused(_Outcome):
     pending_call: ToolCall | None = None
 
 
+# iterations: the turn's iteration allowance was used; output_tokens: the reply was cut off
+# at the request's output allowance (or the context window), so `last_text` is partial.
+ExhaustedAllowance = Literal["iterations", "output_tokens"]
+
+
 class TurnExhausted(_Outcome):
-    """The iteration allowance was used without a final answer."""
+    """An allowance was used up without a complete final answer."""
 
     type: Literal["TurnExhausted"] = "TurnExhausted"
     last_text: str | None = None
+    allowance: ExhaustedAllowance = "iterations"

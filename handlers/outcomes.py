@@ -14,7 +14,7 @@ from turnstile.events import (
     TurnMetrics,
     TurnPaused,
 )
-from turnstile.events.outcomes import InputStatus, PauseReason
+from turnstile.events.outcomes import ExhaustedAllowance, FailureReason, InputStatus, PauseReason
 from turnstile.projections import ActiveTurn
 
 
@@ -45,6 +45,9 @@ def metrics_of(turn: ActiveTurn, now_ms: int, default_model: str) -> TurnMetrics
         tool_calls=turn.tool_calls,
         input_tokens=turn.input_tokens,
         output_tokens=turn.output_tokens,
+        cached_input_tokens=turn.cached_input_tokens,
+        cache_write_tokens=turn.cache_write_tokens,
+        reasoning_tokens=turn.reasoning_tokens,
         cost_usd=turn.cost_usd,
         fallbacks=turn.fallbacks,
         duration_ms=max(0, now_ms - turn.claimed_at),
@@ -77,8 +80,16 @@ def completed(turn: ActiveTurn, stamp: Stamp, reply: str, default_model: str) ->
     return TurnCompleted.model_validate({**_common(turn, stamp, "answered", default_model), "reply": reply})
 
 
-def failed(turn: ActiveTurn, stamp: Stamp, error: str, default_model: str) -> TurnFailed:
-    return TurnFailed.model_validate({**_common(turn, stamp, "failed", default_model), "error": error})
+def failed(
+    turn: ActiveTurn,
+    stamp: Stamp,
+    error: str,
+    default_model: str,
+    reason: FailureReason | None = None,
+    text: str | None = None,
+) -> TurnFailed:
+    common = _common(turn, stamp, "failed", default_model)
+    return TurnFailed.model_validate({**common, "error": error, "reason": reason, "text": text})
 
 
 def paused(
@@ -101,5 +112,12 @@ def paused(
     )
 
 
-def exhausted(turn: ActiveTurn, stamp: Stamp, last_text: str | None, default_model: str) -> TurnExhausted:
-    return TurnExhausted.model_validate({**_common(turn, stamp, "exhausted", default_model), "last_text": last_text})
+def exhausted(
+    turn: ActiveTurn,
+    stamp: Stamp,
+    last_text: str | None,
+    default_model: str,
+    allowance: ExhaustedAllowance = "iterations",
+) -> TurnExhausted:
+    common = _common(turn, stamp, "exhausted", default_model)
+    return TurnExhausted.model_validate({**common, "last_text": last_text, "allowance": allowance})

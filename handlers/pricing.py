@@ -1,7 +1,9 @@
-"""What a model response cost, from a per-model price table.
+"""What a model response cost, from a per-model price table with a price per token component.
 
 A model missing from the table has no known price: its cost is None, never zero, and the
-budget then fails closed on the cost dimension.
+budget then fails closed on the cost dimension. The same holds for a component: a reply
+that read from or wrote to the prompt cache of a model whose table entry has no price for
+that component has an unknown cost.
 """
 
 from __future__ import annotations
@@ -14,20 +16,26 @@ from turnstile.events import Usage
 
 @dataclass(frozen=True, slots=True)
 class ModelPrice:
-    """USD per million tokens."""
+    """USD per million tokens. Uncached input is billed at `input_per_mtok`, prompt-cache
+    reads at `cached_input_per_mtok`, prompt-cache writes at `cache_write_per_mtok`, and all
+    output (reasoning included, as both OpenAI and Anthropic bill it) at `output_per_mtok`.
+    A cache price left as None is unknown, not free."""
 
     input_per_mtok: float
     output_per_mtok: float
+    cached_input_per_mtok: float | None = None
+    cache_write_per_mtok: float | None = None
 
     def __post_init__(self) -> None:
-        if self.input_per_mtok < 0 or self.output_per_mtok < 0:
+        prices = (self.input_per_mtok, self.output_per_mtok, self.cached_input_per_mtok, self.cache_write_per_mtok)
+        if any(price is not None and price < 0 for price in prices):
             raise ValueError("prices must be >= 0")
 
 
 PriceTable = Mapping[str, ModelPrice]
 
 # The in-process scripted provider is free; every real model must be priced by the operator.
-DEFAULT_PRICES: PriceTable = {"scripted-1": ModelPrice(0.0, 0.0)}
+DEFAULT_PRICES: PriceTable = {"scripted-1": ModelPrice(0.0, 0.0, 0.0, 0.0)}
 
 
 def cost_usd(prices: PriceTable, model: str, usage: Usage, requested_model: str | None = None) -> float | None:
@@ -38,4 +46,17 @@ def cost_usd(prices: PriceTable, model: str, usage: Usage, requested_model: str 
         price = prices.get(requested_model)
     if price is None:
         return None
-    return (usage.input_tokens * price.input_per_mtok + usage.output_tokens * price.output_per_mtok) / 1_000_000
+    cached = _component(usage.cached_input_tokens, price.cached_input_per_mtok)
+    written = _component(usage.cache_write_tokens, price.cache_write_per_mtok)
+    if cached is None or written is None:
+        return None
+    uncached = usage.input_tokens - usage.cached_input_tokens - usage.cache_write_tokens
+    total = uncached * price.input_per_mtok + cached + written + usage.output_tokens * price.output_per_mtok
+    return total / 1_000_000
+
+
+def _component(tokens: int, per_mtok: float | None) -> float | None:
+    """Tokens times their price; no tokens cost nothing even where the price is unknown."""
+    if tokens == 0:
+        return 0.0
+    return None if per_mtok is None else tokens * per_mtok

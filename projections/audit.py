@@ -584,6 +584,9 @@ def _metric_mismatches(turn: ActiveTurn, outcome: TerminalOutcome) -> str:
         "tool_calls": turn.tool_calls,
         "input_tokens": turn.input_tokens,
         "output_tokens": turn.output_tokens,
+        "cached_input_tokens": turn.cached_input_tokens,
+        "cache_write_tokens": turn.cache_write_tokens,
+        "reasoning_tokens": turn.reasoning_tokens,
         "fallbacks": turn.fallbacks,
     }
     if turn.model is not None:

@@ -200,8 +200,12 @@ def _record_step(state: ConversationState, event: Event) -> Rejection | None:
         case ModelResponded():
             turn.iterations = event.iteration
             turn.model = event.model
-            turn.input_tokens += event.usage.input_tokens
-            turn.output_tokens += event.usage.output_tokens
+            usage = event.usage
+            turn.input_tokens += usage.input_tokens
+            turn.output_tokens += usage.output_tokens
+            turn.cached_input_tokens += usage.cached_input_tokens
+            turn.cache_write_tokens += usage.cache_write_tokens
+            turn.reasoning_tokens += usage.reasoning_tokens
             # An unknown price poisons the total: a budget must not read it as zero.
             turn.cost_usd = None if turn.cost_usd is None or event.cost_usd is None else turn.cost_usd + event.cost_usd
         case ToolCallStarted():
@@ -261,5 +265,7 @@ def _closing_text(outcome: TerminalOutcome) -> str:
             return f"[This turn failed: {outcome.error}]"
         case TurnPaused():
             return f"{outcome.kept}\n[Paused ({outcome.reason}): {outcome.resume_hint}]".lstrip()
+        case TurnExhausted() if outcome.allowance == "output_tokens":
+            return f"{outcome.last_text or ''}\n[Stopped: the reply was cut off at its output token limit]".lstrip()
         case TurnExhausted():
             return f"{outcome.last_text or ''}\n[Stopped: iteration allowance used without a final answer]".lstrip()

@@ -83,6 +83,9 @@ class ActiveTurn:
     tool_calls: int = 0
     input_tokens: int = 0
     output_tokens: int = 0
+    cached_input_tokens: int = 0
+    cache_write_tokens: int = 0
+    reasoning_tokens: int = 0
     cost_usd: float | None = 0.0
     fallbacks: int = 0
     operations: dict[str, Operation] = field(default_factory=dict)

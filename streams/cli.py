@@ -58,13 +58,16 @@ def _bootstrap(args: argparse.Namespace) -> str | None:
 def _provider(args: argparse.Namespace) -> Provider:
     key = os.environ.get("TURNSTILE_API_KEY")
     if args.provider == "openai":
-        from turnstile.handlers.providers.openai_chat import OpenAIChatProvider
+        from turnstile.handlers.providers.openai_chat import OpenAIChat
+        from turnstile.streams.provider_http import HttpProvider
 
-        return OpenAIChatProvider(args.base_url or "https://api.openai.com/v1", key)
+        wire = OpenAIChat(legacy_max_tokens=frozenset(args.legacy_max_tokens))
+        return HttpProvider(wire, args.base_url or "https://api.openai.com/v1", key)
     if args.provider == "anthropic":
-        from turnstile.handlers.providers.anthropic_messages import AnthropicMessagesProvider
+        from turnstile.handlers.providers.anthropic_messages import AnthropicMessages
+        from turnstile.streams.provider_http import HttpProvider
 
-        return AnthropicMessagesProvider(args.base_url or "https://api.anthropic.com", key)
+        return HttpProvider(AnthropicMessages(), args.base_url or "https://api.anthropic.com", key)
     return ScriptedProvider(delay_s=args.scripted_delay)
 
 
@@ -172,6 +175,14 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--provider", choices=["scripted", "openai", "anthropic"], default="scripted")
     run.add_argument("--model", default="scripted-1")
     run.add_argument("--base-url", default=None, help="provider endpoint; the key comes from TURNSTILE_API_KEY")
+    run.add_argument(
+        "--legacy-max-tokens",
+        action="append",
+        default=[],
+        metavar="MODEL",
+        help="send max_tokens instead of max_completion_tokens to this model (OpenAI-compatible servers "
+        "that only know the old name; '*' for every model); repeatable",
+    )
     run.add_argument("--scripted-delay", type=float, default=0.0, help="seconds the scripted model takes")
     run.add_argument("--quiet-ms", type=int, default=DEFAULT_DEBOUNCE.quiet_ms)
     run.add_argument("--max-wait-ms", type=int, default=DEFAULT_DEBOUNCE.max_wait_ms)

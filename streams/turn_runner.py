@@ -39,11 +39,12 @@ from turnstile.handlers.budget import Spent, TurnBudget, hard_limit, soft_dimens
 from turnstile.handlers.claim import ClaimPlan, claim_event
 from turnstile.handlers.compaction import compact_tool_exchanges
 from turnstile.handlers.context import build_context
+from turnstile.handlers.failure_text import provider_failure
 from turnstile.handlers.fallback import FallTo, RouteInfo, next_route
 from turnstile.handlers.pricing import DEFAULT_PRICES, PriceTable, cost_usd
 from turnstile.handlers.protocol import RepeatPolicy, repeated_call_error, tool_error
 from turnstile.handlers.provider import ChatMessage, ModelReply, ModelRequest, Provider, ProviderError, ToolSpec
-from turnstile.handlers.providers.http_errors import RateLimitedError
+from turnstile.handlers.stops import AskAgain, Complete, CutOff, Refused, after_reply
 from turnstile.handlers.tools import InvalidCall, ToolRegistry, ValidCall, call_signature, validate_call
 from turnstile.projections import ActiveTurn, ConversationState, apply_event
 
@@ -87,11 +88,12 @@ class TurnSettings:
     max_output_tokens: int = 1024
 
     def backoff_s(self, attempt: int, error: ProviderError | None = None) -> float:
-        """Exponential and bounded, so a provider outage does not become a retry storm. A
-        429's Retry-After is honoured up to the same bound."""
+        """Exponential and bounded, so a provider outage does not become a retry storm. The
+        wait a server asked for is honoured: the transport has already refused (made the
+        error final) any wait longer than its policy or the deadline allows."""
         delay_ms = float(min(self.backoff_max_ms, self.backoff_base_ms * 2 ** (attempt - 1)))
-        if isinstance(error, RateLimitedError) and error.retry_after_s is not None:
-            delay_ms = min(float(self.backoff_max_ms), max(delay_ms, error.retry_after_s * 1000))
+        if error is not None and error.retry_after_s is not None:
+            delay_ms = max(delay_ms, error.retry_after_s * 1000)
         return delay_ms / 1000
 
 
@@ -215,20 +217,10 @@ class TurnRunner:
                 retry = err.retryable and attempt < self._settings.max_attempts and not unsafe
                 await self._emit(AttemptFailed(**self._stamp(), reason=failure.reason, retryable=retry))
                 if not retry:
-                    await self._fail(self._provider_failure_message(err, unsafe, attempt))
+                    await self._fail(provider_failure(err, attempts=attempt, side_effect_ran=unsafe))
                     return
                 await asyncio.sleep(self._settings.backoff_s(attempt, err))
             first = False
-
-    def _provider_failure_message(self, err: ProviderError, unsafe: bool, attempt: int) -> str:
-        if unsafe:
-            return (
-                f"The model provider failed ({err.kind}) after a tool with side effects ran; the turn was not "
-                "retried automatically. Check the operation record before continuing."
-            )
-        if err.retryable:
-            return f"The model provider failed ({err.kind}) on all {attempt} attempts."
-        return f"The model provider failed ({err.kind}); retrying would not help."
 
     # -- the loop ------------------------------------------------------------------------
     async def _iterate(self) -> None:
@@ -242,6 +234,7 @@ class TurnRunner:
             )
         )
         iteration = 0
+        earlier = ""  # the text of paused parts of the reply being assembled
         while True:
             limit = spending_limit(self._spent(iteration), budget, self._model)
             if limit is not None:
@@ -252,19 +245,32 @@ class TurnRunner:
             reply = await self._complete(tuple(messages), tools, iteration)
             if reply.text:
                 self._last_text = reply.text
-            if not reply.tool_calls:
-                await self._emit(outcomes.completed(self.turn, self._next_stamp(), reply.text or "", self._model))
+            step = after_reply(reply, earlier)
+            if isinstance(step, Complete):
+                await self._emit(outcomes.completed(self.turn, self._next_stamp(), step.reply, self._model))
+                return
+            if isinstance(step, Refused):
+                stamp = self._next_stamp()
+                await self._emit(outcomes.failed(self.turn, stamp, step.error, self._model, step.reason, step.text))
+                return
+            if isinstance(step, CutOff):
+                stamp = self._next_stamp()
+                await self._emit(outcomes.exhausted(self.turn, stamp, step.text, self._model, "output_tokens"))
                 return
             if iteration >= budget.max_iterations:
                 # No iteration is left to read the results: the tools do not run.
                 await self._emit(outcomes.exhausted(self.turn, self._next_stamp(), self._last_text, self._model))
                 return
-            messages.append(ChatMessage("assistant", reply.text or "", tool_calls=reply.tool_calls))
+            messages.append(ChatMessage("assistant", reply.text or "", reply.tool_calls, native=reply.native))
+            if isinstance(step, AskAgain):
+                earlier += reply.text or ""
+                continue
             for call in reply.tool_calls:
                 result = await self._handle_call(call, iteration, reply.model, isolated)
                 if result is None:
                     return  # the call ended the turn
-                messages.append(ChatMessage("tool", result, tool_call_id=call.call_id))
+                text, ok = result
+                messages.append(ChatMessage("tool", text, tool_call_id=call.call_id, is_error=not ok))
 
     @property
     def _model(self) -> str:
@@ -293,7 +299,8 @@ class TurnRunner:
         next model speaks the same protocol; otherwise the attempt fails."""
         while True:
             route = self._routes[self._route]
-            request = ModelRequest(route.model, messages, tools, self._settings.max_output_tokens)
+            time_left_s = (self._settings.budget.deadline_ms - self._spent(iteration).elapsed_ms) / 1000
+            request = ModelRequest(route.model, messages, tools, self._settings.max_output_tokens, time_left_s)
             try:
                 reply = await route.provider.complete(request)
             except ProviderError as err:
@@ -304,7 +311,7 @@ class TurnRunner:
                             iteration=iteration,
                             model=route.model,
                             kind="malformed_response",
-                            detail=str(err),
+                            detail=err.message,
                         )
                     )
                 decision = next_route(self._route_infos, self._route, err.kind)
@@ -327,14 +334,16 @@ class TurnRunner:
                     cost_usd=cost_usd(self._settings.prices, reply.model, reply.usage, route.model),
                     finish_reason=reply.finish_reason,
                 ),
-                # A reply without tool calls is followed at once by the outcome (see
-                # `_iterate`): one round trip for both. Tool calls wait: a tool may act.
-                wait=bool(reply.tool_calls),
+                # A final reply is followed at once by the outcome (see `_iterate`): one
+                # round trip for both. Tool calls wait (a tool may act), and so does a
+                # paused reply (another request follows).
+                wait=bool(reply.tool_calls) or reply.stop == "pause",
             )
             return reply
 
-    async def _handle_call(self, call: ToolCall, iteration: int, model: str, isolated: bool) -> str | None:
-        """The tool result the model reads next, or None when this call ended the turn."""
+    async def _handle_call(self, call: ToolCall, iteration: int, model: str, isolated: bool) -> tuple[str, bool] | None:
+        """The tool result the model reads next and whether the call succeeded, or None
+        when this call ended the turn."""
         checked = validate_call(self._settings.tools, call, isolated)
         if isinstance(checked, InvalidCall):
             return await self._invalid_call(checked, iteration, model)
@@ -348,24 +357,24 @@ class TurnRunner:
                 await self._pause_for_approval(call)
                 return None
             if not approved:
-                return "error: the user denied this call; it did not run. Do not call it again."
+                return "error: the user denied this call; it did not run. Do not call it again.", False
         return await self._run_tool(checked, iteration)
 
-    async def _invalid_call(self, invalid: InvalidCall, iteration: int, model: str) -> str | None:
+    async def _invalid_call(self, invalid: InvalidCall, iteration: int, model: str) -> tuple[str, bool] | None:
         call, policy = invalid.call, self._settings.repeats
         common = {"iteration": iteration, "model": model, "call_id": call.call_id, "signature": invalid.signature}
         await self._emit(ProtocolFailure(**self._stamp(), **common, kind=invalid.kind, detail=invalid.detail))
         seen = self.turn.invalid_calls.get(invalid.signature, 0)
         action = policy.action(seen)
         if action == "report":
-            return tool_error(invalid.detail, seen, policy)
+            return tool_error(invalid.detail, seen, policy), False
         what = "the turn was stopped" if action == "stop" else "a strategy-change instruction was sent"
         detail = f"the same invalid call to {call.name!r} was made {seen} times; {what}"
         await self._emit(ProtocolFailure(**self._stamp(), **common, kind="repeated_call", detail=detail))
         if action == "stop":
             await self._fail(repeated_call_error(call.name, call.arguments, seen))
             return None
-        return tool_error(invalid.detail, seen, policy)
+        return tool_error(invalid.detail, seen, policy), False
 
     def _approval_of(self, checked: ValidCall) -> bool | None:
         """The decision of an approval claimed by this turn on exactly this call (same tool,
@@ -381,7 +390,7 @@ class TurnRunner:
                 return True
         return None
 
-    async def _run_tool(self, checked: ValidCall, iteration: int) -> str:
+    async def _run_tool(self, checked: ValidCall, iteration: int) -> tuple[str, bool]:
         call, tool = checked.call, checked.tool
         # On the log, acknowledged, before the tool can touch anything.
         await self._emit(
@@ -409,7 +418,7 @@ class TurnRunner:
             ToolCallFinished(**self._stamp(), iteration=iteration, call_id=call.call_id, ok=ok, result=result)
         )
         self._done[call.call_id] = _Done(tool.name, call.arguments, ok, result)
-        return result
+        return result, ok
 
     # -- outcomes ----------------------------------------------------------------------
     async def _pause(self, reason: PauseReason, why: str) -> None:

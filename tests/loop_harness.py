@@ -13,6 +13,7 @@ from turnstile.events import OUTCOME_TYPES, Event, InputInjected, ResumeRequeste
 from turnstile.handlers.budget import TurnBudget
 from turnstile.handlers.claim import DebouncePolicy
 from turnstile.handlers.pricing import ModelPrice
+from turnstile.handlers.retry import RetryPolicy
 from turnstile.handlers.tools import Tool, ToolRegistry
 from turnstile.streams.file_log import FileLog
 from turnstile.streams.log import EventLog
@@ -25,6 +26,10 @@ from worker_harness import events_of, until
 NOW = SystemClock().now_ms
 PRICE = ModelPrice(input_per_mtok=1.0, output_per_mtok=2.0)
 PRICES = {"gpt-test": PRICE, "gpt-backup": PRICE, "claude-test": PRICE}
+# For tests of attempts, retries across attempts and fallback: the transport sends each
+# request once, so a scripted failure reaches the turn loop (the transport's own retries
+# are tested in test_provider_transport.py and by one turn-loop test).
+ATTEMPTS_ONLY = RetryPolicy(max_retries=0)
 
 
 class Query(BaseModel):

@@ -9,13 +9,14 @@ from collections.abc import AsyncIterator, Iterator, Sequence
 from pathlib import Path
 
 import pytest
-from loop_harness import World, config, outcomes, say, settings
+from loop_harness import ATTEMPTS_ONLY, World, config, outcomes, say, settings
 from provider_server import ProviderServer, Raw, Reply, Step
 from turnstile.handlers.budget import TurnBudget
-from turnstile.handlers.providers.openai_chat import OpenAIChatProvider
+from turnstile.handlers.providers.openai_chat import OpenAIChat
 from turnstile.projections.audit import AuditLimits, AuditReport, audit, render
 from turnstile.streams.file_log import FileLog
 from turnstile.streams.log import Topics
+from turnstile.streams.provider_http import HttpProvider
 from worker_harness import running
 
 
@@ -26,14 +27,14 @@ def server() -> Iterator[ProviderServer]:
 
 
 @pytest.fixture
-async def openai(server: ProviderServer) -> AsyncIterator[OpenAIChatProvider]:
-    provider = OpenAIChatProvider(server.base_url_openai, "test-key", timeout_s=5.0)
+async def openai(server: ProviderServer) -> AsyncIterator[HttpProvider]:
+    provider = HttpProvider(OpenAIChat(), server.base_url_openai, "test-key", timeout_s=5.0, retry=ATTEMPTS_ONLY)
     yield provider
     await provider.aclose()
 
 
 async def audited(
-    server: ProviderServer, provider: OpenAIChatProvider, where: Path, script: Sequence[Step], budget: TurnBudget,
+    server: ProviderServer, provider: HttpProvider, where: Path, script: Sequence[Step], budget: TurnBudget,
     **overrides: object,
 ) -> tuple[AuditReport, str]:  # fmt: skip
     log = FileLog(where)
@@ -49,7 +50,7 @@ async def audited(
     return report, outcome.type
 
 
-async def test_turn_loop_logs_audit_clean(server: ProviderServer, openai: OpenAIChatProvider, tmp_path: Path) -> None:
+async def test_turn_loop_logs_audit_clean(server: ProviderServer, openai: HttpProvider, tmp_path: Path) -> None:
     search = ("call_1", "search", '{"q": "fees"}')
     transfer = ("call_2", "transfer", '{"to": "bob", "amount": 5}')
     roomy = TurnBudget()

@@ -27,9 +27,10 @@ from turnstile.events import (
     TurnClaimed,
     encode,
 )
-from turnstile.handlers.providers.openai_chat import OpenAIChatProvider
+from turnstile.handlers.providers.openai_chat import OpenAIChat
 from turnstile.streams.kafka_log import KafkaLog
 from turnstile.streams.log import Topics
+from turnstile.streams.provider_http import HttpProvider
 from turnstile.streams.publisher import message_event, publish
 from turnstile.streams.runtime import SystemClock
 from turnstile.streams.worker import Worker
@@ -105,7 +106,7 @@ async def test_a_superseded_run_never_starts_a_side_effect(kafka_bootstrap: str,
             Delay(8.0, Reply(tool_calls=[("call_1", "transfer", '{"to": "bob", "amount": 5}')])),
             Reply(text="Done after the takeover."),
         )
-        provider = OpenAIChatProvider(provider_server.base_url_openai, "test-key", timeout_s=30)
+        provider = HttpProvider(OpenAIChat(), provider_server.base_url_openai, "test-key", timeout_s=30)
         worker = Worker(KafkaLog(kafka_bootstrap, group, fresh_topics), provider, config(settings(world)))
         publisher = KafkaLog(kafka_bootstrap, group, fresh_topics)
         await publisher.producer.start()

@@ -10,14 +10,15 @@ from collections.abc import Sequence
 
 import pytest
 from kafka_fixtures import fresh_topics, kafka_bootstrap  # noqa: F401  (fixtures)
-from loop_harness import NOW, World, config, settings
+from loop_harness import ATTEMPTS_ONLY, NOW, World, config, settings
 from provider_server import ProviderServer, Raw, Reply, Step
 from turnstile.events import OUTCOME_TYPES, DecodeError, Event, decode
 from turnstile.handlers.budget import TurnBudget
-from turnstile.handlers.providers.openai_chat import OpenAIChatProvider
+from turnstile.handlers.providers.openai_chat import OpenAIChat
 from turnstile.streams.kafka_log import KafkaLog
 from turnstile.streams.kafka_reader import read_topic
 from turnstile.streams.log import Topics
+from turnstile.streams.provider_http import HttpProvider
 from turnstile.streams.publisher import message_event, publish
 from turnstile.streams.turn_runner import TurnSettings
 from turnstile.streams.worker import Worker
@@ -36,7 +37,7 @@ async def one_turn_on_kafka(
     group = f"g-{uuid.uuid4().hex[:8]}"
     with ProviderServer() as server:
         server.push(*script)
-        provider = OpenAIChatProvider(server.base_url_openai, "test-key", timeout_s=10.0)
+        provider = HttpProvider(OpenAIChat(), server.base_url_openai, "test-key", timeout_s=10.0, retry=ATTEMPTS_ONLY)
         worker = Worker(KafkaLog(bootstrap, group, topics), provider, config(turn))
         publisher = KafkaLog(bootstrap, group, topics)
         await publisher.producer.start()

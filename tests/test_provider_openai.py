@@ -1,4 +1,6 @@
-"""OpenAIChatProvider against the loopback provider server: wire format and error mapping."""
+"""The OpenAI wire format over a real socket (the loopback provider server): what only a
+socket shows -- headers as sent, timeouts, dropped and refused connections, the key kept
+out of errors, clean shutdown. The wire format itself is tested in test_wire_openai.py."""
 
 from __future__ import annotations
 
@@ -10,18 +12,20 @@ from collections.abc import AsyncIterator, Iterator
 import httpx
 import pytest
 from provider_server import Delay, Drop, ProviderServer, Raw, Reply, Step
-from turnstile.events import ToolCall, Usage
-from turnstile.handlers.provider import ChatMessage, ModelRequest, ProviderError, ToolSpec
-from turnstile.handlers.providers.http_errors import EXCERPT_CHARS, RateLimitedError
-from turnstile.handlers.providers.openai_chat import OpenAIChatProvider
+from turnstile.events import Usage
+from turnstile.handlers.provider import ChatMessage, ModelRequest, ProviderError
+from turnstile.handlers.providers.openai_chat import OpenAIChat
+from turnstile.handlers.retry import RetryPolicy
+from turnstile.streams.provider_http import EXCERPT_CHARS, HttpProvider
 
 API_KEY = "sk-test-0123456789abcdef"
 REQUEST = ModelRequest(model="gpt-test", messages=(ChatMessage("user", "Hello"),), max_output_tokens=64)
-SEARCH = ToolSpec(
-    name="search",
-    description="Search the notes.",
-    parameters={"type": "object", "properties": {"q": {"type": "string"}}, "required": ["q"]},
-)
+# Each request once: these tests are about one exchange on the socket.
+ONCE = RetryPolicy(max_retries=0)
+
+
+def openai_provider(base_url: str, api_key: str | None, **options: object) -> HttpProvider:
+    return HttpProvider(OpenAIChat(), base_url, api_key, retry=ONCE, **options)  # type: ignore[arg-type]
 
 
 @pytest.fixture
@@ -31,19 +35,19 @@ def server() -> Iterator[ProviderServer]:
 
 
 @pytest.fixture
-async def provider(server: ProviderServer) -> AsyncIterator[OpenAIChatProvider]:
-    client = OpenAIChatProvider(server.base_url_openai, API_KEY, timeout_s=2.0)
+async def provider(server: ProviderServer) -> AsyncIterator[HttpProvider]:
+    client = openai_provider(server.base_url_openai, API_KEY, timeout_s=2.0)
     yield client
     await client.aclose()
 
 
-async def failure(provider: OpenAIChatProvider, request: ModelRequest = REQUEST) -> ProviderError:
+async def failure(provider: HttpProvider, request: ModelRequest = REQUEST) -> ProviderError:
     with pytest.raises(ProviderError) as caught:
         await provider.complete(request)
     return caught.value
 
 
-async def test_text_reply_with_usage(server: ProviderServer, provider: OpenAIChatProvider) -> None:
+async def test_text_reply_with_usage(server: ProviderServer, provider: HttpProvider) -> None:
     server.push(Reply(text="Hi there", usage=(10, 3), model="gpt-test-2024-01-01"))
 
     reply = await provider.complete(REQUEST)
@@ -52,169 +56,21 @@ async def test_text_reply_with_usage(server: ProviderServer, provider: OpenAICha
     assert reply.tool_calls == ()
     assert reply.usage == Usage(input_tokens=10, output_tokens=3)
     assert reply.model == "gpt-test-2024-01-01"
-    assert reply.finish_reason == "stop"
+    assert (reply.finish_reason, reply.stop) == ("stop", "end")
     [sent] = server.requests
     assert sent.path == "/v1/chat/completions"
     assert sent.headers["authorization"] == f"Bearer {API_KEY}"
     assert sent.headers["content-type"] == "application/json"
-    assert sent.body == {"model": "gpt-test", "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 64}
-
-
-async def test_missing_usage_is_zero_and_model_falls_back_to_requested(
-    server: ProviderServer, provider: OpenAIChatProvider
-) -> None:
-    server.push(Raw(200, {"choices": [{"message": {"role": "assistant", "content": "ok"}}]}))
-
-    reply = await provider.complete(REQUEST)
-
-    assert reply.text == "ok"
-    assert reply.usage == Usage()
-    assert reply.model == "gpt-test"
-    assert reply.finish_reason == "unknown"
-
-
-async def test_tool_call_round_trip_sends_exact_wire_body(
-    server: ProviderServer, provider: OpenAIChatProvider
-) -> None:
-    calls = (
-        ToolCall(call_id="call_1", name="search", arguments='{"q": "x"}'),
-        ToolCall(call_id="call_2", name="search", arguments='{"q": "y"}'),
-    )
-    request = ModelRequest(
-        model="gpt-test",
-        messages=(
-            ChatMessage("system", "Be terse."),
-            ChatMessage("user", "Find x and y."),
-            ChatMessage("assistant", "", tool_calls=calls),
-            ChatMessage("tool", "x is 1", tool_call_id="call_1"),
-            ChatMessage("tool", "y is 2", tool_call_id="call_2"),
-        ),
-        tools=(SEARCH,),
-        max_output_tokens=128,
-    )
-    server.push(Reply(tool_calls=[("call_3", "search", '{"q": "z"}')], usage=(50, 7)))
-
-    reply = await provider.complete(request)
-
-    assert reply.text is None
-    assert reply.tool_calls == (ToolCall(call_id="call_3", name="search", arguments='{"q": "z"}'),)
-    assert reply.finish_reason == "tool_calls"
-    assert server.requests[0].body == {
+    assert sent.body == {
         "model": "gpt-test",
-        "max_tokens": 128,
-        "messages": [
-            {"role": "system", "content": "Be terse."},
-            {"role": "user", "content": "Find x and y."},
-            {
-                "role": "assistant",
-                "content": None,
-                "tool_calls": [
-                    {"id": "call_1", "type": "function", "function": {"name": "search", "arguments": '{"q": "x"}'}},
-                    {"id": "call_2", "type": "function", "function": {"name": "search", "arguments": '{"q": "y"}'}},
-                ],
-            },
-            {"role": "tool", "tool_call_id": "call_1", "content": "x is 1"},
-            {"role": "tool", "tool_call_id": "call_2", "content": "y is 2"},
-        ],
-        "tools": [
-            {
-                "type": "function",
-                "function": {"name": "search", "description": "Search the notes.", "parameters": SEARCH.parameters},
-            }
-        ],
+        "messages": [{"role": "user", "content": "Hello"}],
+        "max_completion_tokens": 64,
     }
-
-
-async def test_malformed_arguments_pass_through_raw(server: ProviderServer, provider: OpenAIChatProvider) -> None:
-    server.push(Reply(tool_calls=[("call_1", "search", '{"q": "x",')]))
-
-    reply = await provider.complete(REQUEST)
-
-    assert reply.tool_calls == (ToolCall(call_id="call_1", name="search", arguments='{"q": "x",'),)
-
-
-def _completion(message: object) -> dict[str, object]:
-    return {"model": "gpt-test", "choices": [{"index": 0, "message": message, "finish_reason": "stop"}]}
-
-
-@pytest.mark.parametrize(
-    "body",
-    [
-        pytest.param({"choices": []}, id="empty-choices"),
-        pytest.param({"object": "chat.completion"}, id="no-choices"),
-        pytest.param({"choices": [{"finish_reason": "stop"}]}, id="no-message"),
-        pytest.param(["not", "an", "object"], id="not-an-object"),
-        pytest.param(
-            _completion({"content": None, "tool_calls": [{"id": "c1", "function": {"arguments": "{}"}}]}),
-            id="tool-call-without-name",
-        ),
-        pytest.param(
-            _completion({"content": None, "tool_calls": [{"id": "c1", "function": {"name": "s", "arguments": {}}}]}),
-            id="arguments-not-a-string",
-        ),
-        pytest.param(
-            _completion({"content": None, "tool_calls": [{"function": {"name": "s", "arguments": "{}"}}]}),
-            id="tool-call-without-id",
-        ),
-        pytest.param(_completion({"content": ["a", "list"]}), id="content-not-a-string"),
-        pytest.param("<html>Bad gateway</html>", id="not-json"),
-    ],
-)
-async def test_unusable_200_is_malformed_response(
-    server: ProviderServer, provider: OpenAIChatProvider, body: dict[str, object] | list[object] | str
-) -> None:
-    server.push(Raw(200, body))
-
-    error = await failure(provider)
-
-    assert (error.kind, error.retryable) == ("malformed_response", False)
-
-
-@pytest.mark.parametrize(
-    ("status", "kind", "retryable"),
-    [
-        (429, "rate_limited", True),
-        (500, "server_error", True),
-        (503, "server_error", True),
-        (400, "client_error", False),
-        (404, "client_error", False),
-    ],
-)
-async def test_http_status_mapping(
-    server: ProviderServer, provider: OpenAIChatProvider, status: int, kind: str, retryable: bool
-) -> None:
-    server.push(Raw(status, {"error": {"message": "nope", "type": "test"}}))
-
-    error = await failure(provider)
-
-    assert (error.kind, error.retryable, error.status) == (kind, retryable, status)
-    assert "nope" in str(error)
-
-
-async def test_rate_limit_keeps_retry_after(server: ProviderServer, provider: OpenAIChatProvider) -> None:
-    server.push(Raw(429, b"slow down", headers={"Retry-After": "7"}))
-
-    error = await failure(provider)
-
-    assert isinstance(error, RateLimitedError)
-    assert error.retry_after_s == 7.0
-    assert "retry after 7s" in str(error)
-
-
-async def test_client_error_body_excerpt_is_truncated(
-    server: ProviderServer, provider: OpenAIChatProvider
-) -> None:
-    server.push(Raw(400, "x" * 10_000))
-
-    error = await failure(provider)
-
-    assert error.kind == "client_error"
-    assert len(str(error)) < EXCERPT_CHARS + 50
 
 
 async def test_slow_response_times_out(server: ProviderServer) -> None:
     server.push(Delay(1.0, Reply(text="too late")))
-    provider = OpenAIChatProvider(server.base_url_openai, API_KEY, timeout_s=0.2)
+    provider = openai_provider(server.base_url_openai, API_KEY, timeout_s=0.2)
     started = time.monotonic()
 
     error = await failure(provider)
@@ -224,7 +80,7 @@ async def test_slow_response_times_out(server: ProviderServer) -> None:
     assert time.monotonic() - started < 0.9
 
 
-async def test_dropped_connection_is_retryable(server: ProviderServer, provider: OpenAIChatProvider) -> None:
+async def test_dropped_connection_is_retryable(server: ProviderServer, provider: HttpProvider) -> None:
     server.push(Drop())
 
     error = await failure(provider)
@@ -232,11 +88,34 @@ async def test_dropped_connection_is_retryable(server: ProviderServer, provider:
     assert (error.kind, error.retryable) == ("connection", True)
 
 
+async def test_a_dropped_connection_is_retried_on_a_new_one(server: ProviderServer) -> None:
+    server.push(Drop(), Reply(text="second time"))
+    waits: list[float] = []
+
+    async def record(seconds: float) -> None:
+        waits.append(seconds)
+
+    provider = HttpProvider(OpenAIChat(), server.base_url_openai, API_KEY, sleep=record, jitter=lambda: 0.0)
+    reply = await provider.complete(REQUEST)
+    await provider.aclose()
+
+    assert (reply.text, waits, len(server.requests)) == ("second time", [0.5], 2)
+
+
+async def test_client_error_body_excerpt_is_truncated(server: ProviderServer, provider: HttpProvider) -> None:
+    server.push(Raw(400, "x" * 10_000))
+
+    error = await failure(provider)
+
+    assert error.kind == "bad_request"
+    assert len(str(error)) < EXCERPT_CHARS + 50
+
+
 async def test_refused_connection_is_retryable() -> None:
     with socket.socket() as probe:  # a port that nobody listens on once closed
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    provider = OpenAIChatProvider(f"http://127.0.0.1:{port}/v1", API_KEY, timeout_s=1.0)
+    provider = openai_provider(f"http://127.0.0.1:{port}/v1", API_KEY, timeout_s=1.0)
 
     error = await failure(provider)
     await provider.aclose()
@@ -257,7 +136,7 @@ async def test_refused_connection_is_retryable() -> None:
 )
 async def test_api_key_is_sent_but_never_in_errors(server: ProviderServer, step: Step) -> None:
     server.push(step)
-    provider = OpenAIChatProvider(server.base_url_openai, API_KEY, timeout_s=0.2)
+    provider = openai_provider(server.base_url_openai, API_KEY, timeout_s=0.2)
 
     error = await failure(provider)
     await provider.aclose()
@@ -269,7 +148,7 @@ async def test_api_key_is_sent_but_never_in_errors(server: ProviderServer, step:
 
 async def test_no_auth_header_without_key(server: ProviderServer) -> None:
     server.push(Reply(text="ok"))
-    provider = OpenAIChatProvider(server.base_url_openai, None)
+    provider = openai_provider(server.base_url_openai, None)
 
     await provider.complete(REQUEST)
     await provider.aclose()
@@ -280,14 +159,14 @@ async def test_no_auth_header_without_key(server: ProviderServer) -> None:
 async def test_injected_client_is_left_open(server: ProviderServer) -> None:
     server.push(Reply(text="ok"))
     async with httpx.AsyncClient() as client:
-        provider = OpenAIChatProvider(server.base_url_openai, API_KEY, client=client)
+        provider = openai_provider(server.base_url_openai, API_KEY, client=client)
         await provider.complete(REQUEST)
         await provider.aclose()
 
         assert not client.is_closed
 
 
-async def test_exhausted_script_answers_500_naming_the_problem(provider: OpenAIChatProvider) -> None:
+async def test_exhausted_script_answers_500_naming_the_problem(provider: HttpProvider) -> None:
     error = await failure(provider)
 
     assert error.kind == "server_error"

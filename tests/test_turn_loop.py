@@ -12,14 +12,15 @@ from collections.abc import AsyncIterator, Iterator
 
 import orjson
 import pytest
-from loop_harness import NOW, Query, World, config, inject, of_type, outcomes, say, settings
+from loop_harness import ATTEMPTS_ONLY, NOW, Query, World, config, inject, of_type, outcomes, say, settings
 from provider_server import Delay, Drop, ProviderServer, Raw, Reply
 from turnstile.events import Approval, InputInjected, ResumeRequested, encode
 from turnstile.handlers.budget import TurnBudget
-from turnstile.handlers.providers.anthropic_messages import AnthropicMessagesProvider
-from turnstile.handlers.providers.openai_chat import OpenAIChatProvider
+from turnstile.handlers.providers.anthropic_messages import AnthropicMessages
+from turnstile.handlers.providers.openai_chat import OpenAIChat
 from turnstile.handlers.tools import Tool, ToolRegistry
 from turnstile.streams.file_log import FileLog
+from turnstile.streams.provider_http import HttpProvider
 from turnstile.streams.turn_runner import Route
 from worker_harness import events_of, running, until
 
@@ -33,8 +34,8 @@ def server() -> Iterator[ProviderServer]:
 
 
 @pytest.fixture
-async def openai(server: ProviderServer) -> AsyncIterator[OpenAIChatProvider]:
-    provider = OpenAIChatProvider(server.base_url_openai, KEY, timeout_s=5.0)
+async def openai(server: ProviderServer) -> AsyncIterator[HttpProvider]:
+    provider = HttpProvider(OpenAIChat(), server.base_url_openai, KEY, timeout_s=5.0, retry=ATTEMPTS_ONLY)
     yield provider
     await provider.aclose()
 
@@ -178,7 +179,7 @@ async def test_a_malformed_response_is_recorded_and_ends_the_turn_visibly_and_th
     assert (failure.kind, failure.model, failure.iteration) == ("malformed_response", "gpt-test", 1)
     [attempt_failed] = of_type(events, "AttemptFailed")
     assert not attempt_failed.retryable
-    assert failed.type == "TurnFailed" and "malformed_response" in failed.error
+    assert failed.type == "TurnFailed" and "could not be used: choices is empty" in failed.error
     assert completed.type == "TurnCompleted"
 
 
@@ -408,7 +409,7 @@ async def test_fallback_within_the_family_gets_the_exact_same_transcript(server,
         Raw(503, b"overloaded"),
         Reply(text="Done by the backup.", usage=(10, 2)),
     )
-    backup = OpenAIChatProvider(server.base_url_openai, KEY, timeout_s=5.0)
+    backup = HttpProvider(OpenAIChat(), server.base_url_openai, KEY, timeout_s=5.0, retry=ATTEMPTS_ONLY)
     try:
         turn = settings(world, fallbacks=[Route("gpt-backup", backup)])
         async with running(world.log, openai, config(turn)):
@@ -436,7 +437,7 @@ async def test_fallback_never_hands_a_transcript_to_another_protocol_family(serv
         Raw(500, b"boom"),
         Reply(text="Answered on the retry."),  # attempt 2, the primary again, from the start
     )
-    claude = AnthropicMessagesProvider(server.base_url_anthropic, KEY, timeout_s=5.0)
+    claude = HttpProvider(AnthropicMessages(), server.base_url_anthropic, KEY, timeout_s=5.0, retry=ATTEMPTS_ONLY)
     try:
         turn = settings(world, fallbacks=[Route("claude-test", claude)])
         async with running(world.log, openai, config(turn)):
@@ -536,7 +537,7 @@ async def test_the_loop_speaks_anthropic_messages_too(server, world):
         Reply(tool_calls=[("toolu_1", "search", '{"q": "dates"}')], usage=(30, 5)),
         Reply(text="Dates checked.", usage=(40, 6)),
     )
-    claude = AnthropicMessagesProvider(server.base_url_anthropic, KEY, timeout_s=5.0)
+    claude = HttpProvider(AnthropicMessages(), server.base_url_anthropic, KEY, timeout_s=5.0, retry=ATTEMPTS_ONLY)
     try:
         async with running(world.log, claude, config(settings(world, model="claude-test"))):
             await say(world.log, "check the dates", "m1")
@@ -580,7 +581,7 @@ async def test_an_approval_lets_one_call_run_not_a_series(server, openai, world)
 
 async def test_a_malformed_response_moves_to_the_fallback_model(server, openai, world):
     server.push(Raw(200, b"{not json"), Reply(text="The backup answered."))
-    backup = OpenAIChatProvider(server.base_url_openai, KEY, timeout_s=5.0)
+    backup = HttpProvider(OpenAIChat(), server.base_url_openai, KEY, timeout_s=5.0, retry=ATTEMPTS_ONLY)
     try:
         async with running(world.log, openai, config(settings(world, fallbacks=[Route("gpt-backup", backup)]))):
             await say(world.log, "hi", "m1")

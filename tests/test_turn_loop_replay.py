@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import copy
 
-from loop_harness import NOW, World, config, outcomes, say, settings
+from loop_harness import ATTEMPTS_ONLY, NOW, World, config, outcomes, say, settings
 from provider_server import ProviderServer, Raw, Reply
 from turnstile.events import Event, encode
 from turnstile.handlers.claim import ClaimPlan, DebouncePolicy, plan_claim
-from turnstile.handlers.providers.openai_chat import OpenAIChatProvider
+from turnstile.handlers.providers.openai_chat import OpenAIChat
 from turnstile.projections import ConversationState, apply_event, new_state
 from turnstile.streams.file_log import FileLog
+from turnstile.streams.provider_http import HttpProvider
 from turnstile.streams.publisher import message_event, publish
 from turnstile.streams.runtime import RandomIds, SystemClock
 from turnstile.streams.turn_runner import TurnRunner
@@ -55,7 +56,7 @@ async def test_the_state_folded_from_the_log_equals_the_runners_state_after_ever
 
     with ProviderServer() as server:
         server.push(*SCRIPT)
-        provider = OpenAIChatProvider(server.base_url_openai, "test-key", timeout_s=5.0)
+        provider = HttpProvider(OpenAIChat(), server.base_url_openai, "test-key", timeout_s=5.0, retry=ATTEMPTS_ONLY)
         runner = TurnRunner(state, append, provider, settings(world), SystemClock().now_ms, RandomIds().new)
         await runner.claim_and_run(plan)
         await provider.aclose()
@@ -78,7 +79,7 @@ async def test_the_worker_state_equals_a_fresh_fold_of_the_log_after_turns_of_ev
             Reply(text="done"),
             Raw(400, b"no"),
         )
-        provider = OpenAIChatProvider(server.base_url_openai, "test-key", timeout_s=5.0)
+        provider = HttpProvider(OpenAIChat(), server.base_url_openai, "test-key", timeout_s=5.0, retry=ATTEMPTS_ONLY)
         async with running(world.log, provider, config(settings(world))) as worker:
             await say(world.log, "one", "m1")
             await outcomes(world.log, 1)

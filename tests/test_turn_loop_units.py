@@ -12,7 +12,6 @@ from turnstile.handlers.fallback import FallTo, NoFallback, RouteInfo, next_rout
 from turnstile.handlers.pricing import ModelPrice, cost_usd
 from turnstile.handlers.protocol import RepeatPolicy
 from turnstile.handlers.provider import ChatMessage, ProviderError
-from turnstile.handlers.providers.http_errors import RateLimitedError
 from turnstile.handlers.tools import InvalidCall, Tool, ToolRegistry, ValidCall, call_signature, validate_call
 from turnstile.projections import apply_event, new_state
 from turnstile.streams.turn_runner import TurnSettings
@@ -74,6 +73,29 @@ def test_cost_comes_from_the_price_table_and_an_unknown_model_has_no_cost():
     assert cost_usd(prices, "other", Usage(input_tokens=1)) is None
 
 
+def test_each_token_component_has_its_price_and_an_unpriced_one_fails_closed():
+    full = {"m": ModelPrice(2.0, 8.0, cached_input_per_mtok=0.5, cache_write_per_mtok=2.5)}
+    # OpenAI-style: 2000 prompt tokens of which 1536 cached; 300 output of which 192 reasoning.
+    openai_usage = Usage(input_tokens=2000, output_tokens=300, cached_input_tokens=1536, reasoning_tokens=192)
+    assert cost_usd(full, "m", openai_usage) == pytest.approx((464 * 2.0 + 1536 * 0.5 + 300 * 8.0) / 1e6)
+    written = Usage(input_tokens=100, output_tokens=0, cache_write_tokens=100)
+    assert cost_usd(full, "m", written) == pytest.approx(100 * 2.5 / 1e6)
+    no_cache_prices = {"m": ModelPrice(2.0, 8.0)}
+    assert cost_usd(no_cache_prices, "m", openai_usage) is None
+    assert cost_usd(no_cache_prices, "m", written) is None
+    # A reply that touched no cache costs what it did before cache prices existed.
+    assert cost_usd(no_cache_prices, "m", Usage(input_tokens=10, output_tokens=1)) == pytest.approx(28e-6)
+    with pytest.raises(ValueError):
+        ModelPrice(1.0, 1.0, cached_input_per_mtok=-1.0)
+
+
+def test_usage_parts_cannot_exceed_their_totals():
+    with pytest.raises(ValueError):
+        Usage(input_tokens=10, cached_input_tokens=8, cache_write_tokens=3)
+    with pytest.raises(ValueError):
+        Usage(output_tokens=1, reasoning_tokens=2)
+
+
 def test_compaction_is_deterministic_keeps_the_last_exchange_and_never_repeats_itself():
     call = lambda i: ToolCall(call_id=f"c{i}", name="t", arguments="{}")  # noqa: E731
     messages = [ChatMessage("user", "q")]
@@ -102,9 +124,12 @@ def test_repeat_policy_and_backoff_are_bounded():
         RepeatPolicy(change_strategy_after=3, stop_after=2)
     settings = TurnSettings(backoff_base_ms=100, backoff_max_ms=1000)
     assert [settings.backoff_s(a) for a in (1, 2, 5)] == [0.1, 0.2, 1.0]
-    slow = RateLimitedError("429", status=429, retry_after_s=0.5)
+    slow = ProviderError("rate_limited", "429", retryable=True, status=429, retry_after_s=0.5)
     assert settings.backoff_s(1, slow) == 0.5
-    assert settings.backoff_s(1, RateLimitedError("429", status=429, retry_after_s=3600)) == 1.0
+    # The transport lets a server-directed wait through only when its policy allows it,
+    # so the attempt backoff honours it whole (a Retry-After of 30 s is not cut to 1 s).
+    patient = ProviderError("rate_limited", "429", retryable=True, status=429, retry_after_s=30)
+    assert settings.backoff_s(1, patient) == 30.0
     assert settings.backoff_s(1, ProviderError("timeout", "x", retryable=True)) == 0.1
 
 

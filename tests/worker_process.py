@@ -34,10 +34,11 @@ if str(ROOT) not in sys.path:  # run as a script: the project packages live at t
 from loop_harness import Query, Transfer  # noqa: E402
 from turnstile.handlers.claim import DebouncePolicy  # noqa: E402
 from turnstile.handlers.pricing import ModelPrice  # noqa: E402
-from turnstile.handlers.providers.openai_chat import OpenAIChatProvider  # noqa: E402
+from turnstile.handlers.providers.openai_chat import OpenAIChat  # noqa: E402
 from turnstile.handlers.tools import Tool, ToolRegistry  # noqa: E402
 from turnstile.streams.kafka_log import KafkaLog  # noqa: E402
 from turnstile.streams.log import Topics  # noqa: E402
+from turnstile.streams.provider_http import HttpProvider  # noqa: E402
 from turnstile.streams.turn_runner import TurnSettings  # noqa: E402
 from turnstile.streams.worker import Worker, WorkerConfig  # noqa: E402
 
@@ -90,7 +91,9 @@ def _parser() -> argparse.ArgumentParser:
 
 
 async def _main(args: argparse.Namespace) -> None:
-    provider = OpenAIChatProvider(args.base_url, os.environ.get("TURNSTILE_API_KEY"), timeout_s=args.provider_timeout)
+    provider = HttpProvider(
+        OpenAIChat(), args.base_url, os.environ.get("TURNSTILE_API_KEY"), timeout_s=args.provider_timeout
+    )
     turn = TurnSettings(
         model=args.model,
         tools=tools(args.tool_dir),
@@ -185,9 +188,7 @@ class WorkerProcess:
             self.kill()
 
 
-def worker_args(
-    bootstrap: str, group: str, topics: Topics, base_url: str, tool_dir: Path, *extra: str
-) -> list[str]:
+def worker_args(bootstrap: str, group: str, topics: Topics, base_url: str, tool_dir: Path, *extra: str) -> list[str]:
     return [
         "--bootstrap", bootstrap, "--group", group,
         "--events", topics.events, "--outcomes", topics.outcomes, "--dlq", topics.dead_letters,

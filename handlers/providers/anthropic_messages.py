@@ -1,83 +1,136 @@
-"""A client for the Anthropic Messages API (`POST {base_url}/v1/messages`)."""
+"""The Anthropic Messages wire format (`POST {base_url}/v1/messages`), with the rules the
+API enforces on a transcript applied before every request."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
-import httpx
 import orjson
-from turnstile.events import ToolCall
-from turnstile.handlers.provider import ChatMessage, ModelReply, ModelRequest, ProtocolFamily, ToolSpec
-from turnstile.handlers.providers.http_errors import (
-    JsonHttp,
+from turnstile.events import ToolCall, Usage
+from turnstile.handlers.provider import ChatMessage, ModelReply, ModelRequest, ProtocolFamily, StopKind, ToolSpec
+from turnstile.handlers.providers.wire import (
     build_tool_call,
     build_usage,
     expect_list,
     expect_object,
     finish_reason,
     malformed,
+    optional_object,
+    pair_tool_results,
     reply_model,
+    token_count,
+    tool_input,
 )
 
 # Content is either a plain string or a list of typed blocks, as on the wire.
 Content = str | list[dict[str, Any]]
 
+# stop_reason -> stop kind; a missing or unknown reason counts as the end of the reply.
+_STOPS: dict[str, StopKind] = {
+    "end_turn": "end",
+    "stop_sequence": "end",
+    "tool_use": "tool_use",
+    "max_tokens": "truncated",
+    "model_context_window_exceeded": "truncated",
+    "pause_turn": "pause",
+    "refusal": "refusal",
+}
 
-class AnthropicMessagesProvider:
-    family: ProtocolFamily = "anthropic"
+# What stands in for a message that would be empty: the API refuses any message with
+# empty content except a final assistant one, so one empty reply kept in history would
+# otherwise break every later request of the conversation.
+EMPTY_REPLY = "[no reply]"
+EMPTY_MESSAGE = "[empty message]"
 
-    def __init__(
-        self,
-        base_url: str,
-        api_key: str | None,
-        *,
-        timeout_s: float = 60.0,
-        client: httpx.AsyncClient | None = None,
-        anthropic_version: str = "2023-06-01",
-    ) -> None:
-        self._url = base_url.rstrip("/") + "/v1/messages"
-        self._headers = {"anthropic-version": anthropic_version}
+
+@dataclass(frozen=True, slots=True)
+class AnthropicMessages:
+    anthropic_version: str = "2023-06-01"
+
+    @property
+    def family(self) -> ProtocolFamily:
+        return "anthropic"
+
+    def url(self, base_url: str) -> str:
+        return base_url.rstrip("/") + "/v1/messages"
+
+    def headers(self, api_key: str | None) -> dict[str, str]:
+        headers = {"anthropic-version": self.anthropic_version}
         if api_key:
-            self._headers["x-api-key"] = api_key
-        self._http = JsonHttp(secret=api_key, timeout_s=timeout_s, client=client)
+            headers["x-api-key"] = api_key
+        return headers
 
-    async def complete(self, request: ModelRequest) -> ModelReply:
-        payload = await self._http.post(self._url, self._headers, request_body(request))
-        return parse_reply(payload, request.model)
+    def request_body(self, request: ModelRequest) -> dict[str, Any]:
+        body: dict[str, Any] = {
+            "model": request.model,
+            "max_tokens": request.max_output_tokens,
+            "messages": wire_messages(request.messages),
+        }
+        # The API has no system role: every system message, wherever it sits, becomes the
+        # top-level system prompt.
+        system = "\n\n".join(m.content for m in request.messages if m.role == "system" and m.content.strip())
+        if system:
+            body["system"] = system
+        if request.tools:
+            body["tools"] = [_wire_tool(tool) for tool in request.tools]
+        return body
 
-    async def aclose(self) -> None:
-        await self._http.aclose()
+    def parse_reply(self, payload: Any, requested_model: str) -> ModelReply:
+        body = expect_object(payload, "response")
+        blocks = expect_list(body.get("content"), "content")
+        texts: list[str] = []
+        calls: list[ToolCall] = []
+        for index, raw in enumerate(blocks):
+            where = f"content[{index}]"
+            block = expect_object(raw, where)
+            if block.get("type") == "text":
+                texts.append(_block_text(block, where))
+            elif block.get("type") == "tool_use":
+                calls.append(_parse_tool_use(block, where))
+            # Other blocks (thinking, server tools) are for the model: they go back with
+            # `native`, the turn loop does not read them.
+        reason = finish_reason(body.get("stop_reason"))
+        text = "".join(texts) if texts else None
+        stop = _STOPS.get(reason, "tool_use" if calls else "end")
+        if stop == "refusal" and not text:
+            text = _refusal_explanation(body.get("stop_details"))
+        return ModelReply(
+            model=reply_model(body.get("model"), requested_model),
+            # Text may arrive split around citations or tool_use blocks; the pieces are one message.
+            text=text,
+            tool_calls=tuple(calls),
+            usage=_usage(body.get("usage")),
+            finish_reason=reason,
+            stop=stop,
+            native=tuple(blocks),
+        )
 
 
-def request_body(request: ModelRequest) -> dict[str, Any]:
-    body: dict[str, Any] = {
-        "model": request.model,
-        "max_tokens": request.max_output_tokens,
-        "messages": _wire_messages(request.messages),
-    }
-    # The API has no system role: every system message, wherever it sits, becomes the
-    # top-level system prompt.
-    system = "\n\n".join(message.content for message in request.messages if message.role == "system")
-    if system:
-        body["system"] = system
-    if request.tools:
-        body["tools"] = [_wire_tool(tool) for tool in request.tools]
-    return body
-
-
-def _wire_messages(messages: tuple[ChatMessage, ...]) -> list[dict[str, Any]]:
+def wire_messages(messages: Sequence[ChatMessage]) -> list[dict[str, Any]]:
+    """The transcript as the API accepts it: tool results right after their calls and
+    first in their turn, user and assistant alternating, no empty content (except that a
+    final empty assistant message is left out), no trailing whitespace at the end of a
+    final assistant message."""
     wire: list[dict[str, Any]] = []
-    for message in messages:
-        if message.role == "system":
-            continue
-        role, content = _wire_turn(message)
+    for message in pair_tool_results([m for m in messages if m.role != "system"]):
+        role, blocks = _wire_turn(message)
         # Tool results travel as user turns, so several results in a row (or results
-        # followed by a user message) would break the required user/assistant alternation:
-        # merge same-role neighbours into one turn of blocks.
+        # followed by a user message) would break the alternation: merge neighbours.
         if wire and wire[-1]["role"] == role:
-            wire[-1]["content"] = _as_blocks(wire[-1]["content"]) + _as_blocks(content)
+            wire[-1]["content"] = _results_first(_as_blocks(wire[-1]["content"]) + _as_blocks(blocks))
         else:
-            wire.append({"role": role, "content": content})
+            wire.append({"role": role, "content": blocks})
+    if wire and wire[-1]["role"] == "assistant":
+        last = _without_trailing_whitespace(wire[-1]["content"])
+        if _is_empty(last):
+            wire.pop()
+        else:
+            wire[-1]["content"] = last
+    for turn in wire:
+        if _is_empty(turn["content"]):
+            turn["content"] = EMPTY_REPLY if turn["role"] == "assistant" else EMPTY_MESSAGE
     return wire
 
 
@@ -85,8 +138,14 @@ def _wire_turn(message: ChatMessage) -> tuple[str, Content]:
     if message.role == "tool":
         if message.tool_call_id is None:
             raise ValueError("a tool message must name the tool_call_id it answers")
-        result = {"type": "tool_result", "tool_use_id": message.tool_call_id, "content": message.content}
+        result: dict[str, Any] = {"type": "tool_result", "tool_use_id": message.tool_call_id}
+        result["content"] = message.content
+        if message.is_error:
+            result["is_error"] = True
         return "user", [result]
+    if message.role == "assistant" and message.native is not None:
+        # Verbatim: thinking blocks must come back unchanged (their signature covers them).
+        return "assistant", _as_blocks([dict(block) for block in message.native])
     if message.role == "assistant" and message.tool_calls:
         tool_uses = [_wire_tool_use(call) for call in message.tool_calls]
         return "assistant", _as_blocks(message.content) + tool_uses
@@ -94,51 +153,37 @@ def _wire_turn(message: ChatMessage) -> tuple[str, Content]:
 
 
 def _as_blocks(content: Content) -> list[dict[str, Any]]:
-    if isinstance(content, list):
-        return content
-    # The API rejects empty text blocks.
-    return [{"type": "text", "text": content}] if content else []
+    """Content as blocks, without the blank text blocks the API rejects."""
+    if isinstance(content, str):
+        return [{"type": "text", "text": content}] if content.strip() else []
+    return [block for block in content if not (block.get("type") == "text" and not str(block.get("text", "")).strip())]
+
+
+def _results_first(blocks: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    # In a user turn, tool_result blocks must come before any other content.
+    return sorted(blocks, key=lambda block: block.get("type") != "tool_result")
+
+
+def _is_empty(content: Content) -> bool:
+    return not content.strip() if isinstance(content, str) else not _as_blocks(content)
+
+
+def _without_trailing_whitespace(content: Content) -> Content:
+    if isinstance(content, str):
+        return content.rstrip()
+    blocks = _as_blocks(content)
+    if blocks and blocks[-1].get("type") == "text":
+        blocks[-1] = {**blocks[-1], "text": str(blocks[-1]["text"]).rstrip()}
+    return blocks
 
 
 def _wire_tool_use(call: ToolCall) -> dict[str, Any]:
-    return {"type": "tool_use", "id": call.call_id, "name": call.name, "input": _tool_input(call.arguments)}
-
-
-def _tool_input(arguments: str) -> dict[str, Any]:
-    # `input` must be an object. Arguments that are not one (e.g. malformed JSON from an
-    # OpenAI-family model earlier in the history) were never executed, and their tool
-    # result says so; an empty object keeps the transcript valid.
-    try:
-        parsed = orjson.loads(arguments)
-    except orjson.JSONDecodeError:
-        return {}
-    return parsed if isinstance(parsed, dict) else {}
+    # `input` must be an object; see `tool_input`.
+    return {"type": "tool_use", "id": call.call_id, "name": call.name, "input": tool_input(call.arguments)}
 
 
 def _wire_tool(tool: ToolSpec) -> dict[str, Any]:
     return {"name": tool.name, "description": tool.description, "input_schema": tool.parameters}
-
-
-def parse_reply(payload: Any, requested_model: str) -> ModelReply:
-    body = expect_object(payload, "response")
-    texts: list[str] = []
-    calls: list[ToolCall] = []
-    for index, raw in enumerate(expect_list(body.get("content"), "content")):
-        where = f"content[{index}]"
-        block = expect_object(raw, where)
-        if block.get("type") == "text":
-            texts.append(_block_text(block, where))
-        elif block.get("type") == "tool_use":
-            calls.append(_parse_tool_use(block, where))
-        # Other block types (thinking, server-side tools) carry nothing the turn loop consumes.
-    return ModelReply(
-        model=reply_model(body.get("model"), requested_model),
-        # Text may arrive split around citations or tool_use blocks; the pieces are one message.
-        text="".join(texts) if texts else None,
-        tool_calls=tuple(calls),
-        usage=build_usage(body.get("usage"), "input_tokens", "output_tokens"),
-        finish_reason=finish_reason(body.get("stop_reason")),
-    )
 
 
 def _block_text(block: dict[str, Any], where: str) -> str:
@@ -149,5 +194,28 @@ def _block_text(block: dict[str, Any], where: str) -> str:
 
 
 def _parse_tool_use(block: dict[str, Any], where: str) -> ToolCall:
-    tool_input = expect_object(block.get("input"), f"{where}.input")
-    return build_tool_call(block.get("id"), block.get("name"), orjson.dumps(tool_input).decode(), where)
+    input_object = expect_object(block.get("input"), f"{where}.input")
+    return build_tool_call(block.get("id"), block.get("name"), orjson.dumps(input_object).decode(), where)
+
+
+def _refusal_explanation(raw: object) -> str | None:
+    details = raw if isinstance(raw, dict) else {}
+    explanation = details.get("explanation")
+    return explanation if isinstance(explanation, str) and explanation.strip() else None
+
+
+def _usage(raw: object) -> Usage:
+    """`input_tokens` on this wire excludes the cache reads and writes; `Usage` counts the
+    whole prompt, so they are added back."""
+    usage = optional_object(raw, "usage")
+    uncached = token_count(usage, "input_tokens", "usage")
+    read = token_count(usage, "cache_read_input_tokens", "usage")
+    written = token_count(usage, "cache_creation_input_tokens", "usage")
+    details = optional_object(usage.get("output_tokens_details"), "usage.output_tokens_details")
+    return build_usage(
+        input=uncached + read + written,
+        output=token_count(usage, "output_tokens", "usage"),
+        cached_input=read,
+        cache_write=written,
+        reasoning=token_count(details, "thinking_tokens", "usage.output_tokens_details"),
+    )

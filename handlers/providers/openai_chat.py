@@ -1,64 +1,97 @@
-"""A client for OpenAI-compatible chat completions (`POST {base_url}/chat/completions`)."""
+"""The OpenAI chat completions wire format (`POST {base_url}/chat/completions`), as the
+official OpenAPI document (`CreateChatCompletionRequest`, `CreateChatCompletionResponse`)
+describes it; also spoken by OpenAI-compatible servers."""
 
 from __future__ import annotations
 
+from collections.abc import Collection
+from dataclasses import dataclass
 from typing import Any
 
-import httpx
-from turnstile.events import ToolCall
-from turnstile.handlers.provider import ChatMessage, ModelReply, ModelRequest, ProtocolFamily, ToolSpec
-from turnstile.handlers.providers.http_errors import (
-    JsonHttp,
+from turnstile.events import ToolCall, Usage
+from turnstile.handlers.provider import ChatMessage, ModelReply, ModelRequest, ProtocolFamily, StopKind, ToolSpec
+from turnstile.handlers.providers.wire import (
     build_tool_call,
     build_usage,
     expect_list,
     expect_object,
     finish_reason,
     malformed,
+    optional_object,
+    pair_tool_results,
     reply_model,
+    token_count,
 )
 
+# finish_reason -> stop kind. A refusal arrives as `message.refusal` with finish_reason
+# "stop"; a reason outside the spec (compatible servers) counts as the end of the reply.
+_STOPS: dict[str, StopKind] = {
+    "stop": "end",
+    "length": "truncated",
+    "tool_calls": "tool_use",
+    "function_call": "tool_use",
+    "content_filter": "content_filter",
+}
 
-class OpenAIChatProvider:
-    family: ProtocolFamily = "openai"
 
-    def __init__(
-        self,
-        base_url: str,
-        api_key: str | None,
-        *,
-        timeout_s: float = 60.0,
-        client: httpx.AsyncClient | None = None,
-    ) -> None:
-        self._url = base_url.rstrip("/") + "/chat/completions"
+@dataclass(frozen=True, slots=True)
+class OpenAIChat:
+    """`legacy_max_tokens` names the models whose server only knows the deprecated
+    `max_tokens` (some OpenAI-compatible servers); "*" means every model. Everyone else
+    gets `max_completion_tokens`, which o-series and later models require."""
+
+    legacy_max_tokens: Collection[str] = frozenset()
+
+    @property
+    def family(self) -> ProtocolFamily:
+        return "openai"
+
+    def url(self, base_url: str) -> str:
+        return base_url.rstrip("/") + "/chat/completions"
+
+    def headers(self, api_key: str | None) -> dict[str, str]:
         # Local OpenAI-compatible servers often run without auth; send no header then.
-        self._headers = {"authorization": f"Bearer {api_key}"} if api_key else {}
-        self._http = JsonHttp(secret=api_key, timeout_s=timeout_s, client=client)
+        return {"authorization": f"Bearer {api_key}"} if api_key else {}
 
-    async def complete(self, request: ModelRequest) -> ModelReply:
-        payload = await self._http.post(self._url, self._headers, request_body(request))
-        return parse_reply(payload, request.model)
+    def request_body(self, request: ModelRequest) -> dict[str, Any]:
+        legacy = "*" in self.legacy_max_tokens or request.model in self.legacy_max_tokens
+        body: dict[str, Any] = {
+            "model": request.model,
+            "messages": [_wire_message(message) for message in pair_tool_results(request.messages)],
+            ("max_tokens" if legacy else "max_completion_tokens"): request.max_output_tokens,
+        }
+        # An empty `tools` array is rejected by some compatible servers; omit it instead.
+        if request.tools:
+            body["tools"] = [_wire_tool(tool) for tool in request.tools]
+        return body
 
-    async def aclose(self) -> None:
-        await self._http.aclose()
-
-
-def request_body(request: ModelRequest) -> dict[str, Any]:
-    body: dict[str, Any] = {
-        "model": request.model,
-        "messages": [_wire_message(message) for message in request.messages],
-        "max_tokens": request.max_output_tokens,
-    }
-    # An empty `tools` array is rejected by some compatible servers; omit it instead.
-    if request.tools:
-        body["tools"] = [_wire_tool(tool) for tool in request.tools]
-    return body
+    def parse_reply(self, payload: Any, requested_model: str) -> ModelReply:
+        body = expect_object(payload, "response")
+        choices = expect_list(body.get("choices"), "choices")
+        if not choices:
+            raise malformed("choices is empty")
+        choice = expect_object(choices[0], "choices[0]")
+        message = expect_object(choice.get("message"), "choices[0].message")
+        content = _optional_text(message, "content")
+        refusal = _optional_text(message, "refusal")
+        calls = _parse_tool_calls(message.get("tool_calls"))
+        reason = finish_reason(choice.get("finish_reason"))
+        stop: StopKind = "refusal" if refusal else _STOPS.get(reason, "tool_use" if calls else "end")
+        return ModelReply(
+            model=reply_model(body.get("model"), requested_model),
+            text=refusal if refusal else content,
+            tool_calls=calls,
+            usage=_usage(body.get("usage")),
+            finish_reason=reason,
+            stop=stop,
+        )
 
 
 def _wire_message(message: ChatMessage) -> dict[str, Any]:
     if message.role == "tool":
         if message.tool_call_id is None:
             raise ValueError("a tool message must name the tool_call_id it answers")
+        # No error flag on this wire: the content says "error: ..." itself.
         return {"role": "tool", "tool_call_id": message.tool_call_id, "content": message.content}
     if message.role == "assistant" and message.tool_calls:
         return {
@@ -83,23 +116,11 @@ def _wire_tool(tool: ToolSpec) -> dict[str, Any]:
     }
 
 
-def parse_reply(payload: Any, requested_model: str) -> ModelReply:
-    body = expect_object(payload, "response")
-    choices = expect_list(body.get("choices"), "choices")
-    if not choices:
-        raise malformed("choices is empty")
-    choice = expect_object(choices[0], "choices[0]")
-    message = expect_object(choice.get("message"), "choices[0].message")
-    content = message.get("content")
-    if content is not None and not isinstance(content, str):
-        raise malformed("choices[0].message.content is not a string")
-    return ModelReply(
-        model=reply_model(body.get("model"), requested_model),
-        text=content,
-        tool_calls=_parse_tool_calls(message.get("tool_calls")),
-        usage=build_usage(body.get("usage"), "prompt_tokens", "completion_tokens"),
-        finish_reason=finish_reason(choice.get("finish_reason")),
-    )
+def _optional_text(message: dict[str, Any], key: str) -> str | None:
+    value = message.get(key)
+    if value is not None and not isinstance(value, str):
+        raise malformed(f"choices[0].message.{key} is not a string")
+    return value
 
 
 def _parse_tool_calls(raw: object) -> tuple[ToolCall, ...]:
@@ -118,3 +139,18 @@ def _parse_tool_call(raw: object, where: str) -> ToolCall:
     if not isinstance(arguments, str):
         raise malformed(f"{where}.function.arguments is not a string")
     return build_tool_call(call.get("id"), function.get("name"), arguments, where)
+
+
+def _usage(raw: object) -> Usage:
+    """`CompletionUsage`: prompt tokens include the cached ones, completion tokens the
+    reasoning ones, as `Usage` counts them."""
+    usage = optional_object(raw, "usage")
+    prompt = optional_object(usage.get("prompt_tokens_details"), "usage.prompt_tokens_details")
+    completion = optional_object(usage.get("completion_tokens_details"), "usage.completion_tokens_details")
+    return build_usage(
+        input=token_count(usage, "prompt_tokens", "usage"),
+        output=token_count(usage, "completion_tokens", "usage"),
+        cached_input=token_count(prompt, "cached_tokens", "usage.prompt_tokens_details"),
+        cache_write=token_count(prompt, "cache_write_tokens", "usage.prompt_tokens_details"),
+        reasoning=token_count(completion, "reasoning_tokens", "usage.completion_tokens_details"),
+    )

@@ -1,0 +1,45 @@
+"""The sentence a user reads when the model provider could not produce a reply: what went
+wrong, in one sentence, and what the engine did about it. Pure: from the error alone.
+
+The provider's own message is quoted only for a rejected request (it says what was
+wrong with it); the transport has already removed the API key from it.
+"""
+
+from __future__ import annotations
+
+from turnstile.handlers.provider import ProviderError
+
+SIDE_EFFECT_NOTE = (
+    " A tool with side effects had already run, so the turn was not retried automatically:"
+    " check the operation record before continuing."
+)
+
+
+def provider_failure(error: ProviderError, *, attempts: int, side_effect_ran: bool) -> str:
+    """`attempts`: how many attempts of the turn were made; said when each one failed alike."""
+    tried = f" on all {attempts} attempts" if error.retryable and attempts > 1 else ""
+    http = f" (HTTP {error.status})" if error.status is not None else ""
+    match error.kind:
+        case "authentication":
+            sentence = f"The model provider refused the credentials{http}: check the API key."
+        case "bad_request":
+            said = error.provider_message or "it gave no reason"
+            sentence = f"The model provider rejected the request{http}: {said.rstrip('.')}."
+        case "rate_limited" if error.retry_after_s is not None and not error.retryable:
+            sentence = (
+                f"The model provider is rate limiting requests and asked to wait {error.retry_after_s:g} s, "
+                "longer than this turn may wait."
+            )
+        case "rate_limited":
+            sentence = f"The model provider kept rate limiting requests{http}{tried}."
+        case "overloaded":
+            sentence = f"The model provider was overloaded{http}{tried}."
+        case "server_error":
+            sentence = f"The model provider failed{http}{tried}."
+        case "timeout":
+            sentence = f"The model provider did not answer in time{tried}."
+        case "connection":
+            sentence = f"The model provider could not be reached{tried}."
+        case "malformed_response":
+            sentence = f"The model provider sent a reply that could not be used: {error.message.rstrip('.')}."
+    return sentence + (SIDE_EFFECT_NOTE if side_effect_ran else "")

@@ -1,0 +1,188 @@
+"""The one HTTP transport for every provider wire format: httpx, timeouts, retries as the
+official SDKs do them (`turnstile.handlers.retry`), and redaction.
+
+The wire format (`turnstile.handlers.providers.*`) builds the request and parses the
+reply; this module only moves bytes and turns what went wrong into a `ProviderError`.
+Whatever an error quotes from a response body or an httpx exception has the API key
+replaced, and no error raised here chains an httpx exception: those carry the request,
+whose headers hold the key.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import random
+import ssl
+import time
+from collections.abc import Awaitable, Callable, Mapping
+
+import httpx
+import orjson
+from turnstile.handlers.provider import ModelReply, ModelRequest, ProtocolFamily, ProviderError
+from turnstile.handlers.providers.wire import WireFormat, malformed, provider_error_message, status_kind
+from turnstile.handlers.retry import GiveUp, RetryPolicy, next_retry, retryable_status, server_wait_s
+
+log = logging.getLogger(__name__)
+
+# A reply bigger than this is not a chat completion; refuse it instead of buffering it.
+MAX_RESPONSE_BYTES = 16 * 1024 * 1024
+# Enough of an error body to tell an operator what the server objected to.
+EXCERPT_CHARS = 300
+
+
+class HttpProvider:
+    """A `Provider` speaking `wire` over HTTP.
+
+    Owns its `httpx.AsyncClient` unless one is injected; an injected client belongs to the
+    caller and is left open by `aclose`. `sleep`, `jitter` and `now_s` are injectable so
+    that a retry schedule can be observed without waiting.
+    """
+
+    def __init__(
+        self,
+        wire: WireFormat,
+        base_url: str,
+        api_key: str | None,
+        *,
+        timeout_s: float = 60.0,
+        client: httpx.AsyncClient | None = None,
+        retry: RetryPolicy = RetryPolicy(),
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        jitter: Callable[[], float] = random.random,
+        now_s: Callable[[], float] = time.time,
+    ) -> None:
+        self._wire = wire
+        self._url = wire.url(base_url)
+        self._headers = {"content-type": "application/json", **wire.headers(api_key)}
+        self._secret = api_key
+        self._timeout_s = timeout_s
+        self._retry = retry
+        self._sleep = sleep
+        self._jitter = jitter
+        self._now_s = now_s
+        self._owns_client = client is None
+        self._client = client if client is not None else _owned_client(timeout_s)
+
+    @property
+    def family(self) -> ProtocolFamily:
+        return self._wire.family
+
+    async def complete(self, request: ModelRequest) -> ModelReply:
+        content = orjson.dumps(self._wire.request_body(request))
+        started = time.monotonic()
+        retries = 0
+        while True:
+            result = await self._try(content, request.model)
+            if isinstance(result, ModelReply):
+                return result
+            time_left = None if request.time_left_s is None else request.time_left_s - (time.monotonic() - started)
+            decision = next_retry(self._retry, retries, result, self._jitter(), time_left)
+            if isinstance(decision, GiveUp):
+                # Raised outside any `except`: nothing from httpx is chained to it.
+                raise _given_up(result, decision, retries)
+            log.warning(
+                "%s request failed (%s); retry %d in %.2f s", self.family, result, retries + 1, decision.delay_s
+            )
+            await self._sleep(decision.delay_s)
+            retries += 1
+
+    async def aclose(self) -> None:
+        if self._owns_client:
+            await self._client.aclose()
+
+    async def _try(self, content: bytes, model: str) -> ModelReply | ProviderError:
+        """One request: the reply, or what went wrong (returned, not raised, so that no
+        httpx exception is left in an error's context)."""
+        failure: ProviderError | None = None
+        try:
+            # httpx timeouts are per phase (connect, each read...); the outer deadline also
+            # bounds a server that trickles bytes forever.
+            async with asyncio.timeout(self._timeout_s):
+                status, headers, payload = await self._send(content)
+        except (TimeoutError, httpx.TimeoutException):
+            failure = ProviderError("timeout", f"no response within {self._timeout_s:g} s", retryable=True)
+        except httpx.TransportError as exc:
+            failure = ProviderError("connection", self._describe(exc), retryable=True)
+        except httpx.DecodingError as exc:
+            failure = malformed(self._describe(exc))
+        except ProviderError as exc:
+            failure = exc
+        if failure is not None:
+            return failure
+        if not 200 <= status < 300:
+            return self._status_error(status, headers, payload)
+        try:
+            parsed = orjson.loads(payload)
+        except orjson.JSONDecodeError:
+            return malformed(f"body is not JSON: {self._excerpt(payload)}")
+        try:
+            return self._wire.parse_reply(parsed, model)
+        except ProviderError as exc:
+            return exc
+
+    async def _send(self, content: bytes) -> tuple[int, httpx.Headers, bytes]:
+        async with self._client.stream(
+            "POST", self._url, content=content, headers=self._headers, timeout=self._timeout_s
+        ) as response:
+            chunks: list[bytes] = []
+            size = 0
+            async for chunk in response.aiter_bytes():
+                size += len(chunk)
+                if size > MAX_RESPONSE_BYTES:
+                    raise malformed(f"response body exceeds {MAX_RESPONSE_BYTES} bytes")
+                chunks.append(chunk)
+            return response.status_code, response.headers, b"".join(chunks)
+
+    def _status_error(self, status: int, headers: Mapping[str, str], payload: bytes) -> ProviderError:
+        said = provider_error_message(payload)
+        wait = server_wait_s(headers, self._now_s())
+        detail = f"HTTP {status}: {self._excerpt(payload)}"
+        if wait is not None:
+            detail = f"HTTP {status} (retry after {wait:g} s): {self._excerpt(payload)}"
+        return ProviderError(
+            status_kind(status),
+            detail,
+            retryable=retryable_status(status, headers),
+            status=status,
+            retry_after_s=wait,
+            provider_message=None if said is None else self._redact(said),
+        )
+
+    def _excerpt(self, payload: bytes) -> str:
+        # Redact before truncating, so a cut can never leave part of the key behind.
+        text = self._redact(" ".join(payload.decode("utf-8", errors="replace").split()))
+        return text if len(text) <= EXCERPT_CHARS else text[:EXCERPT_CHARS] + "..."
+
+    def _describe(self, exc: Exception) -> str:
+        text = str(exc)
+        return self._redact(f"{type(exc).__name__}: {text}" if text else type(exc).__name__)
+
+    def _redact(self, text: str) -> str:
+        return text.replace(self._secret, "[redacted]") if self._secret else text
+
+
+def _given_up(error: ProviderError, decision: GiveUp, retries: int) -> ProviderError:
+    """The error as the turn sees it: whether a later attempt may help, and why not now."""
+    if not error.retryable:
+        return error
+    note = f"after {retries} retries" if retries else "not retried"
+    return ProviderError(
+        error.kind,
+        f"{error.message} ({note}: {decision.reason})" if decision.final else f"{error.message} ({note})",
+        retryable=not decision.final,
+        status=error.status,
+        retry_after_s=error.retry_after_s,
+        provider_message=error.provider_message,
+    )
+
+
+def _owned_client(timeout_s: float) -> httpx.AsyncClient:
+    return httpx.AsyncClient(timeout=timeout_s, verify=_shared_ssl_context())
+
+
+@functools.cache
+def _shared_ssl_context() -> ssl.SSLContext:
+    # Loading the CA bundle takes tens of milliseconds per client; one context serves all.
+    return httpx.create_ssl_context()

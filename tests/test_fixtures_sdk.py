@@ -1,0 +1,39 @@
+"""The checked-in provider fixtures are what their generator writes, and -- where the
+official SDKs are installed (a developer's venv, not CI) -- exactly what the SDKs' own
+response models make of them."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+FOLDER = Path(__file__).parent / "fixtures" / "providers"
+_spec = importlib.util.spec_from_file_location("make_fixtures", FOLDER / "make_fixtures.py")
+assert _spec is not None and _spec.loader is not None
+make_fixtures = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(make_fixtures)
+
+CASES = [("openai", name) for name in make_fixtures.OPENAI] + [("anthropic", name) for name in make_fixtures.ANTHROPIC]
+
+
+@pytest.mark.parametrize(("family", "name"), CASES)
+def test_the_checked_in_fixture_is_the_generators(family: str, name: str) -> None:
+    source = make_fixtures.OPENAI if family == "openai" else make_fixtures.ANTHROPIC
+    assert json.loads((FOLDER / family / f"{name}.json").read_text()) == source[name]
+
+
+def test_every_fixture_file_has_a_source() -> None:
+    on_disk = {(p.parent.name, p.stem) for p in FOLDER.glob("*/*.json")}
+    assert on_disk == set(CASES)
+
+
+@pytest.mark.parametrize(("family", "name"), CASES)
+def test_the_fixture_is_what_the_official_sdk_model_makes_of_it(family: str, name: str) -> None:
+    if family == "openai":
+        model = pytest.importorskip("openai.types.chat").ChatCompletion
+    else:
+        model = pytest.importorskip("anthropic.types").Message
+    make_fixtures.check(model, json.loads((FOLDER / family / f"{name}.json").read_text()), f"{family}/{name}")

@@ -1,0 +1,260 @@
+"""Why a reply ended decides how the turn ends: every stop kind of both families, through
+the real worker on the embedded log, answered from the SDK-shaped fixtures by a mock API
+that refuses (400) any request the real API would refuse."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+import pytest
+from loop_harness import World, config, of_type, outcomes, say, settings
+from turnstile.handlers.pricing import ModelPrice
+from turnstile.handlers.providers.anthropic_messages import AnthropicMessages
+from turnstile.handlers.providers.openai_chat import OpenAIChat
+from turnstile.handlers.retry import RetryPolicy
+from turnstile.streams.file_log import FileLog
+from turnstile.streams.provider_http import HttpProvider
+from wire_harness import API_KEY, MockApi, anthropic_api, fixture, openai_api, reply
+from worker_harness import events_of, running
+
+MODELS = {"openai": "gpt-test", "anthropic": "claude-test"}
+
+
+@pytest.fixture
+def world(tmp_path) -> World:
+    return World(log=FileLog(tmp_path))
+
+
+class Api:
+    """A family's mock API and a provider on it whose retries never wait."""
+
+    def __init__(self, family: str) -> None:
+        self.family = family
+        self.mock: MockApi = openai_api() if family == "openai" else anthropic_api()
+        self.waits: list[float] = []
+
+    async def _no_wait(self, seconds: float) -> None:
+        self.waits.append(seconds)
+
+    def provider(self, client: httpx.AsyncClient) -> HttpProvider:
+        wire = OpenAIChat() if self.family == "openai" else AnthropicMessages()
+        return HttpProvider(
+            wire, "https://api.test/v1", API_KEY, client=client, sleep=self._no_wait, jitter=lambda: 0.0
+        )
+
+    def text(self, words: str) -> httpx.Response:
+        """A plain completed reply saying `words`."""
+        body = copy.deepcopy(fixture(self.family, "text"))
+        if self.family == "openai":
+            body["choices"][0]["message"]["content"] = words
+        else:
+            body["content"][0]["text"] = words
+        return reply(body)
+
+
+@pytest.fixture(params=["openai", "anthropic"])
+async def api(request: pytest.FixtureRequest) -> AsyncIterator[tuple[Api, HttpProvider]]:
+    family = Api(request.param)
+    async with family.mock.client() as client:
+        yield family, family.provider(client)
+
+
+async def one_turn(world: World, provider: HttpProvider, model: str, **overrides: Any) -> tuple[Any, list[Any]]:
+    async with running(world.log, provider, config(settings(world, model=model, **overrides))):
+        await say(world.log, "compare the fares", "m1")
+        [outcome] = await outcomes(world.log, 1)
+    return outcome, events_of(world.log, "c1")
+
+
+def finish_reason(body: dict[str, Any]) -> str:
+    return body["choices"][0]["finish_reason"] if "choices" in body else body["stop_reason"]
+
+
+REFUSALS = {
+    ("openai", "refusal"): ("refusal", "I'm sorry, I can't help with that."),
+    ("openai", "content_filter"): ("content_filter", "Here is how"),
+    ("anthropic", "refusal"): ("refusal", "I can't help with that."),
+    ("anthropic", "refusal_explained"): ("refusal", "This could enable malware."),
+}
+
+
+@pytest.mark.parametrize(("family", "name"), list(REFUSALS))
+async def test_a_refusal_or_content_filter_fails_visibly_keeping_the_providers_text(world, family, name):
+    probe = Api(family)
+    probe.mock.push(reply(fixture(family, name)))
+    async with probe.mock.client() as client:
+        outcome, events = await one_turn(world, probe.provider(client), MODELS[family])
+
+    reason, text = REFUSALS[family, name]
+    assert outcome.type == "TurnFailed"
+    assert (outcome.reason, outcome.text) == (reason, text)
+    assert text in outcome.error if reason == "refusal" else "content filter" in outcome.error
+    assert outcome.statuses == {"m1": "failed"}
+    [responded] = of_type(events, "ModelResponded")
+    assert responded.finish_reason == finish_reason(fixture(family, name))
+
+
+TRUNCATIONS = [
+    ("openai", "length", "The fares on the 9th are: 1) 212 EUR, 2) 2"),
+    ("anthropic", "max_tokens", "The fares on the 9th are: 1) 212 EUR, 2) 2"),
+    ("anthropic", "context_window", "In summary, the"),
+]
+
+
+@pytest.mark.parametrize(("family", "name", "partial"), TRUNCATIONS)
+async def test_a_reply_cut_off_by_its_output_allowance_is_exhausted_never_completed(world, family, name, partial):
+    probe = Api(family)
+    probe.mock.push(reply(fixture(family, name)))
+    async with probe.mock.client() as client:
+        outcome, _ = await one_turn(world, probe.provider(client), MODELS[family])
+
+    assert outcome.type == "TurnExhausted"
+    assert (outcome.allowance, outcome.last_text, outcome.statuses) == ("output_tokens", partial, {"m1": "exhausted"})
+
+
+async def test_a_reply_cut_off_inside_a_tool_call_is_sent_back_as_a_protocol_failure(world):
+    probe = Api("openai")
+    probe.mock.push(reply(fixture("openai", "cut_tool_arguments")), probe.text("Sorry, let me answer directly."))
+    async with probe.mock.client() as client:
+        outcome, events = await one_turn(world, probe.provider(client), "gpt-test")
+
+    [failure] = of_type(events, "ProtocolFailure")
+    assert failure.kind == "malformed_arguments"
+    assert outcome.type == "TurnCompleted" and world.searches == []
+
+
+async def test_pause_turn_continues_with_the_paused_reply_sent_back(world):
+    probe = Api("anthropic")
+    paused = fixture("anthropic", "pause_turn")
+    probe.mock.push(reply(paused), probe.text("The 9th is cheaper."))
+    async with probe.mock.client() as client:
+        outcome, events = await one_turn(world, probe.provider(client), "claude-test")
+
+    assert outcome.type == "TurnCompleted"
+    assert outcome.reply == "Searching the web. The 9th is cheaper."
+    assert [e.finish_reason for e in of_type(events, "ModelResponded")] == ["pause_turn", "end_turn"]
+    # The second request ends with the paused reply exactly as it came (server tool use
+    # included), as the final assistant message the API continues from.
+    assert probe.mock.bodies[1]["messages"][-1] == {"role": "assistant", "content": paused["content"]}
+
+
+async def test_pause_turn_continuations_are_bounded_by_the_iteration_allowance(world):
+    from turnstile.handlers.budget import TurnBudget
+
+    probe = Api("anthropic")
+    probe.mock.push(*[reply(fixture("anthropic", "pause_turn")) for _ in range(3)])
+    async with probe.mock.client() as client:
+        outcome, _ = await one_turn(world, probe.provider(client), "claude-test", budget=TurnBudget(max_iterations=3))
+
+    assert outcome.type == "TurnExhausted" and outcome.allowance == "iterations"
+    assert len(probe.mock.bodies) == 3
+
+
+@pytest.mark.parametrize(
+    ("family", "name"),
+    [("anthropic", "empty_end_turn"), ("anthropic", "refusal"), ("openai", "refusal"), ("openai", "content_filter")],
+)
+async def test_a_conversation_with_an_empty_or_refused_reply_keeps_working_for_three_more_turns(world, family, name):
+    probe = Api(family)
+    probe.mock.push(reply(fixture(family, name)), *[probe.text(f"answer {n}") for n in (2, 3, 4)])
+    async with (
+        probe.mock.client() as client,
+        running(world.log, probe.provider(client), config(settings(world, model=MODELS[family]))),
+    ):
+        for n in (1, 2, 3, 4):
+            await say(world.log, f"question {n}", f"m{n}")
+            found = await outcomes(world.log, n)
+
+    first = "TurnCompleted" if name == "empty_end_turn" else "TurnFailed"
+    assert [o.type for o in found] == [first] + ["TurnCompleted"] * 3
+    assert [o.reply for o in found[1:]] == ["answer 2", "answer 3", "answer 4"]
+    # Every request was one the real API accepts (the mock answers 400 otherwise), and the
+    # last one still carries the whole conversation, the first reply included.
+    assert len(probe.mock.bodies) == 4
+    assert [m["role"] for m in probe.mock.bodies[-1]["messages"] if m["role"] != "system"] == [
+        "user",
+        "assistant",
+    ] * 3 + ["user"]
+
+
+async def test_tool_errors_are_flagged_and_thinking_carries_across_the_tool_round(world):
+    probe = Api("anthropic")
+    thinking = copy.deepcopy(fixture("anthropic", "thinking_tool_use"))
+    thinking["content"][3]["input"] = {"query": "not an argument of search"}
+    probe.mock.push(reply(thinking), probe.text("The 9th is cheaper."))
+    async with probe.mock.client() as client:
+        outcome, _ = await one_turn(world, probe.provider(client), "claude-test")
+
+    assert outcome.type == "TurnCompleted"
+    second = probe.mock.bodies[1]["messages"]
+    assert second[-2] == {"role": "assistant", "content": thinking["content"]}  # signature and all
+    ok, bad = second[-1]["content"]
+    assert ok == {"type": "tool_result", "tool_use_id": "toolu_01A", "content": "3 results for fares 9th"}
+    assert bad["tool_use_id"] == "toolu_01B" and bad["is_error"] is True and bad["content"].startswith("error: ")
+
+
+async def test_cache_heavy_usage_is_recorded_and_priced_per_component(world):
+    probe = Api("anthropic")
+    probe.mock.push(reply(fixture("anthropic", "cache_usage")))
+    price = ModelPrice(input_per_mtok=3.0, output_per_mtok=15.0, cached_input_per_mtok=0.30, cache_write_per_mtok=3.75)
+    async with probe.mock.client() as client:
+        outcome, events = await one_turn(world, probe.provider(client), "claude-test", prices={"claude-test": price})
+
+    [responded] = of_type(events, "ModelResponded")
+    assert (responded.usage.input_tokens, responded.usage.cached_input_tokens, responded.usage.cache_write_tokens) == (
+        12_050,
+        10_000,
+        2000,
+    )
+    assert responded.cost_usd == pytest.approx(0.01365)
+    m = outcome.metrics
+    assert (m.input_tokens, m.cached_input_tokens, m.cache_write_tokens, m.output_tokens) == (12_050, 10_000, 2000, 200)
+    assert m.cost_usd == pytest.approx(0.01365)
+
+
+async def test_a_provider_error_after_a_side_effect_is_retried_by_the_transport_not_failed(world):
+    """The same request again is safe after a side effect (it repeats no tool); a new
+    attempt of the turn would not be. So a passing 503 no longer fails such a turn."""
+    probe = Api("openai")
+    transfer = copy.deepcopy(fixture("openai", "parallel_tool_calls"))
+    transfer["choices"][0]["message"]["tool_calls"] = [
+        {
+            "id": "call_t",
+            "type": "function",
+            "function": {"name": "transfer", "arguments": '{"to": "bob", "amount": 5}'},
+        }
+    ]
+    busy = httpx.Response(503, json={"error": {"message": "busy"}}, headers={"retry-after-ms": "200"})
+    probe.mock.push(reply(transfer), busy, probe.text("Paid."))
+    async with probe.mock.client() as client:
+        outcome, events = await one_turn(world, probe.provider(client), "gpt-test")
+
+    assert outcome.type == "TurnCompleted" and outcome.reply == "Paid."
+    assert (len(world.transfers), probe.waits, of_type(events, "AttemptFailed")) == (1, [0.2], [])
+
+
+async def test_a_rate_limit_longer_than_the_turn_may_wait_fails_in_one_sentence(world):
+    probe = Api("anthropic")
+    probe.mock.push(
+        httpx.Response(
+            429,
+            json={"type": "error", "error": {"type": "rate_limit_error", "message": "slow"}},
+            headers={"retry-after": "3600"},
+        )
+    )
+    async with probe.mock.client() as client:
+        outcome, events = await one_turn(world, probe.provider(client), "claude-test")
+
+    assert outcome.type == "TurnFailed"
+    assert outcome.error == (
+        "The model provider is rate limiting requests and asked to wait 3600 s, longer than this turn may wait."
+    )
+    assert [f.retryable for f in of_type(events, "AttemptFailed")] == [False]
+    assert probe.waits == []
+
+
+def test_the_retry_policy_default_is_the_sdks() -> None:
+    assert RetryPolicy() == RetryPolicy(max_retries=2, initial_delay_s=0.5, max_delay_s=8.0, max_retry_after_s=60.0)

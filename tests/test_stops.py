@@ -1,0 +1,40 @@
+"""The pure decision after a reply: its stop kind, not its text, says how the turn goes on."""
+
+from __future__ import annotations
+
+import pytest
+from turnstile.events import ToolCall, Usage
+from turnstile.handlers.provider import ModelReply, StopKind
+from turnstile.handlers.stops import AskAgain, Complete, CutOff, Refused, RunTools, after_reply
+
+CALL = (ToolCall(call_id="c1", name="search", arguments="{}"),)
+
+
+def said(stop: StopKind, text: str | None = "text", calls: tuple[ToolCall, ...] = ()) -> ModelReply:
+    return ModelReply("m", text, calls, Usage(), finish_reason="x", stop=stop)
+
+
+@pytest.mark.parametrize(
+    ("reply", "earlier", "then"),
+    [
+        (said("end", "done"), "", Complete("done")),
+        (said("end", None), "", Complete("")),
+        (said("end", "rest"), "first ", Complete("first rest")),
+        (said("tool_use", None, CALL), "", RunTools()),
+        (said("truncated", None, CALL), "", RunTools()),  # the call's validation decides
+        (said("pause", "searching "), "", AskAgain()),
+        (said("truncated", "half a"), "the first ", CutOff("the first half a")),
+        (said("truncated", None), "", CutOff(None)),
+        (said("refusal", "I can't."), "", Refused("refusal", "The model declined to answer: I can't.", "I can't.")),
+        (said("refusal", None), "", Refused("refusal", "The model declined to answer.", None)),
+        # A refusal or a filter never runs the tools it came with.
+        (said("refusal", "no", CALL), "", Refused("refusal", "The model declined to answer: no", "no")),
+        (
+            said("content_filter", "Here is", CALL),
+            "",
+            Refused("content_filter", "The provider's content filter stopped the reply.", "Here is"),
+        ),
+    ],
+)
+def test_the_stop_kind_decides_what_follows(reply: ModelReply, earlier: str, then: object) -> None:
+    assert after_reply(reply, earlier) == then

@@ -1,0 +1,227 @@
+"""The OpenAI chat completions wire format, on httpx.MockTransport: replies shaped by the
+official SDK's `ChatCompletion` model (fixtures/providers/openai), request bodies checked
+against the JSON Schema extracted from the official OpenAPI document."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+from turnstile.events import ToolCall, Usage
+from turnstile.handlers.provider import ChatMessage, ModelRequest, ProviderError, ToolSpec
+from turnstile.handlers.providers.openai_chat import OpenAIChat
+from turnstile.handlers.providers.wire import MISSING_RESULT
+from turnstile.streams.provider_http import HttpProvider
+from wire_harness import API_KEY, MockApi, fixture, openai_api, openai_violations, reply
+
+BASE_URL = "https://api.openai.test/v1"
+SEARCH = ToolSpec(
+    name="search",
+    description="Search the notes.",
+    parameters={"type": "object", "properties": {"q": {"type": "string"}}, "required": ["q"]},
+)
+HELLO = ModelRequest(model="gpt-4.1", messages=(ChatMessage("user", "Hello"),), max_output_tokens=64)
+
+
+@pytest.fixture
+def api() -> MockApi:
+    return openai_api()
+
+
+@pytest.fixture
+async def provider(api: MockApi) -> AsyncIterator[HttpProvider]:
+    async with api.client() as client:
+        yield HttpProvider(OpenAIChat(), BASE_URL, API_KEY, client=client)
+
+
+@pytest.mark.parametrize(
+    ("name", "text", "stop", "calls", "usage"),
+    [
+        ("text", "The 9th is cheaper.", "end", (), Usage(input_tokens=52, output_tokens=7)),
+        (
+            "parallel_tool_calls",
+            None,
+            "tool_use",
+            (("call_a1", "search", '{"q": "fares 9th"}'), ("call_b2", "search", '{"q": "fares 10th"}')),
+            Usage(input_tokens=120, output_tokens=40),
+        ),
+        # content null, the refusal in its own field: the refusal text is the reply's text.
+        ("refusal", "I'm sorry, I can't help with that.", "refusal", (), Usage(input_tokens=30, output_tokens=9)),
+        ("content_filter", "Here is how", "content_filter", (), Usage(input_tokens=30, output_tokens=3)),
+        (
+            "length",
+            "The fares on the 9th are: 1) 212 EUR, 2) 2",
+            "truncated",
+            (),
+            Usage(input_tokens=40, output_tokens=16),
+        ),
+        # Cut off inside the arguments: the call is kept as said; the loop's validation answers it.
+        (
+            "cut_tool_arguments",
+            None,
+            "truncated",
+            (("call_c3", "search", '{"q": "fa'),),
+            Usage(input_tokens=40, output_tokens=16),
+        ),
+        (
+            "cached_reasoning",
+            "Take the 9th.",
+            "end",
+            (),
+            Usage(input_tokens=2000, output_tokens=300, cached_input_tokens=1536, reasoning_tokens=192),
+        ),
+    ],
+)
+async def test_each_sdk_shaped_reply_parses_to_its_text_calls_usage_and_stop_kind(
+    api: MockApi, provider: HttpProvider, name: str, text: str | None, stop: str, calls: tuple, usage: Usage
+) -> None:
+    body = fixture("openai", name)
+    api.push(reply(body))
+
+    parsed = await provider.complete(HELLO)
+
+    assert (parsed.text, parsed.stop, parsed.usage) == (text, stop, usage)
+    assert parsed.tool_calls == tuple(ToolCall(call_id=i, name=n, arguments=a) for i, n, a in calls)
+    assert parsed.finish_reason == body["choices"][0]["finish_reason"]
+    assert parsed.model == body["model"]
+
+
+async def test_the_request_is_current_with_the_openapi_document(api: MockApi, provider: HttpProvider) -> None:
+    api.push(reply(fixture("openai", "text")))
+
+    await provider.complete(HELLO)
+
+    [body] = api.bodies
+    assert body == {"model": "gpt-4.1", "messages": [{"role": "user", "content": "Hello"}], "max_completion_tokens": 64}
+    assert api.headers[0]["authorization"] == f"Bearer {API_KEY}"
+    assert api.headers[0]["content-type"] == "application/json"
+
+
+@pytest.mark.parametrize(
+    ("legacy", "model", "field"),
+    [
+        (frozenset({"llama-3"}), "llama-3", "max_tokens"),
+        (frozenset({"llama-3"}), "gpt-4.1", "max_completion_tokens"),
+        (frozenset({"*"}), "anything", "max_tokens"),
+    ],
+)
+def test_servers_that_only_know_max_tokens_get_it_per_model(legacy: frozenset[str], model: str, field: str) -> None:
+    body = OpenAIChat(legacy_max_tokens=legacy).request_body(ModelRequest(model, HELLO.messages, max_output_tokens=9))
+
+    assert {k: v for k, v in body.items() if k.startswith("max")} == {field: 9}
+
+
+def test_the_schema_check_would_catch_the_deprecated_and_the_malformed() -> None:
+    """The check the other tests rely on is not vacuous."""
+    good = OpenAIChat().request_body(HELLO)
+    assert openai_violations(good) == []
+    assert openai_violations({**good, "max_tokens": 9}) == ["max_tokens: deprecated in the OpenAPI document"]
+    assert openai_violations({**good, "max_output_tokens": 9}) == [
+        "max_output_tokens: not a CreateChatCompletionRequest field"
+    ]
+    broken = {**good, "messages": [{"role": "tool", "content": "x"}]}
+    assert openai_violations(broken) != []
+
+
+def test_a_tool_round_trip_is_a_valid_request_with_results_next_to_their_calls() -> None:
+    calls = (
+        ToolCall(call_id="call_1", name="search", arguments='{"q": "x"}'),
+        ToolCall(call_id="call_2", name="search", arguments='{"q": "y"}'),
+    )
+    request = ModelRequest(
+        model="gpt-4.1",
+        messages=(
+            ChatMessage("system", "Be terse."),
+            ChatMessage("user", "Find x and y."),
+            ChatMessage("assistant", "", tool_calls=calls),
+            # Results out of order, one missing, one answering nothing, one stray elsewhere.
+            ChatMessage("tool", "y is 2", tool_call_id="call_2"),
+            ChatMessage("tool", "z is 3", tool_call_id="call_9"),
+            ChatMessage("user", "Thanks."),
+            ChatMessage("tool", "stray", tool_call_id="call_1"),
+        ),
+        tools=(SEARCH,),
+        max_output_tokens=128,
+    )
+
+    body = OpenAIChat().request_body(request)
+
+    assert openai_violations(body) == []
+    assert body["messages"] == [
+        {"role": "system", "content": "Be terse."},
+        {"role": "user", "content": "Find x and y."},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {"id": "call_1", "type": "function", "function": {"name": "search", "arguments": '{"q": "x"}'}},
+                {"id": "call_2", "type": "function", "function": {"name": "search", "arguments": '{"q": "y"}'}},
+            ],
+        },
+        {"role": "tool", "tool_call_id": "call_1", "content": MISSING_RESULT},
+        {"role": "tool", "tool_call_id": "call_2", "content": "y is 2"},
+        {"role": "user", "content": "Thanks."},
+    ]
+    assert body["tools"] == [
+        {
+            "type": "function",
+            "function": {"name": "search", "description": "Search the notes.", "parameters": SEARCH.parameters},
+        }
+    ]
+
+
+def test_malformed_arguments_go_back_verbatim() -> None:
+    broken = ToolCall(call_id="call_1", name="search", arguments='{"q": "x",')
+    messages = (
+        ChatMessage("user", "x"),
+        ChatMessage("assistant", "", (broken,)),
+        ChatMessage("tool", "error", tool_call_id="call_1"),
+    )
+
+    body = OpenAIChat().request_body(ModelRequest("gpt-4.1", messages))
+
+    assert body["messages"][1]["tool_calls"][0]["function"]["arguments"] == '{"q": "x",'
+    assert openai_violations(body) == []
+
+
+def _completion(message: object, **usage: Any) -> dict[str, Any]:
+    body = fixture("openai", "text")
+    body["choices"][0]["message"] = message
+    body["usage"].update(usage)
+    return body
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        pytest.param({"choices": []}, id="empty-choices"),
+        pytest.param({"object": "chat.completion"}, id="no-choices"),
+        pytest.param({"choices": [{"finish_reason": "stop"}]}, id="no-message"),
+        pytest.param(["not", "an", "object"], id="not-an-object"),
+        pytest.param(
+            _completion({"content": None, "tool_calls": [{"id": "c1", "function": {"arguments": "{}"}}]}), id="no-name"
+        ),
+        pytest.param(
+            _completion({"content": None, "tool_calls": [{"id": "c", "function": {"name": "s", "arguments": {}}}]}),
+            id="args-not-str",
+        ),
+        pytest.param(
+            _completion({"content": None, "tool_calls": [{"function": {"name": "s", "arguments": "{}"}}]}), id="no-id"
+        ),
+        pytest.param(_completion({"content": ["a", "list"]}), id="content-not-a-string"),
+        pytest.param(_completion({"content": "x", "refusal": 7}), id="refusal-not-a-string"),
+        pytest.param(_completion({"content": "x"}, prompt_tokens=-1), id="negative-tokens"),
+        pytest.param(
+            _completion({"content": "x"}, prompt_tokens_details={"cached_tokens": 10**6}), id="more-cached-than-input"
+        ),
+    ],
+)
+async def test_an_unusable_200_is_a_malformed_response(api: MockApi, provider: HttpProvider, body: Any) -> None:
+    api.push(reply(body))
+
+    with pytest.raises(ProviderError) as caught:
+        await provider.complete(HELLO)
+
+    assert (caught.value.kind, caught.value.retryable) == ("malformed_response", False)
+    assert not caught.value.message.startswith("malformed_response")  # the kind is said once
