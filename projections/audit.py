@@ -37,7 +37,7 @@ from turnstile.events import (
     logical_turn_id,
 )
 from turnstile.events.upcast import UPCASTERS, Upcasters
-from turnstile.projections.conversation import apply_event, new_state
+from turnstile.projections.conversation import apply_event, closed_run_cannot_end_so, new_state
 from turnstile.projections.state import ActiveTurn, ConversationState
 
 # Rule id -> what it checks. The order is the order of the report.
@@ -469,6 +469,9 @@ class Auditor:
         assert turn is not None and turn.turn_id == turn_id
         if outcome.run_id != turn.run_id:
             return self._stale_event(conv, turn_id, f"{outcome.type} from run {outcome.run_id}, not the active run")
+        if closed_run_cannot_end_so(turn, outcome):
+            detail = f"{outcome.type} from run {outcome.run_id} after its AttemptFailed"
+            return self._stale_event(conv, turn_id, detail)
         found = False
         statuses, claimed = set(outcome.statuses), set(turn.input_ids)
         if statuses != claimed:

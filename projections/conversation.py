@@ -232,6 +232,14 @@ def _record_step(state: ConversationState, event: Event) -> Rejection | None:
     return None
 
 
+def closed_run_cannot_end_so(turn: ActiveTurn, outcome: TerminalOutcome) -> bool:
+    """A run closed by `AttemptFailed` may still end the turn as failed (that is how a
+    takeover, or the run itself, reports a failure it cannot retry), but not as completed,
+    paused or exhausted: such an outcome comes from a worker that was declared dead and
+    kept going, and its turn is being retried or failed by the owner that closed it."""
+    return turn.attempt_state == "closed" and not isinstance(outcome, TurnFailed)
+
+
 _OUTCOME_KIND: dict[type, OutcomeKind] = {
     TurnCompleted: "completed",
     TurnFailed: "failed",
@@ -246,6 +254,8 @@ def _finish(state: ConversationState, outcome: TerminalOutcome) -> Rejection | N
         return Rejection("outcome of a turn that is not active")
     if turn.run_id != outcome.run_id:
         return Rejection(f"outcome from run {outcome.run_id}, which is not the active run")
+    if closed_run_cannot_end_so(turn, outcome):
+        return Rejection(f"{outcome.type} from run {outcome.run_id}, which an AttemptFailed already closed")
     kind = _OUTCOME_KIND[type(outcome)]
     for item in turn.inputs:
         state.history.append(HistoryEntry("user", item.content, item.occurred_at, turn.turn_id))

@@ -565,3 +565,18 @@ def test_any_log_a_correct_engine_writes_has_no_violation(events: list[Event]) -
     report = audit(records(*events))
     assert report.ok, render(report)
     assert not report.stale
+
+
+def test_a_completion_from_a_run_its_attempt_failed_closed_is_stale() -> None:
+    """A takeover wrote AttemptFailed(run-1) and then failed the turn visibly; run-1's late
+    TurnCompleted is ignored by every reader and listed, never counted as the outcome."""
+    c = claim(["m1"], 10, 0)
+    failure = TurnFailed.model_validate({
+        **turn_fields(c), "error": "A tool with side effects started before the worker stopped.",
+        "statuses": {"m1": "failed"}, "metrics": metrics(),
+    })  # fmt: skip
+    log = records(message("m1", 1), c, started(c, 11), attempt_failed(c, retryable=False), outcome(c), failure)
+    report = audit(log)
+    assert report.ok, render(report)
+    assert [f.where for f in report.stale] == ["0@4"]
+    assert "after its AttemptFailed" in report.stale[0].detail

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from builders import CONV, claim, completed, message, started
-from turnstile.events import decode, encode
+from builders import CONV, claim, completed, eid, message, started
+from turnstile.events import AttemptFailed, decode, encode
 from turnstile.projections import apply_event, new_state
 
 
@@ -87,3 +87,18 @@ def test_replay_from_the_log_gives_the_same_state_as_live_folding():
     replayed, _ = fold([decode(encode(e)) for e in events])
     assert replayed == live
     assert len(live.turns) == 2 and not live.pending
+
+
+def test_a_run_closed_by_attempt_failed_cannot_complete_the_turn():
+    """Given a takeover closed run-1, when run-1 (still alive somewhere) writes TurnCompleted,
+    then the fold ignores it: the turn stays active for the owner that closed the run."""
+    c = claim(["a"], 1000, 0)
+    closed = AttemptFailed(
+        event_id=eid(), conversation_id=c.conversation_id, occurred_at=1200, turn_id=c.turn_id,
+        run_id=c.run_id, attempt=1, reason="the worker running this attempt stopped", retryable=True,
+    )  # fmt: skip
+    state, verdicts = fold([message("a", 100), c, started(c, 1001), closed, completed(c, 1300)])
+    assert verdicts[:4] == [None, None, None, None]
+    assert verdicts[4] is not None and "already closed" in verdicts[4].reason
+    assert state.active is not None and state.active.turn_id == c.turn_id
+    assert state.turns == {}
