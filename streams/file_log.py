@@ -13,6 +13,7 @@ import asyncio
 import base64
 import fcntl
 import os
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import orjson
@@ -172,6 +173,26 @@ class FileLog:
 
     async def stop(self) -> None:
         self._readers.clear()
+
+    async def follow(self, topic: str, from_end: bool, poll_s: float = 0.02) -> AsyncIterator[Record]:
+        """The records of `topic` as they are appended (from now on, or from its start),
+        partition by partition, until cancelled; for readers beside the worker."""
+        readers = [
+            (p, _PartitionReader(self.directory / topic / f"{p}.log")) for p in range(self._partition_count(topic))
+        ]
+        if from_end:
+            for p, reader in readers:
+                while reader.path.exists() and reader.read(p, 10_000):
+                    pass
+        while True:
+            quiet = True
+            for p, reader in readers:
+                if reader.path.exists() and (batch := reader.read(p, 1000)):
+                    quiet = False
+                    for record in batch:
+                        yield record
+            if quiet:
+                await asyncio.sleep(poll_s)
 
     def read_all(self, topic: str) -> list[Record]:
         """Every record of a topic, partition by partition (for `tail` and tests)."""

@@ -36,6 +36,8 @@ class Topics:
     events: str = "turnstile.events"
     outcomes: str = "turnstile.outcomes"
     dead_letters: str = "turnstile.events.dlq"
+    # Text of replies in progress, for live readers only: not the durable log, short retention.
+    deltas: str = "turnstile.deltas"
 
 
 class Acknowledged(Protocol):

@@ -42,6 +42,7 @@ from turnstile.handlers.claim import (
 from turnstile.handlers.provider import ChatMessage, Provider
 from turnstile.projections import ConversationState, apply_event, new_state
 from turnstile.streams.log import Acknowledged, EventLog, PartitionStart, Record
+from turnstile.streams.reply_deltas import DeltaPublisher
 from turnstile.streams.runtime import Clock, Ids, RandomIds, SystemClock
 from turnstile.streams.turn_runner import TurnRunner, TurnSettings
 
@@ -68,6 +69,9 @@ class WorkerConfig:
     max_value_bytes: int = 1_000_000
     commit_interval_s: float = 1.0
     max_poll_wait_s: float = 0.1
+    # Stream the text of replies to the deltas topic as it arrives (providers then ask
+    # for server-sent events); the events topic records each reply whole either way.
+    stream_replies: bool = False
 
 
 @dataclass(slots=True)
@@ -116,6 +120,9 @@ class Worker:
         self.config = config
         self.clock = clock or SystemClock()
         self.ids = ids or RandomIds()
+        self.replies = (
+            DeltaPublisher(log_, log_.topics.deltas, self.clock.now_ms) if self.config.stream_replies else None
+        )
         self.states: dict[str, ConversationState] = {}
         self.partitions: dict[int, _Partition] = {}
         self.runners: dict[str, _Runner] = {}
@@ -215,6 +222,8 @@ class Worker:
                     await self._maybe_commit(force=True)
             for effect in self._effects:
                 effect.cancel()  # only after a failure: the next owner redoes them
+            if self.replies is not None:
+                await self.replies.aclose()
             await self.log.stop()
 
     def _poll_wait_s(self) -> float:
@@ -405,7 +414,9 @@ class Worker:
                 raise asyncio.CancelledError(f"run {event.run_id} was superseded before its side effect")
 
         rendered = self._rendered.setdefault(conversation, [])
-        runner = TurnRunner(private, append, self.provider, self.config.turn, self.clock.now_ms, self.ids.new, rendered)
+        runner = TurnRunner(
+            private, append, self.provider, self.config.turn, self.clock.now_ms, self.ids.new, rendered, self.replies
+        )
         work = runner.recover() if recover else runner.claim_and_run(plan)  # type: ignore[arg-type]
         task = asyncio.create_task(work, name=f"turn:{conversation}")
         slot = self.runners[conversation] = _Runner(task, partition)
