@@ -79,6 +79,7 @@ async def _run(args: argparse.Namespace) -> int:
         double_text=DoubleTextPolicy(args.double_text, dict(args.double_text_for)),
         turn=TurnSettings(model=args.model),
         stream_replies=not args.no_stream,
+        tracing=args.trace,
     )
     from turnstile.handlers.schedule import parse_schedules
     from turnstile.streams.http_api import parse_address
@@ -177,6 +178,12 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--provider", choices=["scripted", "openai", "anthropic"], default="scripted")
     run.add_argument("--model", default="scripted-1")
     run.add_argument("--base-url", default=None, help="provider endpoint; the key comes from TURNSTILE_API_KEY")
+    run.add_argument(
+        "--trace",
+        action="store_true",
+        help="OpenTelemetry spans of turns, attempts, model and tool calls, to the global tracer provider "
+        "(needs the [otel] extra; e.g. run under opentelemetry-instrument to export them)",
+    )
     run.add_argument(
         "--no-stream",
         action="store_true",

@@ -13,7 +13,7 @@ import asyncio
 import base64
 import fcntl
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
 
 import orjson
@@ -88,25 +88,30 @@ class _PartitionReader:
             end = chunk.find(b"\n", start)
             if end < 0:
                 break  # a line still being written is read next time
-            key, value = _decode_line(chunk[start:end])
-            records.append(Record(partition, self.position, key, value))
+            key, value, headers = _decode_line(chunk[start:end])
+            records.append(Record(partition, self.position, key, value, headers))
             self.position += 1
             start = end + 1
         self._byte_pos += start
         return records
 
 
-def _encode_line(key: str, value: bytes) -> bytes:
+def _encode_line(key: str, value: bytes, headers: Mapping[str, str] | None = None) -> bytes:
+    row: dict[str, object] = {"key": key}
     try:
-        return orjson.dumps({"key": key, "value": value.decode("utf-8")})
+        row["value"] = value.decode("utf-8")
     except UnicodeDecodeError:
-        return orjson.dumps({"key": key, "value_b64": base64.b64encode(value).decode("ascii")})
+        row["value_b64"] = base64.b64encode(value).decode("ascii")
+    if headers:
+        row["headers"] = dict(headers)
+    return orjson.dumps(row)
 
 
-def _decode_line(line: bytes) -> tuple[bytes, bytes]:
+def _decode_line(line: bytes) -> tuple[bytes, bytes, tuple[tuple[str, bytes], ...]]:
     row = orjson.loads(line)
     value = row["value"].encode() if "value" in row else base64.b64decode(row["value_b64"])
-    return row["key"].encode(), value
+    headers = tuple((name, text.encode()) for name, text in row.get("headers", {}).items())
+    return row["key"].encode(), value, headers
 
 
 class FileLog:
@@ -145,10 +150,12 @@ class FileLog:
                 return records
             await asyncio.sleep(min(0.02, max(0.0, deadline - asyncio.get_running_loop().time())))
 
-    async def append(self, topic: str, key: str, value: bytes, partition: int | None = None) -> tuple[int, int]:
+    async def append(
+        self, topic: str, key: str, value: bytes, partition: int | None = None, headers: Mapping[str, str] | None = None
+    ) -> tuple[int, int]:
         if partition is None:
             partition = partition_for(key, self._partition_count(topic))
-        return partition, self._file(topic, partition).append(_encode_line(key, value))
+        return partition, self._file(topic, partition).append(_encode_line(key, value, headers))
 
     async def send(
         self, topic: str, key: str, value: bytes, partition: int | None = None

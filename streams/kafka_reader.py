@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import socket
 from collections.abc import AsyncIterator
+from typing import Any
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
@@ -67,7 +68,7 @@ async def read_to_end(consumer: AIOKafkaConsumer, partitions: list[TopicPartitio
             state = {tp.partition: (await consumer.position(tp), ends[tp]) for tp in remaining}
             raise TimeoutError(f"partitions not read to the end: (position, end) {state}")
         for tp, messages in batch.items():
-            out.extend(Record(tp.partition, m.offset, m.key, m.value) for m in messages if m.offset < ends[tp])
+            out.extend(record_of(tp.partition, m) for m in messages if m.offset < ends[tp])
             if await consumer.position(tp) >= ends[tp]:
                 remaining.discard(tp)
     return sorted(out, key=lambda r: (r.partition, r.offset))
@@ -132,4 +133,9 @@ async def follow_topic(bootstrap: str, topic: str, since_ms: int) -> AsyncIterat
             batch = await consumer.getmany(timeout_ms=200)
             for tp, messages in batch.items():
                 for m in messages:
-                    yield Record(tp.partition, m.offset, m.key, m.value)
+                    yield record_of(tp.partition, m)
+
+
+def record_of(partition: int, message: Any) -> Record:
+    """An aiokafka ConsumerRecord as a `Record`, headers included."""
+    return Record(partition, message.offset, message.key, message.value, tuple(message.headers or ()))

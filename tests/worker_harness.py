@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 from turnstile.events import DecodeError, Event, decode
 from turnstile.handlers.claim import DebouncePolicy
@@ -30,8 +31,10 @@ def events_of(log: FileLog, conversation: str | None = None) -> list[Event]:
 
 
 @contextlib.asynccontextmanager
-async def running(log: FileLog, provider: Provider, config: WorkerConfig = FAST) -> AsyncIterator[Worker]:
-    worker = Worker(log, provider, config)
+async def running(
+    log: FileLog, provider: Provider, config: WorkerConfig = FAST, **options: Any
+) -> AsyncIterator[Worker]:
+    worker = Worker(log, provider, config, **options)
     stop = asyncio.Event()
     task = asyncio.create_task(worker.run(stop))
     try:
