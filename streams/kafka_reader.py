@@ -124,8 +124,10 @@ async def follow_topic(bootstrap: str, topic: str, since_ms: int) -> AsyncIterat
     """The records of `topic` written from `since_ms` (Unix milliseconds, by record
     timestamp) on, as they arrive, every partition, in no group, until cancelled."""
     async with group_less_consumer(bootstrap, topic) as (consumer, partitions):
-        found = await consumer.offsets_for_times({tp: since_ms for tp in partitions})
+        # The ends first: a record written while the two are looked up is then at or past
+        # its partition's end, so a partition with nothing since `since_ms` misses nothing.
         ends = await consumer.end_offsets(partitions)
+        found = await consumer.offsets_for_times({tp: since_ms for tp in partitions})
         for tp in partitions:
             at = found.get(tp)
             consumer.seek(tp, at.offset if at is not None else ends[tp])

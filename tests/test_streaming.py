@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import httpx
@@ -32,10 +32,10 @@ from turnstile.streams.provider_http import HttpProvider
 from turnstile.streams.publisher import message_event, publish
 from turnstile.streams.reply_hub import ReplyHub
 from turnstile.streams.runtime import SystemClock
-from turnstile.streams.service import Service, conversation_reader, reply_hub_sources
+from turnstile.streams.service import conversation_reader, reply_hub_sources
 from turnstile.streams.worker import Worker
 from wire_harness import stream_fixture
-from worker_harness import FAST, events_of
+from worker_harness import FAST, events_of, serving
 from worker_process import WorkerProcess, worker_args, worker_env
 
 NOW = SystemClock().now_ms
@@ -53,23 +53,16 @@ async def streaming_service(
     model = MODELS[family]
     turn = dataclasses.replace(FAST.turn, model=model, prices={model: ModelPrice(1.0, 2.0)}, **settings)
     log = FileLog(tmp_path)
-    svc = Service(
-        Worker(log, provider, dataclasses.replace(FAST, turn=turn, stream_replies=True)), http=("127.0.0.1", 0)
-    )
-    stop, ready = asyncio.Event(), asyncio.Event()
-    task = asyncio.create_task(svc.run(stop, ready))
-    await asyncio.wait_for(ready.wait(), 10)
+    worker = Worker(log, provider, dataclasses.replace(FAST, turn=turn, stream_replies=True))
     try:
-        async with httpx.AsyncClient(base_url=svc.url or "", timeout=10) as client:
+        async with serving(worker) as (_svc, client):
             yield log, client
     finally:
-        stop.set()
-        await asyncio.wait_for(task, 10)
         await provider.aclose()
 
 
 @pytest.fixture
-def server() -> AsyncIterator[ProviderServer]:
+def server() -> Iterator[ProviderServer]:
     with ProviderServer() as running:
         yield running
 
@@ -142,14 +135,9 @@ async def test_a_reply_that_fails_mid_stream_says_so_on_the_stream(tmp_path, ser
 async def test_without_streaming_the_stream_endpoint_says_so(tmp_path):
     from turnstile.handlers.providers.scripted import ScriptedProvider
 
-    svc = Service(Worker(FileLog(tmp_path), ScriptedProvider(), FAST), http=("127.0.0.1", 0))
-    stop, ready = asyncio.Event(), asyncio.Event()
-    task = asyncio.create_task(svc.run(stop, ready))
-    await asyncio.wait_for(ready.wait(), 10)
-    async with httpx.AsyncClient(base_url=svc.url or "") as client:
+    async with serving(Worker(FileLog(tmp_path), ScriptedProvider(), FAST)) as (_svc, client):
         response = await client.get("/conversations/c1/stream")
-    stop.set()
-    await asyncio.wait_for(task, 10)
+
     assert response.status_code == 404 and "does not stream" in response.json()["error"]
 
 
