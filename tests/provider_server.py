@@ -10,7 +10,7 @@ each request with the next queued step:
         server.push(Reply(tool_calls=[("call_1", "search", '{"q": "x"}')]))
         server.push(Raw(500, b"oops"), Delay(2.0, Reply(text="late")), Drop())
         server.push(Streamed(["Hel", "lo"], gap_s=0.1))  # server-sent events, as they go
-        ... OpenAIChatProvider(server.base_url_openai, ...) ...
+        ... HttpProvider(OpenAIChat(), server.base_url_openai, ...) ...
         server.requests[0].body  # what the client sent
 
 When the script runs out the server answers 500 with a body naming the problem. Every
