@@ -2,7 +2,7 @@
 
 Prints one table per benchmark; every figure is set against a baseline measured in the
 same run. `--only` / `--skip` pick sections by name (core, throughput, latency, replay,
-faust, memory). `--profile` also runs the engine benchmark under cProfile and prints where
+faust, memory, stream). `--profile` also runs the engine benchmark under cProfile and prints where
 its CPU goes. The broker is the one `infra/kafka/start.sh` runs (started if it is not up,
 never stopped); benchmarks use fresh topics of their own and delete them at the end.
 """
@@ -24,7 +24,7 @@ from pathlib import Path
 
 from turnstile.streams.kafka_reader import reachable
 
-from bench import core, faust_vs_aiokafka, kafka, replay
+from bench import core, faust_vs_aiokafka, first_delta, kafka, replay
 from bench.common import Section
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -57,7 +57,7 @@ def _failed(title: str, exc: BaseException) -> Section:
     return section
 
 
-SECTIONS = ("core", "throughput", "latency", "replay", "faust", "memory")
+SECTIONS = ("core", "throughput", "latency", "replay", "faust", "memory", "stream")
 ON_BROKER = ("throughput", "latency", "replay", "faust")
 
 
@@ -86,6 +86,12 @@ async def _on_broker(bootstrap: str, wanted: set[str], args: argparse.Namespace)
                 sections.append(replay.replay_section(result))
             except Exception as exc:
                 sections.append(_failed("6. replay from offset 0", exc))
+            print(sections[-1].render() + "\n", flush=True)
+        if "stream" in wanted:
+            try:
+                sections.append(await first_delta.first_delta(broker))
+            except Exception as exc:
+                sections.append(_failed("8. time to first delta", exc))
             print(sections[-1].render() + "\n", flush=True)
         if "faust" in wanted:
             try:
@@ -219,9 +225,12 @@ def main() -> None:
     print(f"sections: {', '.join(n for n in SECTIONS if n in wanted)}\n")
     if "core" in wanted:
         print(core.core_per_event().render() + "\n", flush=True)
-    if wanted & set(ON_BROKER) or args.profile:
+    on_broker = wanted & set(ON_BROKER) or ("stream" in wanted and not args.no_kafka)
+    if on_broker or args.profile:
         _ensure_broker(args.bootstrap)
         asyncio.run(_on_broker(args.bootstrap, wanted, args))
+    if "stream" in wanted and args.no_kafka:
+        print(asyncio.run(first_delta.first_delta(None)).render() + "\n", flush=True)
     if "memory" in wanted:
         print(core.memory_per_conversation().render() + "\n")
     print(f"total {time.perf_counter() - started:.0f} s")

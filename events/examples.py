@@ -5,6 +5,7 @@ examples every time, so the generated contract does not drift on its own."""
 from __future__ import annotations
 
 from turnstile.events.dead_letter import DeadLetter
+from turnstile.events.deltas import ReplyDelta
 from turnstile.events.identity import logical_turn_id
 from turnstile.events.inputs import Approval, InputInjected, MessageReceived, ResumeRequested
 from turnstile.events.lifecycle import (
@@ -183,4 +184,17 @@ def dead_letter_example() -> DeadLetter:
         b'{"type": "MessageReceived", "conversation_id": "conv-42"}',
         "invalid_event",
         "event_id: Field required; occurred_at: Field required",
+    )
+
+
+def delta_example() -> ReplyDelta:
+    return ReplyDelta(
+        conversation_id=CONVERSATION,
+        turn_id=TURN,
+        run_id=RUN,
+        attempt=1,
+        iteration=2,
+        seq=3,
+        occurred_at=1_767_225_602_150,
+        text=" is 40 EUR cheaper",
     )

@@ -25,7 +25,8 @@ from typing import Any
 from pydantic import BaseModel, Field, TypeAdapter
 from turnstile.events.base import SCHEMA_VERSION
 from turnstile.events.dead_letter import DeadLetter
-from turnstile.events.examples import approval_example, dead_letter_example, event_examples
+from turnstile.events.deltas import ReplyDelta
+from turnstile.events.examples import approval_example, dead_letter_example, delta_example, event_examples
 from turnstile.events.rejections import MessageRejected
 from turnstile.events.union import EVENT_ADAPTER, INPUT_TYPES, OUTCOME_TYPES, Event, TerminalOutcome
 
@@ -74,6 +75,7 @@ def schema_documents() -> dict[str, JsonSchema]:
         "event.schema.json": _finish(EVENT_ADAPTER.json_schema(), "Event"),
         "outcome.schema.json": _finish(TypeAdapter(OutcomeRecord).json_schema(), "OutcomeRecord"),
         "DeadLetter.schema.json": _finish(DeadLetter.model_json_schema()),
+        "ReplyDelta.schema.json": _finish(ReplyDelta.model_json_schema()),
     }
     for model in event_models():
         docs[f"{model.__name__}.schema.json"] = _finish(model.model_json_schema())
@@ -115,6 +117,7 @@ def asyncapi_document() -> dict[str, Any]:
             shown.append(("approval", approval_example().model_dump(mode="json")))
         messages[name] = _message(name, model, shown)
     messages["DeadLetter"] = _message("DeadLetter", DeadLetter, [("DeadLetter", dead_letter_example().model_dump())])
+    messages["ReplyDelta"] = _message("ReplyDelta", ReplyDelta, [("ReplyDelta", delta_example().model_dump())])
 
     def refs(names: list[str]) -> dict[str, Any]:
         return {n: {"$ref": f"#/components/messages/{n}"} for n in names}
@@ -199,6 +202,24 @@ def asyncapi_document() -> dict[str, Any]:
                     }
                 },
             },
+            "deltas": {
+                "address": "turnstile.deltas",
+                "title": "reply deltas",
+                "description": (
+                    "The text of replies while they stream in, keyed by conversation id, for live "
+                    "readers (GET /conversations/{id}/stream). Not the record: the events topic has "
+                    "each reply whole in ModelResponded. Kept for an hour."
+                ),
+                "messages": refs(["ReplyDelta"]),
+                "bindings": {
+                    "kafka": {
+                        "topic": "turnstile.deltas",
+                        "partitions": 8,
+                        "topicConfiguration": {"retention.ms": 3_600_000},
+                        "bindingVersion": KAFKA_BINDING,
+                    }
+                },
+            },
         },
         "operations": {
             "receiveInputs": {
@@ -224,6 +245,12 @@ def asyncapi_document() -> dict[str, Any]:
                 "channel": {"$ref": "#/channels/deadLetters"},
                 "summary": "Workers route values they cannot accept here and move on.",
                 "messages": on("deadLetters", ["DeadLetter"]),
+            },
+            "streamReplies": {
+                "action": "send",
+                "channel": {"$ref": "#/channels/deltas"},
+                "summary": "Workers that stream replies send each piece of text as it arrives.",
+                "messages": on("deltas", ["ReplyDelta"]),
             },
         },
         "components": {"messages": messages},

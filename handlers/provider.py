@@ -123,10 +123,23 @@ class ProviderError(Exception):
         self.provider_message = provider_message
 
 
+class ReplyStream(Protocol):
+    """Where a provider that streams puts the reply's text as it arrives. Not the durable
+    log: the reply is recorded once, whole, by the caller of `complete`."""
+
+    async def delta(self, text: str) -> None: ...
+
+    async def restart(self) -> None:
+        """The text sent so far is void: the request is being sent again."""
+        ...
+
+
 class Provider(Protocol):
     @property
     def family(self) -> ProtocolFamily: ...
 
-    async def complete(self, request: ModelRequest) -> ModelReply: ...
+    async def complete(self, request: ModelRequest, stream: ReplyStream | None = None) -> ModelReply:
+        """The reply to `request`. With `stream`, its text also goes there as it arrives."""
+        ...
 
     async def aclose(self) -> None: ...

@@ -36,10 +36,11 @@ def _add_log_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--events-topic", default=DEFAULT_TOPICS.events)
     parser.add_argument("--outcomes-topic", default=DEFAULT_TOPICS.outcomes)
     parser.add_argument("--dlq-topic", default=DEFAULT_TOPICS.dead_letters)
+    parser.add_argument("--deltas-topic", default=DEFAULT_TOPICS.deltas)
 
 
 def _open_log(args: argparse.Namespace, group_id: str = "turnstile-worker") -> EventLog:
-    topics = Topics(args.events_topic, args.outcomes_topic, args.dlq_topic)
+    topics = Topics(args.events_topic, args.outcomes_topic, args.dlq_topic, args.deltas_topic)
     if args.broker:
         from turnstile.streams.kafka_log import KafkaLog, bootstrap_of
 
@@ -78,6 +79,8 @@ async def _run(args: argparse.Namespace) -> int:
         double_text=DoubleTextPolicy(args.double_text, dict(args.double_text_for)),
         turn=TurnSettings(model=args.model),
         drain_grace_s=args.drain_grace_s,
+        stream_replies=not args.no_stream,
+        tracing=args.trace,
     )
     from turnstile.handlers.schedule import parse_schedules
     from turnstile.streams.http_api import parse_address
@@ -159,7 +162,7 @@ async def _tail(args: argparse.Namespace) -> int:
 async def _inspect(args: argparse.Namespace) -> int:
     from turnstile.streams.inspect_cli import inspect
 
-    topics = Topics(args.events_topic, args.outcomes_topic, args.dlq_topic)
+    topics = Topics(args.events_topic, args.outcomes_topic, args.dlq_topic, args.deltas_topic)
     await inspect(args.conversation, broker=args.broker, data=args.data, topics=topics)
     return 0
 
@@ -188,6 +191,18 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--provider", choices=["scripted", "openai", "anthropic"], default="scripted")
     run.add_argument("--model", default="scripted-1")
     run.add_argument("--base-url", default=None, help="provider endpoint; the key comes from TURNSTILE_API_KEY")
+    run.add_argument(
+        "--trace",
+        action="store_true",
+        help="OpenTelemetry spans of turns, attempts, model and tool calls, to the global tracer provider "
+        "(needs the [otel] extra; e.g. run under opentelemetry-instrument to export them)",
+    )
+    run.add_argument(
+        "--no-stream",
+        action="store_true",
+        help="do not stream replies (no deltas topic, no GET /conversations/{id}/stream); "
+        "each reply is recorded whole either way",
+    )
     run.add_argument(
         "--legacy-max-tokens",
         action="append",

@@ -13,6 +13,7 @@ import asyncio
 import base64
 import fcntl
 import os
+from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
 
 import orjson
@@ -87,25 +88,30 @@ class _PartitionReader:
             end = chunk.find(b"\n", start)
             if end < 0:
                 break  # a line still being written is read next time
-            key, value = _decode_line(chunk[start:end])
-            records.append(Record(partition, self.position, key, value))
+            key, value, headers = _decode_line(chunk[start:end])
+            records.append(Record(partition, self.position, key, value, headers))
             self.position += 1
             start = end + 1
         self._byte_pos += start
         return records
 
 
-def _encode_line(key: str, value: bytes) -> bytes:
+def _encode_line(key: str, value: bytes, headers: Mapping[str, str] | None = None) -> bytes:
+    row: dict[str, object] = {"key": key}
     try:
-        return orjson.dumps({"key": key, "value": value.decode("utf-8")})
+        row["value"] = value.decode("utf-8")
     except UnicodeDecodeError:
-        return orjson.dumps({"key": key, "value_b64": base64.b64encode(value).decode("ascii")})
+        row["value_b64"] = base64.b64encode(value).decode("ascii")
+    if headers:
+        row["headers"] = dict(headers)
+    return orjson.dumps(row)
 
 
-def _decode_line(line: bytes) -> tuple[bytes, bytes]:
+def _decode_line(line: bytes) -> tuple[bytes, bytes, tuple[tuple[str, bytes], ...]]:
     row = orjson.loads(line)
     value = row["value"].encode() if "value" in row else base64.b64decode(row["value_b64"])
-    return row["key"].encode(), value
+    headers = tuple((name, text.encode()) for name, text in row.get("headers", {}).items())
+    return row["key"].encode(), value, headers
 
 
 class FileLog:
@@ -144,10 +150,12 @@ class FileLog:
                 return records
             await asyncio.sleep(min(0.02, max(0.0, deadline - asyncio.get_running_loop().time())))
 
-    async def append(self, topic: str, key: str, value: bytes, partition: int | None = None) -> tuple[int, int]:
+    async def append(
+        self, topic: str, key: str, value: bytes, partition: int | None = None, headers: Mapping[str, str] | None = None
+    ) -> tuple[int, int]:
         if partition is None:
             partition = partition_for(key, self._partition_count(topic))
-        return partition, self._file(topic, partition).append(_encode_line(key, value))
+        return partition, self._file(topic, partition).append(_encode_line(key, value, headers))
 
     async def send(
         self, topic: str, key: str, value: bytes, partition: int | None = None
@@ -172,6 +180,26 @@ class FileLog:
 
     async def stop(self) -> None:
         self._readers.clear()
+
+    async def follow(self, topic: str, from_end: bool, poll_s: float = 0.02) -> AsyncIterator[Record]:
+        """The records of `topic` as they are appended (from now on, or from its start),
+        partition by partition, until cancelled; for readers beside the worker."""
+        readers = [
+            (p, _PartitionReader(self.directory / topic / f"{p}.log")) for p in range(self._partition_count(topic))
+        ]
+        if from_end:
+            for p, reader in readers:
+                while reader.path.exists() and reader.read(p, 10_000):
+                    pass
+        while True:
+            quiet = True
+            for p, reader in readers:
+                if reader.path.exists() and (batch := reader.read(p, 1000)):
+                    quiet = False
+                    for record in batch:
+                        yield record
+            if quiet:
+                await asyncio.sleep(poll_s)
 
     def read_all(self, topic: str) -> list[Record]:
         """Every record of a topic, partition by partition (for `tail` and tests)."""

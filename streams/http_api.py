@@ -8,6 +8,10 @@
   pending, rejected, active turn, a summary per turn); 404 if the log has nothing of it.
 * `GET /conversations/{id}/turns/{turn_id}`: the turn's timeline as JSON, or as a small
   HTML page with `Accept: text/html` or `?format=html`.
+* `GET /conversations/{id}/stream`: server-sent events of the conversation's reply in
+  progress (or its next one): the text so far, then `delta`s as they arrive, `restart` and
+  `interrupted` when an attempt starts over, and the `outcome`, which ends the stream (see
+  `reply_hub`). 404 when the service streams no replies.
 * `GET /metrics`: Prometheus text.
 
 Reads come from the log itself (the conversation's partition, read by an independent
@@ -18,6 +22,7 @@ any other producer's.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
@@ -33,12 +38,14 @@ from turnstile.streams.views import build_view, state_json, turn_html, turn_json
 
 if TYPE_CHECKING:
     from turnstile.streams.metrics import Metrics
+    from turnstile.streams.reply_hub import ReplyHub
     from turnstile.streams.worker import Worker
 
 log = logging.getLogger(__name__)
 
 ReadConversation = Callable[[str], Awaitable[list[Record]]]
 MAX_BODY_BYTES = 256 * 1024
+KEEPALIVE_S = 15.0
 
 
 def _json(data: Any, status: int = 200) -> web.Response:
@@ -64,6 +71,7 @@ def build_app(
     worker: Worker | None = None,
     metrics: Metrics | None = None,
     clock: Clock | None = None,
+    hub: ReplyHub | None = None,
 ) -> web.Application:
     clock = clock or SystemClock()
     app = web.Application(client_max_size=MAX_BODY_BYTES)
@@ -119,6 +127,28 @@ def build_app(
             return web.Response(text=turn_html(conversation, turn), content_type="text/html")
         return _json(turn_json(conversation, turn))
 
+    async def stream_reply(request: web.Request) -> web.StreamResponse:
+        if hub is None:
+            return _error(404, "this service does not stream replies")
+        conversation = request.match_info["conversation"]
+        queue = hub.subscribe(conversation)
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+        try:
+            await response.prepare(request)
+            while True:
+                try:
+                    event = await asyncio.wait_for(queue.get(), KEEPALIVE_S)
+                except TimeoutError:
+                    await response.write(b": keep-alive\n\n")  # proxies close silent connections
+                    continue
+                await response.write(event.sse())
+                if event.kind == "outcome":
+                    break
+        finally:
+            hub.unsubscribe(conversation, queue)
+        await response.write_eof()
+        return response
+
     async def get_metrics(_request: web.Request) -> web.Response:
         if metrics is None:
             return _error(404, "metrics are not enabled")
@@ -132,6 +162,7 @@ def build_app(
     app.router.add_post("/conversations/{conversation}/messages", post_message)
     app.router.add_get("/conversations/{conversation}", get_conversation)
     app.router.add_get("/conversations/{conversation}/turns/{turn_id}", get_turn)
+    app.router.add_get("/conversations/{conversation}/stream", stream_reply)
     app.router.add_get("/metrics", get_metrics)
     app.router.add_get("/healthz", health)
     return app

@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Mapping
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.structs import OffsetAndMetadata
+from turnstile.streams.kafka_reader import record_of
 from turnstile.streams.log import Acknowledged, PartitionStart, RebalanceListener, Record, Topics
 
 log = logging.getLogger(__name__)
@@ -86,10 +88,15 @@ class KafkaLog:
 
     async def poll(self, timeout_s: float) -> list[Record]:
         batches = await self.consumer.getmany(timeout_ms=int(timeout_s * 1000), max_records=1000)
-        return [Record(tp.partition, m.offset, m.key, m.value) for tp, messages in batches.items() for m in messages]
+        return [record_of(tp.partition, m) for tp, messages in batches.items() for m in messages]
 
-    async def append(self, topic: str, key: str, value: bytes, partition: int | None = None) -> tuple[int, int]:
-        meta = await self.producer.send_and_wait(topic, value=value, key=key.encode(), partition=partition)
+    async def append(
+        self, topic: str, key: str, value: bytes, partition: int | None = None, headers: Mapping[str, str] | None = None
+    ) -> tuple[int, int]:
+        wire = [(name, text.encode()) for name, text in headers.items()] if headers else None
+        meta = await self.producer.send_and_wait(
+            topic, value=value, key=key.encode(), partition=partition, headers=wire
+        )
         return meta.partition, meta.offset
 
     async def send(

@@ -7,11 +7,14 @@ import asyncio
 import contextlib
 import socket
 from collections.abc import AsyncIterator
+from typing import Any
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import TopicAlreadyExistsError
 from turnstile.streams.log import Record, Topics
+
+DELTAS_RETENTION_MS = 3_600_000
 
 
 def reachable(bootstrap: str, timeout_s: float = 2.0) -> bool:
@@ -65,7 +68,7 @@ async def read_to_end(consumer: AIOKafkaConsumer, partitions: list[TopicPartitio
             state = {tp.partition: (await consumer.position(tp), ends[tp]) for tp in remaining}
             raise TimeoutError(f"partitions not read to the end: (position, end) {state}")
         for tp, messages in batch.items():
-            out.extend(Record(tp.partition, m.offset, m.key, m.value) for m in messages if m.offset < ends[tp])
+            out.extend(record_of(tp.partition, m) for m in messages if m.offset < ends[tp])
             if await consumer.position(tp) >= ends[tp]:
                 remaining.discard(tp)
     return sorted(out, key=lambda r: (r.partition, r.offset))
@@ -78,7 +81,7 @@ async def read_topic(bootstrap: str, topic: str, timeout_s: float = 30.0) -> lis
 
 
 async def ensure_topics(bootstrap: str, topics: Topics, partitions: int) -> None:
-    """Create the three topics if they are missing (the infra script does the same)."""
+    """Create the four topics if they are missing (the infra script does the same)."""
     admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
     await admin.start()
     try:
@@ -87,6 +90,8 @@ async def ensure_topics(bootstrap: str, topics: Topics, partitions: int) -> None
             NewTopic(topics.events, partitions, 1, topic_configs=forever),
             NewTopic(topics.outcomes, partitions, 1),
             NewTopic(topics.dead_letters, 1, 1, topic_configs=forever),
+            # Deltas serve live readers of a reply in progress: an hour is plenty.
+            NewTopic(topics.deltas, partitions, 1, topic_configs={"retention.ms": str(DELTAS_RETENTION_MS)}),
         ]
         existing = set(await admin.list_topics())
         missing = [t for t in wanted if t.name not in existing]
@@ -113,3 +118,26 @@ async def _until_led(admin: AIOKafkaAdminClient, names: list[str], timeout_s: fl
         if loop.time() > deadline:
             raise TimeoutError(f"topics {names} have no leaders after {timeout_s}s")
         await asyncio.sleep(0.1)
+
+
+async def follow_topic(bootstrap: str, topic: str, since_ms: int) -> AsyncIterator[Record]:
+    """The records of `topic` written from `since_ms` (Unix milliseconds, by record
+    timestamp) on, as they arrive, every partition, in no group, until cancelled."""
+    async with group_less_consumer(bootstrap, topic) as (consumer, partitions):
+        # The ends first: a record written while the two are looked up is then at or past
+        # its partition's end, so a partition with nothing since `since_ms` misses nothing.
+        ends = await consumer.end_offsets(partitions)
+        found = await consumer.offsets_for_times({tp: since_ms for tp in partitions})
+        for tp in partitions:
+            at = found.get(tp)
+            consumer.seek(tp, at.offset if at is not None else ends[tp])
+        while True:
+            batch = await consumer.getmany(timeout_ms=200)
+            for tp, messages in batch.items():
+                for m in messages:
+                    yield record_of(tp.partition, m)
+
+
+def record_of(partition: int, message: Any) -> Record:
+    """An aiokafka ConsumerRecord as a `Record`, headers included."""
+    return Record(partition, message.offset, message.key, message.value, tuple(message.headers or ()))

@@ -7,7 +7,7 @@ the embedded file log (one process, no broker). The worker cannot tell them apar
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -18,6 +18,8 @@ class Record:
     offset: int
     key: bytes | None
     value: bytes | None
+    # Record headers, as written (e.g. the publisher's W3C `traceparent`).
+    headers: tuple[tuple[str, bytes], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,6 +38,8 @@ class Topics:
     events: str = "turnstile.events"
     outcomes: str = "turnstile.outcomes"
     dead_letters: str = "turnstile.events.dlq"
+    # Text of replies in progress, for live readers only: not the durable log, short retention.
+    deltas: str = "turnstile.deltas"
 
 
 class Acknowledged(Protocol):
@@ -70,7 +74,9 @@ class EventLog(Protocol):
 
     async def poll(self, timeout_s: float) -> list[Record]: ...
 
-    async def append(self, topic: str, key: str, value: bytes, partition: int | None = None) -> tuple[int, int]:
+    async def append(
+        self, topic: str, key: str, value: bytes, partition: int | None = None, headers: Mapping[str, str] | None = None
+    ) -> tuple[int, int]:
         """Append and wait for the log to acknowledge; returns (partition, offset)."""
         ...
 

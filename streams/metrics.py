@@ -14,19 +14,33 @@ after a restart does not count history twice within one process:
 * `turnstile_scheduled_inputs_total{schedule}`: occurrences the scheduler published
 * `turnstile_consumer_lag{partition}`: end offset minus the worker's position, per owned
   partition, when the end offset is known (computed at scrape time)
+* `turnstile_model_tokens_total{model,kind}`: tokens of every model response on the log, by
+  kind (input, cached_input, cache_write, output, reasoning; the parts are also in the totals)
+* `turnstile_provider_request_seconds{family,result}` and
+  `turnstile_provider_errors_total{family,kind}`: every request this worker's provider made
+  (retries of the transport included), timed where it is made: result `ok` or the error kind
 
 Each `Metrics` has its own registry, so several workers in one process (tests) do not mix.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
-from turnstile.events import OUTCOME_TYPES, Event, MessageRejected, TurnClaimed
+from turnstile.events import OUTCOME_TYPES, Event, MessageRejected, ModelResponded, TurnClaimed
+from turnstile.handlers.provider import (
+    ModelReply,
+    ModelRequest,
+    ProtocolFamily,
+    Provider,
+    ProviderError,
+    ReplyStream,
+)
 from turnstile.projections import ConversationState
 
 if TYPE_CHECKING:
@@ -85,11 +99,27 @@ class Metrics:
         self.scheduled = Counter(
             "turnstile_scheduled_inputs", "Occurrences published by the scheduler", ["schedule"], registry=r
         )
+        self.tokens = Counter(
+            "turnstile_model_tokens", "Tokens of model responses, by kind", ["model", "kind"], registry=r
+        )
+        self.provider_seconds = Histogram(
+            "turnstile_provider_request_seconds",
+            "Model requests, from sending to the reply or the final error",
+            ["family", "result"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.provider_errors = Counter(
+            "turnstile_provider_errors", "Model requests that failed, by kind", ["family", "kind"], registry=r
+        )
         r.register(_LagCollector(self))
 
     def attach(self, worker: Worker) -> None:
-        """The worker whose partitions the lag gauge reports."""
+        """The worker whose partitions the lag gauge reports, and whose provider's requests
+        are timed from now on."""
         self.worker = worker
+        if not isinstance(worker.provider, MeasuredProvider):
+            worker.provider = MeasuredProvider(worker.provider, self)
 
     def on_event(self, state: ConversationState, event: Event) -> None:
         """Called after `event` was folded into `state`."""
@@ -108,12 +138,50 @@ class Metrics:
                 self.cost_total.inc(event.metrics.cost_usd)
         elif isinstance(event, MessageRejected):
             self.rejected.inc()
+        elif isinstance(event, ModelResponded):
+            usage = event.usage
+            for kind, tokens in (
+                ("input", usage.input_tokens),
+                ("cached_input", usage.cached_input_tokens),
+                ("cache_write", usage.cache_write_tokens),
+                ("output", usage.output_tokens),
+                ("reasoning", usage.reasoning_tokens),
+            ):
+                if tokens:
+                    self.tokens.labels(event.model, kind).inc(tokens)
 
     def on_dead_letter(self, reason: str) -> None:
         self.dead_letters.labels(reason).inc()
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class MeasuredProvider:
+    """A provider whose every request is timed and counted."""
+
+    def __init__(self, inner: Provider, metrics: Metrics) -> None:
+        self.inner = inner
+        self._metrics = metrics
+
+    @property
+    def family(self) -> ProtocolFamily:
+        return self.inner.family
+
+    async def complete(self, request: ModelRequest, stream: ReplyStream | None = None) -> ModelReply:
+        started = time.monotonic()
+        result = "ok"
+        try:
+            return await self.inner.complete(request, stream)
+        except ProviderError as err:
+            result = err.kind
+            self._metrics.provider_errors.labels(self.family, err.kind).inc()
+            raise
+        finally:
+            self._metrics.provider_seconds.labels(self.family, result).observe(time.monotonic() - started)
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
 
 
 def consumer_lag(worker: Worker) -> dict[int, int]:

@@ -20,8 +20,15 @@ from collections.abc import Awaitable, Callable, Mapping
 
 import httpx
 import orjson
-from turnstile.handlers.provider import ModelReply, ModelRequest, ProtocolFamily, ProviderError
-from turnstile.handlers.providers.wire import WireFormat, malformed, provider_error_message, status_kind
+from turnstile.handlers.provider import ModelReply, ModelRequest, ProtocolFamily, ProviderError, ReplyStream
+from turnstile.handlers.providers.sse import SseDecoder
+from turnstile.handlers.providers.wire import (
+    ReplyAssembler,
+    WireFormat,
+    malformed,
+    provider_error_message,
+    status_kind,
+)
 from turnstile.handlers.retry import GiveUp, RetryPolicy, next_retry, retryable_status, server_wait_s
 
 log = logging.getLogger(__name__)
@@ -69,12 +76,15 @@ class HttpProvider:
     def family(self) -> ProtocolFamily:
         return self._wire.family
 
-    async def complete(self, request: ModelRequest) -> ModelReply:
-        content = orjson.dumps(self._wire.request_body(request))
+    async def complete(self, request: ModelRequest, stream: ReplyStream | None = None) -> ModelReply:
+        """With `stream`, the request asks for server-sent events and the reply's text goes
+        to `stream` as it arrives; a retry after some text tells it to start over."""
+        content = orjson.dumps(self._wire.request_body(request, stream=stream is not None))
         started = time.monotonic()
         retries = 0
         while True:
-            result = await self._try(content, request.model)
+            relay = None if stream is None else _Relay(stream)
+            result = await self._try(content, request, relay)
             if isinstance(result, ModelReply):
                 return result
             time_left = None if request.time_left_s is None else request.time_left_s - (time.monotonic() - started)
@@ -86,21 +96,27 @@ class HttpProvider:
                 "%s request failed (%s); retry %d in %.2f s", self.family, result, retries + 1, decision.delay_s
             )
             await self._sleep(decision.delay_s)
+            if relay is not None and relay.sent:
+                await relay.stream.restart()
             retries += 1
 
     async def aclose(self) -> None:
         if self._owns_client:
             await self._client.aclose()
 
-    async def _try(self, content: bytes, model: str) -> ModelReply | ProviderError:
+    async def _try(self, content: bytes, request: ModelRequest, relay: _Relay | None) -> ModelReply | ProviderError:
         """One request: the reply, or what went wrong (returned, not raised, so that no
         httpx exception is left in an error's context)."""
         failure: ProviderError | None = None
+        # httpx timeouts are per phase (connect, each read...); the outer deadline also
+        # bounds a server that trickles bytes forever. A streamed reply may rightly take
+        # longer than one response should: only the turn's deadline bounds it, and the
+        # read timeout catches a server that stops sending.
+        total_s = self._timeout_s if relay is None else request.time_left_s
+        assembler = self._wire.assembler() if relay is not None else None
         try:
-            # httpx timeouts are per phase (connect, each read...); the outer deadline also
-            # bounds a server that trickles bytes forever.
-            async with asyncio.timeout(self._timeout_s):
-                status, headers, payload = await self._send(content)
+            async with asyncio.timeout(total_s):
+                status, headers, payload = await self._send(content, relay, assembler)
         except (TimeoutError, httpx.TimeoutException):
             failure = ProviderError("timeout", f"no response within {self._timeout_s:g} s", retryable=True)
         except httpx.TransportError as exc:
@@ -114,25 +130,44 @@ class HttpProvider:
         if not 200 <= status < 300:
             return self._status_error(status, headers, payload)
         try:
+            if assembler is not None:
+                if not assembler.done:
+                    return ProviderError("connection", "the stream ended before the reply did", retryable=True)
+                return self._wire.parse_reply(assembler.payload(), request.model)
             parsed = orjson.loads(payload)
         except orjson.JSONDecodeError:
             return malformed(f"body is not JSON: {self._excerpt(payload)}")
+        except ProviderError as exc:
+            return exc
         try:
-            return self._wire.parse_reply(parsed, model)
+            return self._wire.parse_reply(parsed, request.model)
         except ProviderError as exc:
             return exc
 
-    async def _send(self, content: bytes) -> tuple[int, httpx.Headers, bytes]:
+    async def _send(
+        self, content: bytes, relay: _Relay | None, assembler: ReplyAssembler | None
+    ) -> tuple[int, httpx.Headers, bytes]:
+        """Status, headers and body; a successful streamed body goes to `assembler` as it
+        arrives (and its text to `relay`) instead."""
         async with self._client.stream(
             "POST", self._url, content=content, headers=self._headers, timeout=self._timeout_s
         ) as response:
+            streaming = relay is not None and assembler is not None and 200 <= response.status_code < 300
+            decoder = SseDecoder()
             chunks: list[bytes] = []
             size = 0
             async for chunk in response.aiter_bytes():
                 size += len(chunk)
                 if size > MAX_RESPONSE_BYTES:
                     raise malformed(f"response body exceeds {MAX_RESPONSE_BYTES} bytes")
-                chunks.append(chunk)
+                if not streaming:
+                    chunks.append(chunk)
+                    continue
+                assert relay is not None and assembler is not None
+                for event in decoder.feed(chunk):
+                    text = assembler.feed(event)
+                    if text:
+                        await relay.delta(text)
             return response.status_code, response.headers, b"".join(chunks)
 
     def _status_error(self, status: int, headers: Mapping[str, str], payload: bytes) -> ProviderError:
@@ -161,6 +196,18 @@ class HttpProvider:
 
     def _redact(self, text: str) -> str:
         return text.replace(self._secret, "[redacted]") if self._secret else text
+
+
+class _Relay:
+    """Passes text on to the caller's stream, remembering whether any went."""
+
+    def __init__(self, stream: ReplyStream) -> None:
+        self.stream = stream
+        self.sent = False
+
+    async def delta(self, text: str) -> None:
+        self.sent = True
+        await self.stream.delta(text)
 
 
 def _given_up(error: ProviderError, decision: GiveUp, retries: int) -> ProviderError:

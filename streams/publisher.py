@@ -6,6 +6,7 @@ import uuid
 
 from turnstile.events import InputEvent, MessageReceived, encode
 from turnstile.streams.log import EventLog, Topics
+from turnstile.streams.tracing import trace_headers
 
 
 def message_event(conversation_id: str, content: str, now_ms: int, message_id: str | None = None) -> MessageReceived:
@@ -22,8 +23,9 @@ def message_event(conversation_id: str, content: str, now_ms: int, message_id: s
 
 async def publish(log: EventLog, event: MessageReceived) -> tuple[int, int]:
     """Appends keyed by conversation id, so the default partitioner keeps a conversation
-    in one partition. Returns (partition, offset)."""
-    return await log.append(log.topics.events, event.conversation_id, encode(event))
+    in one partition, with the current trace context in its headers (when tracing).
+    Returns (partition, offset)."""
+    return await log.append(log.topics.events, event.conversation_id, encode(event), headers=trace_headers())
 
 
 class KafkaPublisher:
@@ -52,5 +54,8 @@ class KafkaPublisher:
 
     async def publish(self, event: InputEvent) -> tuple[int, int]:
         """Returns (partition, offset) once the broker has the event."""
-        meta = await self.producer.send_and_wait(self.topics.events, encode(event), key=event.conversation_id.encode())
+        headers = [(name, text.encode()) for name, text in trace_headers().items()] or None
+        meta = await self.producer.send_and_wait(
+            self.topics.events, encode(event), key=event.conversation_id.encode(), headers=headers
+        )
         return meta.partition, meta.offset

@@ -10,8 +10,10 @@ from turnstile.handlers.schedule import Schedule
 from turnstile.streams.file_log import FileLog
 from turnstile.streams.http_api import HttpServer, ReadConversation, build_app
 from turnstile.streams.inspect_cli import file_records, kafka_records
+from turnstile.streams.kafka_reader import follow_topic
 from turnstile.streams.log import EventLog, Record
 from turnstile.streams.metrics import Metrics
+from turnstile.streams.reply_hub import Follow, ReplyHub
 from turnstile.streams.scheduler import Scheduler
 from turnstile.streams.worker import Worker
 
@@ -35,6 +37,27 @@ def conversation_reader(log: EventLog, bootstrap: str | None = None) -> ReadConv
     return read_kafka
 
 
+# How far back a freshly started reply hub reads both topics on Kafka: replies that began
+# earlier (and are still streaming) are joined from their next delta on.
+HUB_LOOKBACK_MS = 10 * 60 * 1000
+
+
+def reply_hub_sources(log: EventLog, bootstrap: str | None, now_ms: int) -> tuple[Follow, Follow]:
+    """Followers of the deltas and the events topic for a `ReplyHub`. The embedded log is
+    one process: nothing streamed before it started. On Kafka both topics are read from
+    the same moment, so that replies that ended meanwhile are known to have ended."""
+    topics = log.topics
+    if isinstance(log, FileLog):
+        return (lambda: log.follow(topics.deltas, from_end=True), lambda: log.follow(topics.events, from_end=True))
+    if bootstrap is None:
+        raise ValueError("following a Kafka log needs the bootstrap servers")
+    since = now_ms - HUB_LOOKBACK_MS
+    return (
+        lambda: follow_topic(bootstrap, topics.deltas, since),
+        lambda: follow_topic(bootstrap, topics.events, since),
+    )
+
+
 class Service:
     def __init__(
         self,
@@ -54,6 +77,11 @@ class Service:
             else None
         )
         self.http: HttpServer | None = None
+        self.hub: ReplyHub | None = None
+        self._hub_sources: tuple[Follow, Follow] | None = None
+        if http is not None and worker.config.stream_replies:
+            self.hub = ReplyHub()
+            self._hub_sources = reply_hub_sources(worker.log, bootstrap, worker.clock.now_ms())
         if http is not None:
             app = build_app(
                 worker.log,
@@ -61,6 +89,7 @@ class Service:
                 worker=worker,
                 metrics=worker.metrics,
                 clock=worker.clock,
+                hub=self.hub,
             )
             self.http = HttpServer(app, *http)
 
@@ -76,6 +105,9 @@ class Service:
         tasks = [asyncio.create_task(self.worker.run(inner), name="worker")]
         if self.scheduler is not None:
             tasks.append(asyncio.create_task(self.scheduler.run(inner), name="scheduler"))
+        hub = None
+        if self.hub is not None and self._hub_sources is not None:
+            hub = asyncio.create_task(self.hub.run(*self._hub_sources), name="reply-hub")
         stopping = asyncio.create_task(stop.wait())
         if ready is not None:
             ready.set()
@@ -89,6 +121,10 @@ class Service:
             results = await asyncio.gather(*tasks, return_exceptions=True)
             if self.http is not None:
                 await self.http.stop()
+            if hub is not None:
+                hub.cancel()
+                # A hub that failed (it said so when it did) only cost live readers their stream.
+                await asyncio.gather(hub, return_exceptions=True)
         for result in results:
             if isinstance(result, BaseException):
                 raise result

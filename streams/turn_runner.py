@@ -47,6 +47,7 @@ from turnstile.handlers.provider import ChatMessage, ModelReply, ModelRequest, P
 from turnstile.handlers.stops import AskAgain, Complete, CutOff, Refused, after_reply
 from turnstile.handlers.tools import InvalidCall, ToolRegistry, ValidCall, call_signature, validate_call
 from turnstile.projections import ActiveTurn, ConversationState, apply_event
+from turnstile.streams.reply_deltas import ReplyStreams
 
 log = logging.getLogger(__name__)
 
@@ -126,11 +127,14 @@ class TurnRunner:
         now_ms: Callable[[], int],
         new_id: Callable[[], str],
         rendered: list[ChatMessage] | None = None,
+        replies: ReplyStreams | None = None,
     ) -> None:
         self.state = state
         # The conversation's history as messages, kept by the worker across turns (see
         # `build_context`); a runner of its own renders the history it needs once.
         self._rendered = rendered if rendered is not None else []
+        # Where the text of each reply streams to while it arrives (None: not streamed).
+        self._replies = replies
         self._append = append
         self._settings = settings
         self._now_ms = now_ms
@@ -301,9 +305,17 @@ class TurnRunner:
             route = self._routes[self._route]
             time_left_s = (self._settings.budget.deadline_ms - self._spent(iteration).elapsed_ms) / 1000
             request = ModelRequest(route.model, messages, tools, self._settings.max_output_tokens, time_left_s)
+            turn = self.turn
+            stream = (
+                self._replies.open(self.state.conversation_id, turn.turn_id, turn.run_id, turn.attempt, iteration)
+                if self._replies is not None
+                else None
+            )
             try:
-                reply = await route.provider.complete(request)
+                reply = await route.provider.complete(request, stream)
             except ProviderError as err:
+                if stream is not None:
+                    await stream.restart()  # what this model streamed is no part of the reply
                 if err.kind == "malformed_response":
                     await self._emit(
                         ProtocolFailure(
@@ -323,6 +335,8 @@ class TurnRunner:
                 )
                 self._route = decision.index
                 continue
+            if stream is not None:
+                await stream.finish()
             await self._emit(
                 ModelResponded(
                     **self._stamp(),

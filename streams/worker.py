@@ -42,11 +42,14 @@ from turnstile.handlers.claim import (
 from turnstile.handlers.provider import ChatMessage, Provider
 from turnstile.projections import ConversationState, apply_event, new_state
 from turnstile.streams.log import Acknowledged, EventLog, PartitionStart, Record
+from turnstile.streams.reply_deltas import DeltaPublisher
 from turnstile.streams.runtime import Clock, Ids, RandomIds, SystemClock
 from turnstile.streams.turn_runner import TurnRunner, TurnSettings
 
 if TYPE_CHECKING:
+    from opentelemetry.trace import TracerProvider
     from turnstile.streams.metrics import Metrics
+    from turnstile.streams.tracing import TurnTracer
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +74,12 @@ class WorkerConfig:
     # On stop (SIGTERM, SIGINT): how long turns in flight may take to end before they are
     # cancelled and left to the next owner. 0 stops at once, as a crash would.
     drain_grace_s: float = 30.0
+    # Stream the text of replies to the deltas topic as it arrives (providers then ask
+    # for server-sent events); the events topic records each reply whole either way.
+    stream_replies: bool = False
+    # OpenTelemetry spans of turns, attempts, model and tool calls (`streams/tracing.py`),
+    # to the global tracer provider unless the worker is given one.
+    tracing: bool = False
 
 
 @dataclass(slots=True)
@@ -108,17 +117,22 @@ class Worker:
         ids: Ids | None = None,
         metrics: Metrics | None = None,
         replay_hooks: ReplayHooks | None = None,
+        tracer_provider: TracerProvider | None = None,
     ) -> None:
         self.log = log_
         self.replay_hooks = replay_hooks
         self._replaying = False
         self.metrics = metrics
-        if metrics is not None:
-            metrics.attach(self)
         self.provider = provider
+        if metrics is not None:
+            metrics.attach(self)  # after the provider: it times the provider's requests
         self.config = config
         self.clock = clock or SystemClock()
         self.ids = ids or RandomIds()
+        self.replies = (
+            DeltaPublisher(log_, log_.topics.deltas, self.clock.now_ms) if self.config.stream_replies else None
+        )
+        self.tracer = self._tracer(tracer_provider) if self.config.tracing else None
         self.states: dict[str, ConversationState] = {}
         self.partitions: dict[int, _Partition] = {}
         self.runners: dict[str, _Runner] = {}
@@ -211,6 +225,8 @@ class Worker:
                     await self._maybe_commit(force=True)
             for effect in self._effects:
                 effect.cancel()  # only after a failure: the next owner redoes them
+            if self.replies is not None:
+                await self.replies.aclose()
             await self.log.stop()
 
     async def _step(self) -> None:
@@ -240,6 +256,12 @@ class Worker:
             await self._step()
         if self.runners:
             log.warning("stopping: grace over, %d turns left to the next owner", len(self.runners))
+    def _tracer(self, provider: TracerProvider | None) -> TurnTracer:
+        from turnstile.streams.tracing import TurnTracer
+
+        families = {route.model: route.provider.family for route in self.config.turn.fallbacks}
+        families[self.config.turn.model] = self.provider.family
+        return TurnTracer(lambda model: families.get(model, self.provider.family), provider)
 
     def _poll_wait_s(self) -> float:
         wait = self.config.max_poll_wait_s
@@ -285,6 +307,10 @@ class Worker:
         self._note_double_text(state, event)
         if effects and self.metrics is not None:
             self.metrics.on_event(state, event)
+        if self.tracer is not None:
+            self.tracer.note_input(event, record.headers)
+            if effects:
+                self.tracer.on_event(state, event)
         if effects and isinstance(event, (*OUTCOME_TYPES, MessageRejected)):
             self._effect(self.log.topics.outcomes, conversation, encode(event))
         self._dirty.add(conversation)
@@ -431,7 +457,9 @@ class Worker:
                 raise asyncio.CancelledError(f"run {event.run_id} was superseded before its side effect")
 
         rendered = self._rendered.setdefault(conversation, [])
-        runner = TurnRunner(private, append, self.provider, self.config.turn, self.clock.now_ms, self.ids.new, rendered)
+        runner = TurnRunner(
+            private, append, self.provider, self.config.turn, self.clock.now_ms, self.ids.new, rendered, self.replies
+        )
         work = runner.recover() if recover else runner.claim_and_run(plan)  # type: ignore[arg-type]
         task = asyncio.create_task(work, name=f"turn:{conversation}")
         slot = self.runners[conversation] = _Runner(task, partition)

@@ -26,6 +26,6 @@ def kafka_bootstrap() -> str:
 async def fresh_topics(kafka_bootstrap: str) -> Topics:
     """Topics of this test alone, so tests never read each other's events."""
     suffix = uuid.uuid4().hex[:8]
-    topics = Topics(f"t-{suffix}.events", f"t-{suffix}.outcomes", f"t-{suffix}.dlq")
+    topics = Topics(f"t-{suffix}.events", f"t-{suffix}.outcomes", f"t-{suffix}.dlq", f"t-{suffix}.deltas")
     await ensure_topics(kafka_bootstrap, topics, partitions=8)
     return topics

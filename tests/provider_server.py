@@ -9,7 +9,8 @@ each request with the next queued step:
         server.push(Reply(text="hi", usage=(10, 3)))
         server.push(Reply(tool_calls=[("call_1", "search", '{"q": "x"}')]))
         server.push(Raw(500, b"oops"), Delay(2.0, Reply(text="late")), Drop())
-        ... OpenAIChatProvider(server.base_url_openai, ...) ...
+        server.push(Streamed(["Hel", "lo"], gap_s=0.1))  # server-sent events, as they go
+        ... HttpProvider(OpenAIChat(), server.base_url_openai, ...) ...
         server.requests[0].body  # what the client sent
 
 When the script runs out the server answers 500 with a body naming the problem. Every
@@ -73,7 +74,19 @@ class Drop:
     """Close the connection without answering."""
 
 
-Step = Reply | Raw | Delay | Drop
+@dataclass(frozen=True)
+class Streamed:
+    """A streamed reply (the request must ask for one): `pieces` of text as server-sent
+    events in the wire format of the path that was hit, `gap_s` apart, then the end of the
+    reply with `usage` (input, output tokens). Written as it goes and the connection then
+    closed, as a real provider's chunked stream."""
+
+    pieces: Sequence[str]
+    gap_s: float = 0.0
+    usage: tuple[int, int] = (10, 5)
+
+
+Step = Reply | Raw | Delay | Drop | Streamed
 
 
 @dataclass(frozen=True)
@@ -97,7 +110,10 @@ class ProviderServer:
         self._httpd = _HTTPServer(self)
         self._thread = threading.Thread(
             # A short poll keeps shutdown (which waits for the next poll) fast.
-            target=self._httpd.serve_forever, kwargs={"poll_interval": 0.01}, name="provider-server", daemon=True
+            target=self._httpd.serve_forever,
+            kwargs={"poll_interval": 0.01},
+            name="provider-server",
+            daemon=True,
         )
         self._thread.start()
         return self
@@ -166,8 +182,24 @@ class ProviderServer:
             handler.close_connection = True
         elif isinstance(step, Raw):
             _send(handler, step.status, _raw_body(step.body), step.headers)
+        elif isinstance(step, Streamed):
+            self._stream(handler, step, request)
         else:
             _send(handler, 200, json.dumps(_render(handler.path, step, request)).encode())
+
+    def _stream(self, handler: _Handler, step: Streamed, request: Any) -> None:
+        model = (request or {}).get("model", "unknown-model")
+        events = _openai_stream(step, model) if handler.path == OPENAI_PATH else _anthropic_stream(step, model)
+        handler.close_connection = True  # the body ends when the connection does
+        handler.send_response(200)
+        handler.send_header("content-type", "text/event-stream")
+        handler.send_header("connection", "close")
+        handler.end_headers()
+        for index, event in enumerate(events):
+            if index and step.gap_s and self._stopping.wait(step.gap_s):
+                return
+            handler.wfile.write(event)
+            handler.wfile.flush()
 
 
 class _HTTPServer(ThreadingHTTPServer):
@@ -301,3 +333,49 @@ def _anthropic_message(reply: Reply, model: str) -> dict[str, Any]:
         body["usage"] = {"input_tokens": reply.usage[0], "output_tokens": reply.usage[1]}
     return body
 
+
+def _sse(name: str | None, data: Any) -> bytes:
+    head = f"event: {name}\n" if name else ""
+    return (head + "data: " + (data if isinstance(data, str) else json.dumps(data)) + "\n\n").encode()
+
+
+def _openai_stream(step: Streamed, model: str) -> list[bytes]:
+    def chunk(delta: dict[str, Any], finish: str | None = None) -> bytes:
+        choice = {"index": 0, "delta": delta, "finish_reason": finish}
+        return _sse(
+            None, {"id": "chatcmpl-test", "object": "chat.completion.chunk", "model": model, "choices": [choice]}
+        )
+
+    prompt, completion = step.usage
+    usage = {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+    return [
+        *(chunk({"content": piece}) for piece in step.pieces),
+        chunk({}, "stop"),
+        _sse(
+            None,
+            {"id": "chatcmpl-test", "object": "chat.completion.chunk", "model": model, "choices": [], "usage": usage},
+        ),
+        _sse(None, "[DONE]"),
+    ]
+
+
+def _anthropic_stream(step: Streamed, model: str) -> list[bytes]:
+    message = {"id": "msg_test", "type": "message", "role": "assistant", "model": model, "content": [],
+               "stop_reason": None, "usage": {"input_tokens": step.usage[0], "output_tokens": 1}}  # fmt: skip
+    block = {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}}
+    deltas = [
+        _sse(
+            "content_block_delta",
+            {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": p}},
+        )
+        for p in step.pieces
+    ]
+    end = {"type": "message_delta", "delta": {"stop_reason": "end_turn"}, "usage": {"output_tokens": step.usage[1]}}
+    return [
+        _sse("message_start", {"type": "message_start", "message": message}),
+        _sse("content_block_start", block),
+        *deltas,
+        _sse("content_block_stop", {"type": "content_block_stop", "index": 0}),
+        _sse("message_delta", end),
+        _sse("message_stop", {"type": "message_stop"}),
+    ]

@@ -11,6 +11,7 @@ import orjson
 import pytest
 import yaml
 from turnstile.events import SCHEMA_VERSION, DecodeError, MessageReceived, TurnClaimed, decode, encode, logical_turn_id
+from turnstile.events.deltas import decode_delta
 from turnstile.events.schema import ASYNCAPI_PATH, SCHEMA_DIR, drift, event_models, main
 from turnstile.events.upcast import UPCASTERS, Upcasters
 
@@ -122,17 +123,18 @@ def asyncapi() -> dict[str, object]:
     return doc
 
 
-def test_asyncapi_describes_the_three_topics() -> None:
+def test_asyncapi_describes_the_four_topics() -> None:
     doc = asyncapi()
     assert doc["asyncapi"] == "3.0.0"
     channels = doc["channels"]
     assert isinstance(channels, dict)
     addresses = {c["address"] for c in channels.values()}
-    assert addresses == {"turnstile.events", "turnstile.outcomes", "turnstile.events.dlq"}
+    assert addresses == {"turnstile.events", "turnstile.outcomes", "turnstile.events.dlq", "turnstile.deltas"}
     refs = {name: {m["$ref"].rsplit("/", 1)[1] for m in c["messages"].values()} for name, c in channels.items()}
     assert refs["events"] == EVENT_TYPES
     assert refs["outcomes"] == {"TurnCompleted", "TurnFailed", "TurnPaused", "TurnExhausted", "MessageRejected"}
     assert refs["deadLetters"] == {"DeadLetter"}
+    assert refs["deltas"] == {"ReplyDelta"}
     for operation in doc["operations"].values():  # type: ignore[attr-defined]
         channel = operation["channel"]["$ref"].rsplit("/", 1)[1]
         for ref in operation["messages"]:
@@ -141,7 +143,7 @@ def test_asyncapi_describes_the_three_topics() -> None:
 
 def test_asyncapi_messages_point_at_schema_files_and_their_examples_are_valid() -> None:
     messages = asyncapi()["components"]["messages"]  # type: ignore[index]
-    assert set(messages) == EVENT_TYPES | {"DeadLetter"}
+    assert set(messages) == EVENT_TYPES | {"DeadLetter", "ReplyDelta"}
     for name, message in messages.items():
         assert message["bindings"]["kafka"]["key"]["type"] == "string"
         target = ASYNCAPI_PATH.parent / message["payload"]["schema"]["$ref"]
@@ -150,7 +152,9 @@ def test_asyncapi_messages_point_at_schema_files_and_their_examples_are_valid() 
         assert message.get("examples"), f"add an example of {name} to events/examples.py"
         for example in message["examples"]:
             jsonschema.validate(example["payload"], payload_schema, cls=jsonschema.Draft7Validator)
-            if name != "DeadLetter":
+            if name == "ReplyDelta":
+                assert decode_delta(orjson.dumps(example["payload"])) is not None
+            elif name != "DeadLetter":
                 decoded = decode(orjson.dumps(example["payload"]))
                 assert not isinstance(decoded, DecodeError) and decoded.type == name
 

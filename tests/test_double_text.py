@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import subprocess
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
@@ -151,11 +152,13 @@ class FlakyLog(FileLog):
 
     failures = 1
 
-    async def append(self, topic: str, key: str, value: bytes, partition: int | None = None) -> tuple[int, int]:
+    async def append(
+        self, topic: str, key: str, value: bytes, partition: int | None = None, headers: Mapping[str, str] | None = None
+    ) -> tuple[int, int]:
         if topic == self.topics.events and b'"MessageRejected"' in value and self.failures:
             self.failures -= 1
             raise OSError("the log is briefly unavailable")
-        return await super().append(topic, key, value, partition)
+        return await super().append(topic, key, value, partition, headers)
 
 
 async def test_a_refusal_that_failed_to_append_is_retried_and_blocks_the_next_claim_meanwhile(tmp_path):

@@ -22,6 +22,7 @@ the worker stops, and its final commit must not mark the failed one-time effect 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Mapping
 
 import pytest
 from builders import claim, completed, message, started
@@ -47,8 +48,10 @@ class RebalanceMidBatch(FileLog):
         self.listener = listener
         await super().start(listener)
 
-    async def append(self, topic: str, key: str, value: bytes, partition: int | None = None) -> tuple[int, int]:
-        result = await super().append(topic, key, value, partition)
+    async def append(
+        self, topic: str, key: str, value: bytes, partition: int | None = None, headers: Mapping[str, str] | None = None
+    ) -> tuple[int, int]:
+        result = await super().append(topic, key, value, partition, headers)
         if topic == self.topics.outcomes and self.armed and self.listener is not None:
             self.armed = False
             everything = set(range(self.partitions))
@@ -84,10 +87,12 @@ class OutcomeTopicDown(FileLog):
     """Appends to the outcomes topic fail (a broker outage longer than the producer's
     timeout), as the consumer loop records an outcome."""
 
-    async def append(self, topic: str, key: str, value: bytes, partition: int | None = None) -> tuple[int, int]:
+    async def append(
+        self, topic: str, key: str, value: bytes, partition: int | None = None, headers: Mapping[str, str] | None = None
+    ) -> tuple[int, int]:
         if topic == self.topics.outcomes:
             raise TimeoutError("outcomes topic unreachable")
-        return await super().append(topic, key, value, partition)
+        return await super().append(topic, key, value, partition, headers)
 
 
 async def test_an_effect_that_failed_is_not_committed_as_done(tmp_path) -> None:

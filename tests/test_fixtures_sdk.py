@@ -28,6 +28,22 @@ def test_the_checked_in_fixture_is_the_generators(family: str, name: str) -> Non
 def test_every_fixture_file_has_a_source() -> None:
     on_disk = {(p.parent.name, p.stem) for p in FOLDER.glob("*/*.json")}
     assert on_disk == set(CASES)
+    streams = {(p.parent.name, p.stem) for p in FOLDER.glob("*/*.sse")}
+    assert streams == set(STREAMS)
+
+
+STREAMS = {
+    (family, name): stream
+    for family, streams in (("openai", make_fixtures.OPENAI_STREAMS), ("anthropic", make_fixtures.ANTHROPIC_STREAMS))
+    for name, stream in streams.items()
+}
+
+
+@pytest.mark.parametrize(("family", "name"), list(STREAMS))
+def test_each_stream_fixture_is_the_generators_and_every_event_the_sdks(family: str, name: str) -> None:
+    stream = STREAMS[family, name]
+    assert (FOLDER / family / f"{name}.sse").read_text() == make_fixtures.sse(stream)
+    make_fixtures.check_stream(family, stream, f"{family}/{name}")
 
 
 @pytest.mark.parametrize(("family", "name"), CASES)

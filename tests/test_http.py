@@ -26,24 +26,15 @@ from turnstile.streams.kafka_log import KafkaLog
 from turnstile.streams.log import Topics
 from turnstile.streams.service import Service
 from turnstile.streams.worker import Worker
-from worker_harness import FAST, until
+from worker_harness import FAST, serving, until
 
 ROOT = Path(__file__).parent.parent
 
 
 @contextlib.asynccontextmanager
 async def service(tmp_path: Path, delay_s: float = 0.0) -> AsyncIterator[tuple[Service, httpx.AsyncClient]]:
-    worker = Worker(FileLog(tmp_path), ScriptedProvider(delay_s=delay_s), FAST)
-    svc = Service(worker, http=("127.0.0.1", 0))
-    stop, ready = asyncio.Event(), asyncio.Event()
-    task = asyncio.create_task(svc.run(stop, ready))
-    await asyncio.wait_for(ready.wait(), 10)
-    try:
-        async with httpx.AsyncClient(base_url=svc.url or "", timeout=10) as client:
-            yield svc, client
-    finally:
-        stop.set()
-        await asyncio.wait_for(task, 10)
+    async with serving(Worker(FileLog(tmp_path), ScriptedProvider(delay_s=delay_s), FAST)) as running:
+        yield running
 
 
 async def state_of(client: httpx.AsyncClient, conversation: str) -> dict:

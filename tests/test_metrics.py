@@ -118,3 +118,36 @@ async def test_metrics_of_a_worker_on_kafka(kafka_bootstrap: str, fresh_topics: 
         stop.set()
         await asyncio.wait_for(task, 30)
         await publisher.producer.stop()
+
+
+async def test_provider_requests_errors_and_tokens_by_kind(tmp_path):
+    from provider_server import ProviderServer, Raw, Reply
+    from turnstile.handlers.pricing import ModelPrice
+    from turnstile.handlers.providers.openai_chat import OpenAIChat
+    from turnstile.handlers.retry import RetryPolicy
+    from turnstile.streams.provider_http import HttpProvider
+
+    log = FileLog(tmp_path)
+    metrics = Metrics()
+    turn = dataclasses.replace(FAST.turn, model="gpt-test", prices={"gpt-test": ModelPrice(1.0, 2.0)})
+    with ProviderServer() as server:
+        server.push(Raw(503, {"error": {"message": "busy"}}), Reply(text="fine", usage=(40, 6)))
+        provider = HttpProvider(OpenAIChat(), server.base_url_openai, "k", retry=RetryPolicy(max_retries=0))
+        worker = Worker(log, provider, dataclasses.replace(FAST, turn=turn), metrics=metrics)
+        stop = asyncio.Event()
+        task = asyncio.create_task(worker.run(stop))
+        try:
+            await publish(log, message_event("c1", "hi", NOW(), "m1"))
+            await until(lambda: any(isinstance(e, TurnCompleted) for e in events_of(log, "c1")))
+            samples = scrape(metrics)
+        finally:
+            stop.set()
+            await asyncio.wait_for(task, 10)
+            await provider.aclose()
+
+    timed = "turnstile_provider_request_seconds_count"
+    assert samples[("turnstile_provider_errors_total", (("family", "openai"), ("kind", "server_error")))] == 1
+    assert samples[(timed, (("family", "openai"), ("result", "ok")))] == 1
+    assert samples[(timed, (("family", "openai"), ("result", "server_error")))] == 1
+    assert samples[("turnstile_model_tokens_total", (("kind", "input"), ("model", "gpt-test")))] == 40
+    assert samples[("turnstile_model_tokens_total", (("kind", "output"), ("model", "gpt-test")))] == 6

@@ -7,7 +7,7 @@ the API's 400 back, so a test of a whole conversation fails the way production w
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -80,3 +80,31 @@ def openai_api() -> MockApi:
 
 def anthropic_api() -> MockApi:
     return MockApi(check=anthropic_violations)
+
+
+def stream_fixture(family: str, name: str) -> bytes:
+    return (FIXTURES / "providers" / family / f"{name}.sse").read_bytes()
+
+
+def streamed(body: bytes, chunk_bytes: int = 7) -> httpx.Response:
+    """A 200 event stream delivered in small pieces, so events and UTF-8 sequences are cut
+    across reads as on a real connection."""
+
+    async def pieces() -> AsyncIterator[bytes]:
+        for start in range(0, len(body), chunk_bytes):
+            yield body[start : start + chunk_bytes]
+
+    return httpx.Response(200, content=pieces(), headers={"content-type": "text/event-stream"})
+
+
+@dataclass
+class Collected:
+    """A ReplyStream that records what it was told, in order."""
+
+    seen: list[str] = field(default_factory=list)
+
+    async def delta(self, text: str) -> None:
+        self.seen.append(text)
+
+    async def restart(self) -> None:
+        self.seen.append("<restart>")

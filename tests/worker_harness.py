@@ -5,11 +5,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Callable
+from typing import Any
 
+import httpx
 from turnstile.events import DecodeError, Event, decode
 from turnstile.handlers.claim import DebouncePolicy
 from turnstile.handlers.provider import Provider
 from turnstile.streams.file_log import FileLog
+from turnstile.streams.service import Service
 from turnstile.streams.turn_runner import TurnSettings
 from turnstile.streams.worker import Worker, WorkerConfig
 
@@ -31,12 +34,29 @@ def events_of(log: FileLog, conversation: str | None = None) -> list[Event]:
 
 
 @contextlib.asynccontextmanager
-async def running(log: FileLog, provider: Provider, config: WorkerConfig = FAST) -> AsyncIterator[Worker]:
-    worker = Worker(log, provider, config)
+async def running(
+    log: FileLog, provider: Provider, config: WorkerConfig = FAST, **options: Any
+) -> AsyncIterator[Worker]:
+    worker = Worker(log, provider, config, **options)
     stop = asyncio.Event()
     task = asyncio.create_task(worker.run(stop))
     try:
         yield worker
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 10)
+
+
+@contextlib.asynccontextmanager
+async def serving(worker: Worker, **options: Any) -> AsyncIterator[tuple[Service, httpx.AsyncClient]]:
+    """The worker as a service with its HTTP port on a free loopback port, and a client of it."""
+    svc = Service(worker, http=("127.0.0.1", 0), **options)
+    stop, ready = asyncio.Event(), asyncio.Event()
+    task = asyncio.create_task(svc.run(stop, ready))
+    await asyncio.wait_for(ready.wait(), 10)
+    try:
+        async with httpx.AsyncClient(base_url=svc.url or "", timeout=10) as client:
+            yield svc, client
     finally:
         stop.set()
         await asyncio.wait_for(task, 10)

@@ -79,6 +79,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--events", required=True)
     p.add_argument("--outcomes", required=True)
     p.add_argument("--dlq", required=True)
+    p.add_argument("--deltas", required=True)
+    p.add_argument("--stream", action="store_true", help="stream replies to the deltas topic")
     p.add_argument("--base-url", required=True, help="the loopback provider server, OpenAI format")
     p.add_argument("--tool-dir", type=Path, required=True)
     p.add_argument("--model", default="gpt-test")
@@ -103,9 +105,12 @@ async def _main(args: argparse.Namespace) -> None:
         prices={args.model: ModelPrice(input_per_mtok=1.0, output_per_mtok=2.0)},
     )
     config = WorkerConfig(
-        debounce=DebouncePolicy(args.quiet_ms, args.max_wait_ms, args.max_batch), turn=turn, commit_interval_s=0.2
+        debounce=DebouncePolicy(args.quiet_ms, args.max_wait_ms, args.max_batch),
+        turn=turn,
+        commit_interval_s=0.2,
+        stream_replies=args.stream,
     )
-    topics = Topics(args.events, args.outcomes, args.dlq)
+    topics = Topics(args.events, args.outcomes, args.dlq, args.deltas)
     worker = Worker(KafkaLog(args.bootstrap, args.group, topics, client_id=f"worker-{os.getpid()}"), provider, config)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -192,6 +197,7 @@ def worker_args(bootstrap: str, group: str, topics: Topics, base_url: str, tool_
     return [
         "--bootstrap", bootstrap, "--group", group,
         "--events", topics.events, "--outcomes", topics.outcomes, "--dlq", topics.dead_letters,
+        "--deltas", topics.deltas,
         "--base-url", base_url, "--tool-dir", str(tool_dir), *extra,
     ]  # fmt: skip
 

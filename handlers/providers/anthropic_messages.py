@@ -10,6 +10,7 @@ from typing import Any
 import orjson
 from turnstile.events import ToolCall, Usage
 from turnstile.handlers.provider import ChatMessage, ModelReply, ModelRequest, ProtocolFamily, StopKind, ToolSpec
+from turnstile.handlers.providers.sse import SseEvent
 from turnstile.handlers.providers.wire import (
     build_tool_call,
     build_usage,
@@ -20,6 +21,8 @@ from turnstile.handlers.providers.wire import (
     optional_object,
     pair_tool_results,
     reply_model,
+    stream_error,
+    stream_event_json,
     token_count,
     tool_input,
 )
@@ -62,7 +65,7 @@ class AnthropicMessages:
             headers["x-api-key"] = api_key
         return headers
 
-    def request_body(self, request: ModelRequest) -> dict[str, Any]:
+    def request_body(self, request: ModelRequest, stream: bool = False) -> dict[str, Any]:
         body: dict[str, Any] = {
             "model": request.model,
             "max_tokens": request.max_output_tokens,
@@ -75,7 +78,12 @@ class AnthropicMessages:
             body["system"] = system
         if request.tools:
             body["tools"] = [_wire_tool(tool) for tool in request.tools]
+        if stream:
+            body["stream"] = True
         return body
+
+    def assembler(self) -> AnthropicMessagesStream:
+        return AnthropicMessagesStream()
 
     def parse_reply(self, payload: Any, requested_model: str) -> ModelReply:
         body = expect_object(payload, "response")
@@ -219,3 +227,86 @@ def _usage(raw: object) -> Usage:
         cache_write=written,
         reasoning=token_count(details, "thinking_tokens", "usage.output_tokens_details"),
     )
+
+
+class AnthropicMessagesStream:
+    """`message_start` (the message, content empty, input usage), then per content block
+    `content_block_start`, deltas (`text_delta`, `input_json_delta` fragments of a tool's
+    input, `thinking_delta`, `signature_delta`, `citations_delta`) and `content_block_stop`;
+    `message_delta` with the stop reason and output usage; `message_stop`. `ping` is
+    ignored; `error` (e.g. `overloaded_error`) fails the request."""
+
+    def __init__(self) -> None:
+        self._done = False
+        self._message: dict[str, Any] = {}
+        self._blocks: dict[int, dict[str, Any]] = {}
+        self._json: dict[int, list[str]] = {}
+
+    @property
+    def done(self) -> bool:
+        return self._done
+
+    def feed(self, event: SseEvent) -> str | None:
+        if event.event == "ping":
+            return None
+        data = stream_event_json(event)
+        kind = data.get("type", event.event)
+        if kind == "error":
+            raise stream_error(data.get("error"))
+        if kind == "message_start":
+            self._message = dict(expect_object(data.get("message"), "message_start.message"))
+        elif kind == "content_block_start":
+            self._blocks[self._index(data)] = dict(expect_object(data.get("content_block"), "content_block"))
+        elif kind == "content_block_delta":
+            return self._delta(self._index(data), expect_object(data.get("delta"), "content_block_delta.delta"))
+        elif kind == "content_block_stop":
+            self._close(self._index(data))
+        elif kind == "message_delta":
+            self._message.update(optional_object(data.get("delta"), "message_delta.delta"))
+            usage = optional_object(data.get("usage"), "message_delta.usage")
+            self._message["usage"] = {**optional_object(self._message.get("usage"), "usage"), **usage}
+        elif kind == "message_stop":
+            self._done = True
+        return None
+
+    def _index(self, data: dict[str, Any]) -> int:
+        index = data.get("index")
+        if not isinstance(index, int):
+            raise malformed(f"a {data.get('type')} event has no index")
+        return index
+
+    def _delta(self, index: int, delta: dict[str, Any]) -> str | None:
+        block = self._blocks.get(index)
+        if block is None:
+            raise malformed(f"a delta for content block {index}, which never started")
+        kind = delta.get("type")
+        if kind == "text_delta":
+            text = str(delta.get("text", ""))
+            block["text"] = str(block.get("text", "")) + text
+            return text or None
+        if kind == "input_json_delta":
+            self._json.setdefault(index, []).append(str(delta.get("partial_json", "")))
+        elif kind == "thinking_delta":
+            block["thinking"] = str(block.get("thinking", "")) + str(delta.get("thinking", ""))
+        elif kind == "signature_delta":
+            block["signature"] = delta.get("signature")
+        elif kind == "citations_delta":
+            block["citations"] = [*(block.get("citations") or []), delta.get("citation")]
+        return None
+
+    def _close(self, index: int) -> None:
+        pieces = self._json.pop(index, None)
+        block = self._blocks.get(index)
+        if pieces is None or block is None:
+            return
+        text = "".join(pieces)
+        try:
+            block["input"] = orjson.loads(text) if text else {}
+        except orjson.JSONDecodeError:
+            # Cut off mid-input: never run a call on a guess at its arguments.
+            raise malformed(f"content[{index}] (tool_use) input was cut off: {text[:80]!r}") from None
+
+    def payload(self) -> dict[str, Any]:
+        for index in sorted(self._json):  # a tool input whose block never stopped
+            self._close(index)
+        return {**self._message, "content": [block for _, block in sorted(self._blocks.items())]}

@@ -10,6 +10,7 @@ from typing import Any
 
 from turnstile.events import ToolCall, Usage
 from turnstile.handlers.provider import ChatMessage, ModelReply, ModelRequest, ProtocolFamily, StopKind, ToolSpec
+from turnstile.handlers.providers.sse import SseEvent
 from turnstile.handlers.providers.wire import (
     build_tool_call,
     build_usage,
@@ -20,6 +21,8 @@ from turnstile.handlers.providers.wire import (
     optional_object,
     pair_tool_results,
     reply_model,
+    stream_error,
+    stream_event_json,
     token_count,
 )
 
@@ -53,7 +56,7 @@ class OpenAIChat:
         # Local OpenAI-compatible servers often run without auth; send no header then.
         return {"authorization": f"Bearer {api_key}"} if api_key else {}
 
-    def request_body(self, request: ModelRequest) -> dict[str, Any]:
+    def request_body(self, request: ModelRequest, stream: bool = False) -> dict[str, Any]:
         legacy = "*" in self.legacy_max_tokens or request.model in self.legacy_max_tokens
         body: dict[str, Any] = {
             "model": request.model,
@@ -63,7 +66,14 @@ class OpenAIChat:
         # An empty `tools` array is rejected by some compatible servers; omit it instead.
         if request.tools:
             body["tools"] = [_wire_tool(tool) for tool in request.tools]
+        if stream:
+            # Without include_usage a streamed reply reports no tokens at all.
+            body["stream"] = True
+            body["stream_options"] = {"include_usage": True}
         return body
+
+    def assembler(self) -> OpenAIChatStream:
+        return OpenAIChatStream()
 
     def parse_reply(self, payload: Any, requested_model: str) -> ModelReply:
         body = expect_object(payload, "response")
@@ -154,3 +164,82 @@ def _usage(raw: object) -> Usage:
         cache_write=token_count(prompt, "cache_write_tokens", "usage.prompt_tokens_details"),
         reasoning=token_count(completion, "reasoning_tokens", "usage.completion_tokens_details"),
     )
+
+
+class OpenAIChatStream:
+    """`ChatCompletionChunk`s, each a `data:` event, until `data: [DONE]`. Text and refusal
+    arrive as string deltas; a tool call as pieces keyed by its `index` (id and name in the
+    first, `arguments` in fragments); usage in a last chunk with no choices."""
+
+    def __init__(self) -> None:
+        self._done = False
+        self._model: object = None
+        self._content: list[str] = []
+        self._refusal: list[str] = []
+        self._calls: dict[int, dict[str, Any]] = {}
+        self._finish: object = None
+        self._usage: object = None
+
+    @property
+    def done(self) -> bool:
+        return self._done
+
+    def feed(self, event: SseEvent) -> str | None:
+        if event.data.strip() == "[DONE]":
+            self._done = True
+            return None
+        chunk = stream_event_json(event)
+        if "error" in chunk:
+            raise stream_error(chunk["error"])
+        self._model = chunk.get("model", self._model)
+        if chunk.get("usage") is not None:
+            self._usage = chunk["usage"]
+        choices = expect_list(chunk.get("choices", []), "chunk.choices")
+        if not choices:
+            return None
+        choice = expect_object(choices[0], "chunk.choices[0]")
+        self._finish = choice.get("finish_reason") or self._finish
+        delta = optional_object(choice.get("delta"), "chunk.choices[0].delta")
+        for piece in expect_list(delta.get("tool_calls") or [], "delta.tool_calls"):
+            self._add_call_piece(expect_object(piece, "delta.tool_calls[]"))
+        if isinstance(delta.get("refusal"), str):
+            self._refusal.append(delta["refusal"])
+        text = delta.get("content")
+        if isinstance(text, str) and text:
+            self._content.append(text)
+            return text
+        return None
+
+    def _add_call_piece(self, piece: dict[str, Any]) -> None:
+        index = piece.get("index")
+        if not isinstance(index, int):
+            raise malformed("a streamed tool call has no index")
+        call = self._calls.setdefault(index, {"id": None, "type": "function", "name": "", "arguments": []})
+        call["id"] = piece.get("id") or call["id"]
+        function = optional_object(piece.get("function"), "delta.tool_calls[].function")
+        if isinstance(function.get("name"), str):
+            call["name"] += function["name"]
+        if isinstance(function.get("arguments"), str):
+            call["arguments"].append(function["arguments"])
+
+    def payload(self) -> dict[str, Any]:
+        message: dict[str, Any] = {
+            "role": "assistant",
+            "content": "".join(self._content) if self._content else None,
+            "refusal": "".join(self._refusal) if self._refusal else None,
+        }
+        if self._calls:
+            message["tool_calls"] = [
+                {
+                    "id": call["id"],
+                    "type": "function",
+                    "function": {"name": call["name"], "arguments": "".join(call["arguments"])},
+                }
+                for _, call in sorted(self._calls.items())
+            ]
+        body: dict[str, Any] = {"choices": [{"index": 0, "message": message, "finish_reason": self._finish}]}
+        if self._model is not None:
+            body["model"] = self._model
+        if self._usage is not None:
+            body["usage"] = self._usage
+        return body

@@ -7,11 +7,12 @@ reply; an optional delay stands in for a slow model.
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from turnstile.events import Usage
-from turnstile.handlers.provider import ModelReply, ModelRequest, ProtocolFamily
+from turnstile.handlers.provider import ModelReply, ModelRequest, ProtocolFamily, ReplyStream
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,14 +43,24 @@ class ScriptedProvider:
         self._script = script or (lambda request: Scripted(echo_reply(request), delay_s))
         self.requests: list[ModelRequest] = []
 
-    async def complete(self, request: ModelRequest) -> ModelReply:
+    async def complete(self, request: ModelRequest, stream: ReplyStream | None = None) -> ModelReply:
         self.requests.append(request)
         step = self._script(request)
-        if step.delay_s:
-            await asyncio.sleep(step.delay_s)
-        if isinstance(step.reply, Exception):
-            raise step.reply
-        return step.reply
+        reply = step.reply
+        # Streamed, the reply's words arrive one by one over the delay, as a model's would.
+        words = re.findall(r"\s*\S+", reply.text or "") if stream is not None and isinstance(reply, ModelReply) else []
+        if not words:
+            if step.delay_s:
+                await asyncio.sleep(step.delay_s)
+            if isinstance(reply, Exception):
+                raise reply
+            return reply
+        assert stream is not None and isinstance(reply, ModelReply)
+        for word in words:
+            if step.delay_s:
+                await asyncio.sleep(step.delay_s / len(words))
+            await stream.delta(word)
+        return reply
 
     async def aclose(self) -> None:
         return None

@@ -21,12 +21,31 @@ from turnstile.handlers.provider import (
     ProviderError,
     ProviderErrorKind,
 )
+from turnstile.handlers.providers.sse import SseEvent
 
 # The events bound these fields; a hostile server must not make ModelResponded invalid.
 MAX_FINISH_REASON_CHARS = 64
 MAX_MODEL_CHARS = 256
 # Enough of a provider's error message to tell an operator what it objected to.
 MAX_PROVIDER_MESSAGE_CHARS = 300
+
+
+class ReplyAssembler(Protocol):
+    """Builds a streamed reply from its server-sent events: the text deltas as they come,
+    then the whole reply as the non-streaming API would have sent it, for `parse_reply`
+    (so a streamed and an unstreamed reply are parsed, and end, the same way)."""
+
+    def feed(self, event: SseEvent) -> str | None:
+        """Takes the next event; returns the text it adds to the reply, if any. Raises
+        `ProviderError` for an error the server reports mid-stream."""
+        ...
+
+    @property
+    def done(self) -> bool:
+        """Whether the stream said it was over (a stream that just stops is broken)."""
+        ...
+
+    def payload(self) -> dict[str, Any]: ...
 
 
 class WireFormat(Protocol):
@@ -37,9 +56,40 @@ class WireFormat(Protocol):
 
     def headers(self, api_key: str | None) -> dict[str, str]: ...
 
-    def request_body(self, request: ModelRequest) -> dict[str, Any]: ...
+    def request_body(self, request: ModelRequest, stream: bool = False) -> dict[str, Any]: ...
 
     def parse_reply(self, payload: Any, requested_model: str) -> ModelReply: ...
+
+    def assembler(self) -> ReplyAssembler: ...
+
+
+def stream_event_json(event: SseEvent) -> dict[str, Any]:
+    try:
+        data = orjson.loads(event.data)
+    except orjson.JSONDecodeError:
+        raise malformed(f"a {event.event!r} event is not JSON") from None
+    return expect_object(data, f"{event.event!r} event")
+
+
+def stream_error(error: object) -> ProviderError:
+    """An error reported inside a stream (the HTTP status was already 200). Both families
+    name its type; it is retried like the status it stands for."""
+    fields = error if isinstance(error, dict) else {}
+    kind = _STREAM_ERRORS.get(str(fields.get("type")), "server_error")
+    message = fields.get("message")
+    said = " ".join(message.split())[:MAX_PROVIDER_MESSAGE_CHARS] if isinstance(message, str) else None
+    retryable = kind in ("overloaded", "rate_limited", "server_error")
+    detail = f"error in the stream: {said or 'no message'}"
+    return ProviderError(kind, detail, retryable=retryable, provider_message=said)
+
+
+_STREAM_ERRORS: dict[str, ProviderErrorKind] = {
+    "overloaded_error": "overloaded",
+    "rate_limit_error": "rate_limited",
+    "invalid_request_error": "bad_request",
+    "authentication_error": "authentication",
+    "permission_error": "authentication",
+}
 
 
 def malformed(detail: str) -> ProviderError:

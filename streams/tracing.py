@@ -1,0 +1,258 @@
+"""OpenTelemetry spans of turns, attempts, model calls and tool calls, derived from the log.
+
+Off by default (`WorkerConfig.tracing`). A worker that traces builds the spans from the
+events it folds as new (the same events its metrics count), with the events' own times:
+the log is the record, so a trace shows what the log says happened, including the attempts
+of a worker that died (its successor folds them). Each model call spans from the event its
+run wrote just before the request to its `ModelResponded`.
+
+    turnstile.turn                  turnstile.conversation_id, turnstile.turn_id, turnstile.inputs, turnstile.outcome
+      turnstile.attempt             turnstile.attempt, turnstile.run_id, gen_ai.request.model
+        chat {model}                the GenAI semantic conventions: gen_ai.operation.name=chat, gen_ai.system,
+                                    gen_ai.request.model, gen_ai.response.model, gen_ai.usage.input_tokens,
+                                    gen_ai.usage.output_tokens, gen_ai.usage.cache_read.input_tokens,
+                                    gen_ai.usage.cache_creation.input_tokens, gen_ai.response.finish_reasons,
+                                    turnstile.cost_usd
+        execute_tool {tool}         gen_ai.operation.name=execute_tool, gen_ai.tool.name, gen_ai.tool.call.id
+
+Trace context travels from the publisher: `publish` puts the current span's W3C
+`traceparent` in the record's headers (when OpenTelemetry is installed and a span is
+active), and the turn span of the inputs it claims is that span's child (further inputs
+are links).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from turnstile.events import (
+    OUTCOME_TYPES,
+    AttemptFailed,
+    AttemptStarted,
+    Event,
+    FallbackEngaged,
+    MessageReceived,
+    ModelResponded,
+    ToolCallFinished,
+    ToolCallStarted,
+    TurnClaimed,
+    TurnEnvelope,
+    TurnFailed,
+)
+from turnstile.projections import ConversationState
+
+if TYPE_CHECKING:
+    from opentelemetry.context import Context
+    from opentelemetry.trace import Span, Tracer, TracerProvider
+
+# Inputs whose trace context is remembered until a turn claims them; a bound, not a time.
+INPUTS_KEPT = 100_000
+Headers = Sequence[tuple[str, bytes]]
+
+
+def trace_headers() -> dict[str, str]:
+    """The current span's context as record headers (W3C trace context), or none when
+    OpenTelemetry is not installed or no span is active."""
+    try:
+        from opentelemetry import propagate
+    except ImportError:
+        return {}
+    carrier: dict[str, str] = {}
+    propagate.inject(carrier)
+    return carrier
+
+
+def _ns(epoch_ms: int) -> int:
+    return epoch_ms * 1_000_000
+
+
+@dataclass(slots=True)
+class _Run:
+    span: Span
+    model: str
+    last_at: int  # occurred_at of the run's latest event: when its next request started
+
+
+class TurnTracer:
+    def __init__(self, family_of: Callable[[str], str], provider: TracerProvider | None = None) -> None:
+        from opentelemetry import trace
+
+        self._tracer: Tracer = trace.get_tracer("turnstile", tracer_provider=provider)
+        self._family_of = family_of
+        self._inputs: OrderedDict[tuple[str, str], Context] = OrderedDict()
+        self._turns: dict[str, Span] = {}
+        self._runs: dict[str, _Run] = {}
+        self._tools: dict[tuple[str, str], Span] = {}
+
+    def note_input(self, event: Event, headers: Headers) -> None:
+        """Remembers the trace context a message was published with (replayed ones too)."""
+        if not isinstance(event, MessageReceived) or not headers:
+            return
+        from opentelemetry import propagate, trace
+
+        carrier = {name: value.decode("latin-1") for name, value in headers}
+        context = propagate.extract(carrier)
+        if not trace.get_current_span(context).get_span_context().is_valid:
+            return
+        key = (event.conversation_id, event.message_id)
+        self._inputs[key] = context
+        while len(self._inputs) > INPUTS_KEPT:
+            self._inputs.popitem(last=False)
+
+    def on_event(self, state: ConversationState, event: Event) -> None:
+        """`event` was folded into `state` as new."""
+        if not isinstance(event, TurnEnvelope):
+            return
+        if isinstance(event, TurnClaimed):
+            self._turn(state, event)
+        elif isinstance(event, AttemptStarted):
+            self._attempt(state, event)
+        elif isinstance(event, ModelResponded):
+            self._model_call(event)
+        elif isinstance(event, ToolCallStarted):
+            self._tool_started(event)
+        elif isinstance(event, ToolCallFinished):
+            self._tool_finished(event)
+        elif isinstance(event, FallbackEngaged) and (run := self._runs.get(event.run_id)):
+            run.model = event.to_model
+        elif isinstance(event, AttemptFailed):
+            self._end_run(event.run_id, event.occurred_at, error=event.reason)
+        elif isinstance(event, OUTCOME_TYPES):
+            self._outcome(event)
+        run = self._runs.get(event.run_id)
+        if run is not None:
+            run.last_at = event.occurred_at
+
+    # -- spans ------------------------------------------------------------------------------------
+
+    def _turn(self, state: ConversationState, event: TurnEnvelope) -> Span:
+        span = self._turns.get(event.turn_id)
+        if span is not None:
+            return span
+        from opentelemetry import trace
+
+        active = state.active
+        inputs = [i.input_id for i in active.inputs] if active is not None else []
+        contexts = [c for i in inputs if (c := self._inputs.pop((event.conversation_id, i), None)) is not None]
+        links = [trace.Link(trace.get_current_span(c).get_span_context()) for c in contexts[1:]]
+        span = self._turns[event.turn_id] = self._tracer.start_span(
+            "turnstile.turn",
+            context=contexts[0] if contexts else None,
+            links=links,
+            start_time=_ns(event.occurred_at),
+            attributes={
+                "turnstile.conversation_id": event.conversation_id,
+                "turnstile.turn_id": event.turn_id,
+                "turnstile.inputs": len(inputs),
+            },
+        )
+        return span
+
+    def _attempt(self, state: ConversationState, event: AttemptStarted) -> None:
+        from opentelemetry import trace
+
+        turn = self._turn(state, event)
+        span = self._tracer.start_span(
+            "turnstile.attempt",
+            context=trace.set_span_in_context(turn),
+            start_time=_ns(event.occurred_at),
+            attributes={
+                "turnstile.attempt": event.attempt,
+                "turnstile.run_id": event.run_id,
+                "gen_ai.request.model": event.model,
+            },
+        )
+        self._runs[event.run_id] = _Run(span, event.model, event.occurred_at)
+
+    def _child(self, run_id: str, name: str, start_ms: int, kind: Any, attributes: Mapping[str, Any]) -> Span | None:
+        from opentelemetry import trace
+
+        run = self._runs.get(run_id)
+        if run is None:
+            return None
+        return self._tracer.start_span(
+            name,
+            context=trace.set_span_in_context(run.span),
+            kind=kind,
+            start_time=_ns(start_ms),
+            attributes=attributes,
+        )
+
+    def _model_call(self, event: ModelResponded) -> None:
+        from opentelemetry.trace import SpanKind
+
+        run = self._runs.get(event.run_id)
+        if run is None:
+            return
+        usage = event.usage
+        family = self._family_of(run.model)
+        attributes: dict[str, Any] = {
+            "gen_ai.operation.name": "chat",
+            "gen_ai.system": family,
+            "gen_ai.provider.name": family,
+            "gen_ai.request.model": run.model,
+            "gen_ai.response.model": event.model,
+            "gen_ai.usage.input_tokens": usage.input_tokens,
+            "gen_ai.usage.output_tokens": usage.output_tokens,
+            "gen_ai.usage.cache_read.input_tokens": usage.cached_input_tokens,
+            "gen_ai.usage.cache_creation.input_tokens": usage.cache_write_tokens,
+            "gen_ai.response.finish_reasons": (event.finish_reason,),
+            "turnstile.iteration": event.iteration,
+        }
+        if event.cost_usd is not None:
+            attributes["turnstile.cost_usd"] = event.cost_usd
+        span = self._child(event.run_id, f"chat {run.model}", run.last_at, SpanKind.CLIENT, attributes)
+        if span is not None:
+            span.end(end_time=_ns(event.occurred_at))
+
+    def _tool_started(self, event: ToolCallStarted) -> None:
+        from opentelemetry.trace import SpanKind
+
+        attributes = {
+            "gen_ai.operation.name": "execute_tool",
+            "gen_ai.tool.name": event.tool,
+            "gen_ai.tool.call.id": event.call_id,
+            "turnstile.side_effect": event.side_effect,
+        }
+        span = self._child(event.run_id, f"execute_tool {event.tool}", event.occurred_at, SpanKind.INTERNAL, attributes)
+        if span is not None:
+            self._tools[(event.run_id, event.call_id)] = span
+
+    def _tool_finished(self, event: ToolCallFinished) -> None:
+        span = self._tools.pop((event.run_id, event.call_id), None)
+        if span is None:
+            return
+        if not event.ok:
+            _fail(span, event.result[:200])
+        span.end(end_time=_ns(event.occurred_at))
+
+    def _end_run(self, run_id: str, at_ms: int, error: str | None = None) -> None:
+        run = self._runs.pop(run_id, None)
+        for key in [k for k in self._tools if k[0] == run_id]:
+            self._tools.pop(key).end(end_time=_ns(at_ms))  # started, never finished
+        if run is None:
+            return
+        if error is not None:
+            _fail(run.span, error)
+        run.span.end(end_time=_ns(at_ms))
+
+    def _outcome(self, event: Any) -> None:
+        kind = event.type.removeprefix("Turn").lower()
+        error = event.error if isinstance(event, TurnFailed) else None
+        self._end_run(event.run_id, event.occurred_at, error)
+        span = self._turns.pop(event.turn_id, None)
+        if span is None:
+            return
+        span.set_attribute("turnstile.outcome", kind)
+        if error is not None:
+            _fail(span, error)
+        span.end(end_time=_ns(event.occurred_at))
+
+
+def _fail(span: Span, description: str) -> None:
+    from opentelemetry.trace import Status, StatusCode
+
+    span.set_status(Status(StatusCode.ERROR, description))

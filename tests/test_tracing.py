@@ -1,0 +1,159 @@
+"""OpenTelemetry spans, checked with the SDK's in-memory exporter: one turn with a tool call,
+through the real worker on the embedded log and the loopback provider, published inside a
+span of the test's own (the publisher's trace context travels in the record's headers)."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import uuid
+
+import pytest
+from kafka_fixtures import fresh_topics, kafka_bootstrap  # noqa: F401  (fixtures)
+from loop_harness import ATTEMPTS_ONLY, World, config, outcomes, settings
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import SpanKind, StatusCode
+from provider_server import ProviderServer, Reply
+from turnstile.handlers.providers.openai_chat import OpenAIChat
+from turnstile.handlers.providers.scripted import ScriptedProvider
+from turnstile.streams.file_log import FileLog
+from turnstile.streams.kafka_log import KafkaLog
+from turnstile.streams.kafka_reader import read_topic
+from turnstile.streams.log import Topics
+from turnstile.streams.provider_http import HttpProvider
+from turnstile.streams.publisher import KafkaPublisher, message_event, publish
+from turnstile.streams.runtime import SystemClock
+from turnstile.streams.worker import Worker
+from worker_harness import FAST, running
+
+NOW = SystemClock().now_ms
+
+
+@pytest.fixture
+def spans() -> tuple[TracerProvider, InMemorySpanExporter]:
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    return provider, exporter
+
+
+async def traced_turn(tmp_path, spans, script, **overrides) -> tuple[list[ReadableSpan], ReadableSpan]:
+    provider, exporter = spans
+    exporter.clear()
+    world = World(log=FileLog(tmp_path))
+    with ProviderServer() as server:
+        server.push(*script)
+        http = HttpProvider(OpenAIChat(), server.base_url_openai, "test-key", retry=ATTEMPTS_ONLY)
+        traced = dataclasses.replace(config(settings(world, **overrides)), tracing=True)
+        async with running(world.log, http, traced, tracer_provider=provider):
+            with provider.get_tracer("test").start_as_current_span("publish message") as publishing:
+                await publish(world.log, message_event("c1", "compare the fares", NOW(), "m1"))
+            await outcomes(world.log, 1)
+        await http.aclose()
+    finished = [s for s in exporter.get_finished_spans() if s.name != "publish message"]
+    [root] = [s for s in exporter.get_finished_spans() if s.name == "publish message"]
+    assert publishing.get_span_context().span_id == root.context.span_id
+    return finished, root
+
+
+def children(spans: list[ReadableSpan], parent: ReadableSpan) -> list[ReadableSpan]:
+    return sorted(
+        (s for s in spans if s.parent is not None and s.parent.span_id == parent.context.span_id),
+        key=lambda s: s.start_time,
+    )
+
+
+async def test_a_turn_with_a_tool_call_yields_the_span_tree_with_genai_attributes(tmp_path, spans):
+    script = [
+        Reply(tool_calls=[("call_1", "search", '{"q": "fares"}')], usage=(30, 5)),
+        Reply(text="The 9th is cheaper.", usage=(60, 8)),
+    ]
+    finished, root = await traced_turn(tmp_path, spans, script)
+
+    [turn] = children(finished, root)  # the publisher's span is the turn's parent
+    [attempt] = children(finished, turn)
+    first, tool, second = children(finished, attempt)
+    assert (turn.name, attempt.name) == ("turnstile.turn", "turnstile.attempt")
+    assert (first.name, tool.name, second.name) == ("chat gpt-test", "execute_tool search", "chat gpt-test")
+    assert len(finished) == 5 and {s.context.trace_id for s in finished} == {root.context.trace_id}
+    assert dict(turn.attributes) == {
+        "turnstile.conversation_id": "c1",
+        "turnstile.turn_id": turn.attributes["turnstile.turn_id"],
+        "turnstile.inputs": 1,
+        "turnstile.outcome": "completed",
+    }
+    assert (attempt.attributes["turnstile.attempt"], attempt.attributes["gen_ai.request.model"]) == (1, "gpt-test")
+    assert first.kind == SpanKind.CLIENT
+    assert {k: first.attributes[k] for k in first.attributes if k.startswith("gen_ai.")} == {
+        "gen_ai.operation.name": "chat",
+        "gen_ai.system": "openai",
+        "gen_ai.provider.name": "openai",
+        "gen_ai.request.model": "gpt-test",
+        "gen_ai.response.model": "gpt-test",
+        "gen_ai.usage.input_tokens": 30,
+        "gen_ai.usage.output_tokens": 5,
+        "gen_ai.usage.cache_read.input_tokens": 0,
+        "gen_ai.usage.cache_creation.input_tokens": 0,
+        "gen_ai.response.finish_reasons": ("tool_calls",),
+    }
+    assert first.attributes["turnstile.cost_usd"] == pytest.approx((30 * 1.0 + 5 * 2.0) / 1e6)
+    assert second.attributes["gen_ai.response.finish_reasons"] == ("stop",)
+    assert (tool.attributes["gen_ai.tool.name"], tool.attributes["gen_ai.tool.call.id"]) == ("search", "call_1")
+    # In order and nested in time: the model, then the tool, then the model again.
+    assert turn.start_time <= attempt.start_time <= first.start_time <= first.end_time <= tool.start_time
+    assert tool.end_time <= second.start_time <= second.end_time <= attempt.end_time <= turn.end_time
+    assert all(s.status.status_code == StatusCode.UNSET for s in finished)
+
+
+async def test_an_invalid_call_runs_no_tool_and_a_refused_reply_fails_the_turn_span(tmp_path, spans):
+    script = [Reply(tool_calls=[("call_1", "search", '{"q": 7}')]), Reply(text="")]
+    finished, root = await traced_turn(tmp_path, spans, script)
+    [turn] = children(finished, root)
+    # An invalid call never runs: no tool span; the reply after it completes the turn.
+    assert [s.name for s in children(finished, children(finished, turn)[0])] == ["chat gpt-test", "chat gpt-test"]
+
+    refused = [Reply(text=None, finish_reason="content_filter")]
+    finished, root = await traced_turn(tmp_path / "2", spans, refused)
+    [turn] = children(finished, root)
+    assert turn.status.status_code == StatusCode.ERROR and turn.attributes["turnstile.outcome"] == "failed"
+    assert "content filter" in (turn.status.description or "")
+
+
+def test_tracing_is_off_by_default():
+    from turnstile.streams.worker import WorkerConfig
+
+    assert WorkerConfig().tracing is False
+
+
+@pytest.mark.kafka
+async def test_on_kafka_the_trace_context_travels_in_the_record_headers(
+    kafka_bootstrap: str,  # noqa: F811
+    fresh_topics: Topics,  # noqa: F811
+    spans: tuple[TracerProvider, InMemorySpanExporter],
+) -> None:
+    provider, exporter = spans
+    worker_log = KafkaLog(kafka_bootstrap, f"g-{uuid.uuid4().hex[:8]}", fresh_topics)
+    worker = Worker(worker_log, ScriptedProvider(), dataclasses.replace(FAST, tracing=True), tracer_provider=provider)
+    stop = asyncio.Event()
+    task = asyncio.create_task(worker.run(stop))
+    try:
+        async with KafkaPublisher(kafka_bootstrap, fresh_topics) as publisher:
+            with provider.get_tracer("test").start_as_current_span("publish message"):
+                await publisher.publish(message_event("c1", "hi", NOW(), "m1"))
+        deadline = asyncio.get_running_loop().time() + 60
+        while not [s for s in exporter.get_finished_spans() if s.name == "turnstile.turn"]:
+            assert asyncio.get_running_loop().time() < deadline and not task.done(), "no turn span"
+            await asyncio.sleep(0.1)
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 30)
+
+    records = await read_topic(kafka_bootstrap, fresh_topics.events)
+    [published] = [r for r in records if b'"MessageReceived"' in (r.value or b"")]
+    assert [name for name, _ in published.headers] == ["traceparent"]
+    assert all(r.headers == () for r in records if r is not published)  # the worker's own carry none
+    [root] = [s for s in exporter.get_finished_spans() if s.name == "publish message"]
+    [turn] = [s for s in exporter.get_finished_spans() if s.name == "turnstile.turn"]
+    assert turn.parent is not None and turn.parent.span_id == root.context.span_id

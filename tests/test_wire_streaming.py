@@ -1,0 +1,190 @@
+"""Streamed replies (server-sent events) of both families, on httpx.MockTransport: event
+streams whose every event the official SDK models validate (fixtures/providers/*/*.sse),
+delivered in small pieces. A streamed reply parses to exactly what the same reply unstreamed
+does; its text arrives as deltas in order; a retry voids the text already sent."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import httpx
+import pytest
+from anthropic_rules import violations
+from turnstile.events import ToolCall, Usage
+from turnstile.handlers.provider import ChatMessage, ModelRequest, ProviderError
+from turnstile.handlers.providers.anthropic_messages import AnthropicMessages
+from turnstile.handlers.providers.openai_chat import OpenAIChat
+from turnstile.streams.provider_http import HttpProvider
+from wire_harness import (
+    API_KEY,
+    Collected,
+    MockApi,
+    anthropic_api,
+    fixture,
+    openai_api,
+    openai_violations,
+    stream_fixture,
+    streamed,
+)
+
+HELLO = ModelRequest(model="m", messages=(ChatMessage("user", "Compare the 9th and the 10th."),), max_output_tokens=64)
+WIRES = {"openai": OpenAIChat(), "anthropic": AnthropicMessages()}
+
+
+class Family:
+    def __init__(self, name: str, api: MockApi, client: httpx.AsyncClient) -> None:
+        self.name, self.api = name, api
+        self.waits: list[float] = []
+        self.provider = HttpProvider(
+            WIRES[name], "https://api.test/v1", API_KEY, client=client, sleep=self._wait, jitter=lambda: 0.0
+        )
+
+    async def _wait(self, seconds: float) -> None:
+        self.waits.append(seconds)
+
+
+@pytest.fixture
+async def sides() -> AsyncIterator[dict[str, Family]]:
+    apis = {"openai": openai_api(), "anthropic": anthropic_api()}
+    async with apis["openai"].client() as first, apis["anthropic"].client() as second:
+        yield {
+            "openai": Family("openai", apis["openai"], first),
+            "anthropic": Family("anthropic", apis["anthropic"], second),
+        }
+
+
+@pytest.fixture
+def openai(sides: dict[str, Family]) -> Family:
+    return sides["openai"]
+
+
+@pytest.fixture
+def anthropic(sides: dict[str, Family]) -> Family:
+    return sides["anthropic"]
+
+
+@pytest.mark.parametrize(
+    ("family", "stream", "unstreamed", "deltas"),
+    [
+        ("openai", "stream_text", "text", ["The 9th", " is cheaper."]),
+        ("openai", "stream_tool_calls", "parallel_tool_calls", []),
+        ("openai", "stream_refusal", "refusal", []),  # a refusal is not reply text
+        ("anthropic", "stream_text", "text", ["The 9th", " is cheaper."]),
+        ("anthropic", "stream_thinking_tool_use", "thinking_tool_use", ["Let me look both up."]),
+    ],
+)
+async def test_a_streamed_reply_is_the_same_reply_with_its_text_as_deltas(
+    sides: dict[str, Family], family: str, stream: str, unstreamed: str, deltas: list[str]
+) -> None:
+    side = sides[family]
+    side.api.push(streamed(stream_fixture(family, stream)))
+    collected = Collected()
+
+    reply = await side.provider.complete(HELLO, collected)
+
+    whole = WIRES[family].parse_reply(fixture(family, unstreamed), "m")
+    assert (reply.text, reply.tool_calls, reply.stop, reply.finish_reason) == (
+        whole.text,
+        whole.tool_calls,
+        whole.stop,
+        whole.finish_reason,
+    )
+    assert collected.seen == deltas
+    if family == "anthropic":
+        assert reply.native == whole.native  # thinking text and signature reassembled exactly
+    else:
+        assert reply.usage == whole.usage
+
+
+async def test_usage_is_summed_from_start_and_delta_events(anthropic: Family) -> None:
+    anthropic.api.push(streamed(stream_fixture("anthropic", "stream_text")))
+
+    reply = await anthropic.provider.complete(HELLO, Collected())
+
+    assert reply.usage == Usage(input_tokens=48, output_tokens=8)
+
+
+async def test_streamed_requests_ask_for_a_stream_and_still_keep_each_apis_rules(
+    openai: Family, anthropic: Family
+) -> None:
+    openai.api.push(streamed(stream_fixture("openai", "stream_text")))
+    anthropic.api.push(streamed(stream_fixture("anthropic", "stream_text")))
+
+    await openai.provider.complete(HELLO, Collected())
+    await anthropic.provider.complete(HELLO, Collected())
+
+    [sent_openai], [sent_anthropic] = openai.api.bodies, anthropic.api.bodies
+    assert (sent_openai["stream"], sent_openai["stream_options"]) == (True, {"include_usage": True})
+    assert openai_violations(sent_openai) == []
+    assert sent_anthropic["stream"] is True and violations(sent_anthropic) == []
+
+
+async def test_an_error_mid_stream_voids_the_text_sent_and_the_request_is_retried(anthropic: Family) -> None:
+    anthropic.api.push(
+        streamed(stream_fixture("anthropic", "stream_overloaded")), streamed(stream_fixture("anthropic", "stream_text"))
+    )
+    collected = Collected()
+
+    reply = await anthropic.provider.complete(HELLO, collected)
+
+    assert reply.text == "The 9th is cheaper."
+    assert collected.seen == ["The 9th", "<restart>", "The 9th", " is cheaper."]
+    assert anthropic.waits == [0.5]
+
+
+async def test_an_overloaded_stream_that_stays_so_fails_as_overloaded(anthropic: Family) -> None:
+    anthropic.api.push(*[streamed(stream_fixture("anthropic", "stream_overloaded")) for _ in range(3)])
+
+    with pytest.raises(ProviderError) as caught:
+        await anthropic.provider.complete(HELLO, Collected())
+
+    assert (caught.value.kind, caught.value.retryable, caught.value.provider_message) == (
+        "overloaded",
+        True,
+        "Overloaded",
+    )
+
+
+@pytest.mark.parametrize("family", ["openai", "anthropic"])
+async def test_a_stream_that_just_stops_is_a_connection_error(sides: dict[str, Family], family: str) -> None:
+    side = sides[family]
+    whole = stream_fixture(family, "stream_text")
+    side.api.push(*[streamed(whole[: len(whole) // 2]) for _ in range(3)])
+
+    with pytest.raises(ProviderError) as caught:
+        await side.provider.complete(HELLO, Collected())
+
+    assert (caught.value.kind, caught.value.retryable) == ("connection", True)
+    assert "stream ended before the reply did" in caught.value.message
+
+
+async def test_a_tool_input_cut_off_mid_stream_never_runs_on_a_guess(anthropic: Family) -> None:
+    anthropic.api.push(streamed(stream_fixture("anthropic", "stream_cut_tool_input")))
+
+    with pytest.raises(ProviderError) as caught:
+        await anthropic.provider.complete(HELLO, Collected())
+
+    assert caught.value.kind == "malformed_response" and "cut off" in caught.value.message
+
+
+async def test_an_http_error_to_a_streamed_request_is_read_as_an_error(openai: Family) -> None:
+    openai.api.push(httpx.Response(401, json={"error": {"message": "Incorrect API key provided"}}))
+
+    with pytest.raises(ProviderError) as caught:
+        await openai.provider.complete(HELLO, Collected())
+
+    assert (caught.value.kind, caught.value.provider_message) == ("authentication", "Incorrect API key provided")
+
+
+def test_tool_call_pieces_are_joined_by_index() -> None:
+    from turnstile.handlers.providers.sse import SseDecoder
+
+    assembler = OpenAIChat().assembler()
+    for event in SseDecoder().feed(stream_fixture("openai", "stream_tool_calls")):
+        assembler.feed(event)
+
+    reply = OpenAIChat().parse_reply(assembler.payload(), "m")
+    assert reply.tool_calls == (
+        ToolCall(call_id="call_a1", name="search", arguments='{"q": "fares 9th"}'),
+        ToolCall(call_id="call_b2", name="search", arguments='{"q": "fares 10th"}'),
+    )
