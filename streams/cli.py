@@ -7,7 +7,6 @@ import asyncio
 import json
 import logging
 import os
-import signal
 import sys
 from pathlib import Path
 
@@ -20,11 +19,11 @@ from turnstile.streams.file_log import FileLog
 from turnstile.streams.log import EventLog, Topics
 from turnstile.streams.publisher import message_event, publish
 from turnstile.streams.runtime import SystemClock
+from turnstile.streams.serving import DEFAULT_DATA, LogPlace, WorkerOptions, serve
 from turnstile.streams.timeline import describe
 from turnstile.streams.turn_runner import TurnSettings
-from turnstile.streams.worker import Worker, WorkerConfig
+from turnstile.streams.worker import WorkerConfig
 
-DEFAULT_DATA = Path(".turnstile")
 DEFAULT_TOPICS = Topics()
 DEFAULT_DEBOUNCE = DebouncePolicy()
 
@@ -39,21 +38,13 @@ def _add_log_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--deltas-topic", default=DEFAULT_TOPICS.deltas)
 
 
-def _open_log(args: argparse.Namespace, group_id: str = "turnstile-worker") -> EventLog:
+def _place(args: argparse.Namespace) -> LogPlace:
     topics = Topics(args.events_topic, args.outcomes_topic, args.dlq_topic, args.deltas_topic)
-    if args.broker:
-        from turnstile.streams.kafka_log import KafkaLog, bootstrap_of
-
-        return KafkaLog(bootstrap_of(args.broker), group_id=group_id, topics=topics)
-    return FileLog(args.data, topics)
+    return LogPlace(args.broker, args.data, topics, getattr(args, "group", "turnstile-worker"))
 
 
-def _bootstrap(args: argparse.Namespace) -> str | None:
-    if not args.broker:
-        return None
-    from turnstile.streams.kafka_log import bootstrap_of
-
-    return bootstrap_of(args.broker)
+def _open_log(args: argparse.Namespace) -> EventLog:
+    return _place(args).open()
 
 
 def _provider(args: argparse.Namespace) -> Provider:
@@ -73,59 +64,28 @@ def _provider(args: argparse.Namespace) -> Provider:
 
 
 async def _run(args: argparse.Namespace) -> int:
-    log = _open_log(args, args.group)
+    from turnstile.handlers.schedule import parse_schedules
+    from turnstile.streams.http_api import parse_address
+
+    schedules = parse_schedules(json.loads(args.schedules.read_text())) if args.schedules else ()
+    http = parse_address(args.http) if args.http else None
+    if args.agent is not None:
+        from turnstile.streams.agent import load_agent
+
+        agent = load_agent(args.agent)
+        return await agent.serve(_place(args), schedules=schedules, http=http, worker=_worker_options(args))
     config = WorkerConfig(
         debounce=DebouncePolicy(args.quiet_ms, args.max_wait_ms, args.max_batch),
         double_text=DoubleTextPolicy(args.double_text, dict(args.double_text_for)),
         turn=TurnSettings(model=args.model),
-        drain_grace_s=args.drain_grace_s,
-        stream_replies=not args.no_stream,
-        tracing=args.trace,
+        **_worker_options(args),
     )
-    from turnstile.handlers.schedule import parse_schedules
-    from turnstile.streams.http_api import parse_address
-    from turnstile.streams.service import Service
+    return await serve(_place(args), _provider(args), config, schedules=schedules, http=http)
 
-    schedules = parse_schedules(json.loads(args.schedules.read_text())) if args.schedules else ()
-    provider = _provider(args)
-    from turnstile.streams.replay_gc import ReplayGc
 
-    # Process-wide: the cyclic GC is eased while partitions replay, and the replayed state frozen.
-    worker = Worker(log, provider, config, replay_hooks=ReplayGc())
-    service = Service(
-        worker,
-        schedules=schedules,
-        http=parse_address(args.http) if args.http else None,
-        bootstrap=_bootstrap(args),
-    )
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    ready = asyncio.Event()
-    waiting = asyncio.create_task(ready.wait())
-    running = asyncio.create_task(service.run(stop, ready))
-
-    def on_signal() -> None:
-        if stop.is_set():
-            running.cancel()  # the second signal: stop now, the next owner resumes the turns
-        stop.set()
-
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, on_signal)
-    try:
-        await asyncio.wait([running, waiting], return_when=asyncio.FIRST_COMPLETED)
-        http = f"; HTTP on {service.url}" if service.url else ""
-        print(f"worker running on {args.broker or args.data}{http}; Ctrl-C stops it", file=sys.stderr, flush=True)
-        try:
-            await running
-        except asyncio.CancelledError:
-            if not running.cancelled():
-                raise
-            print("stopped without draining: the turns in flight resume on the next worker", file=sys.stderr)
-            return 130
-    finally:
-        waiting.cancel()
-        await provider.aclose()
-    return 0
+def _worker_options(args: argparse.Namespace) -> WorkerOptions:
+    """The flags of `run` that are about the process, not the agent: they apply either way."""
+    return {"drain_grace_s": args.drain_grace_s, "stream_replies": not args.no_stream, "tracing": args.trace}
 
 
 async def _send(args: argparse.Namespace) -> int:
@@ -185,7 +145,15 @@ def build_parser() -> argparse.ArgumentParser:
     demo = sub.add_parser("demo", help="run the seed's double-text scenario on the embedded log")
     demo.add_argument("--data", type=Path, default=None, help="keep the demo's log here (default: a temp folder)")
 
-    run = sub.add_parser("run", help="run a worker")
+    run = sub.add_parser("run", help="run a worker: of your agent (MODULE:AGENT) or configured by these flags")
+    run.add_argument(
+        "agent",
+        nargs="?",
+        default=None,
+        metavar="MODULE:AGENT",
+        help="a turnstile.Agent to run, as uvicorn takes an app (e.g. examples.support_agent:agent); its model, "
+        "prompt, tools, prices, budgets, debounce and double-text policy replace the flags that set them",
+    )
     _add_log_args(run)
     run.add_argument("--group", default="turnstile-worker", help="Kafka consumer group")
     run.add_argument("--provider", choices=["scripted", "openai", "anthropic"], default="scripted")

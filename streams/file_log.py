@@ -23,7 +23,8 @@ from turnstile.streams.log import Acknowledged, Landed, PartitionStart, Rebalanc
 
 def partition_for(key: str, partitions: int) -> int:
     """Kafka's default partitioner: the same partition a Java or Go producer picks."""
-    return (murmur2(key.encode()) & 0x7FFFFFFF) % partitions
+    hashed: int = murmur2(key.encode())
+    return (hashed & 0x7FFFFFFF) % partitions
 
 
 class _PartitionFile:

@@ -1,0 +1,137 @@
+"""Tools declared from typed Python functions, as Pydantic AI and FastAPI users write them.
+
+The function's parameters become the pydantic model of the tool's arguments (their
+annotations the types, their defaults the defaults, `Args:` lines of the docstring the
+field descriptions) and the rest of the docstring's first paragraph its description, so
+what the model is shown is what the function accepts. Building the tool is pure; the
+function runs only when the runner awaits `Tool.run`.
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+from collections.abc import Callable
+from typing import Any, get_type_hints, overload
+
+import orjson
+from pydantic import BaseModel, ConfigDict, Field, create_model
+from turnstile.handlers.tools import Tool, ToolKind
+
+ToolCallable = Callable[..., Any]
+
+_ARG_LINE = re.compile(r"^\s*(\w+)\s*(?:\([^)]*\))?\s*:\s*(.+)$")
+
+
+def _docstring_parts(doc: str | None) -> tuple[str, dict[str, str]]:
+    """The first paragraph (the description) and the `Args:` lines (name -> text)."""
+    text = inspect.cleandoc(doc or "")
+    description = text.split("\n\n", 1)[0].strip()
+    if description.startswith(("Args:", "Arguments:")):
+        description = ""
+    arguments: dict[str, str] = {}
+    section = re.split(r"^(?:Args|Arguments):\s*$", text, maxsplit=1, flags=re.MULTILINE)
+    if len(section) == 2:
+        for line in section[1].split("\n\n", 1)[0].splitlines():
+            if match := _ARG_LINE.match(line):
+                arguments[match.group(1)] = match.group(2).strip()
+    return " ".join(description.split()), arguments
+
+
+def arguments_model(function: ToolCallable, name: str) -> type[BaseModel]:
+    """The pydantic model of `function`'s parameters. Every parameter needs an annotation:
+    the model is told the type, and an unannotated argument would accept anything."""
+    signature = inspect.signature(function)
+    hints = get_type_hints(function)
+    _, described = _docstring_parts(function.__doc__)
+    fields: dict[str, Any] = {}
+    for parameter in signature.parameters.values():
+        if parameter.kind in (parameter.VAR_POSITIONAL, parameter.VAR_KEYWORD, parameter.POSITIONAL_ONLY):
+            raise TypeError(f"tool {name!r}: parameter {parameter.name!r} must be a plain or keyword argument")
+        if parameter.name not in hints:
+            raise TypeError(f"tool {name!r}: parameter {parameter.name!r} has no type annotation")
+        default = ... if parameter.default is parameter.empty else parameter.default
+        fields[parameter.name] = (hints[parameter.name], Field(default, description=described.get(parameter.name)))
+    # Unknown arguments are the model's mistake: refused, so it is told and can correct them.
+    config = ConfigDict(extra="forbid")
+    model: type[BaseModel] = create_model(f"{name}_arguments", __config__=config, **fields)
+    return model
+
+
+def _result_text(value: object) -> str:
+    """What the model reads back: strings as they are, anything else as JSON."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, BaseModel):
+        return value.model_dump_json()
+    return orjson.dumps(value, default=str).decode()
+
+
+def tool_from_function(
+    function: ToolCallable,
+    *,
+    name: str | None = None,
+    description: str | None = None,
+    side_effect: bool = False,
+    isolated_ok: bool = False,
+    needs_approval: bool = False,
+) -> Tool:
+    tool_name = name or function.__name__
+    model = arguments_model(function, tool_name)
+    summary, _ = _docstring_parts(function.__doc__)
+    if not (description or summary):
+        raise TypeError(f"tool {tool_name!r} needs a description: give it a docstring or description=")
+    fields = tuple(model.model_fields)
+    is_async = inspect.iscoroutinefunction(function)
+
+    async def run(arguments: BaseModel) -> str:
+        values = {field: getattr(arguments, field) for field in fields}
+        result = await function(**values) if is_async else function(**values)
+        return _result_text(result)
+
+    kind: ToolKind = "side_effect" if side_effect else "read_only"
+    return Tool(tool_name, description or summary, model, run, kind, isolated_ok, needs_approval)
+
+
+@overload
+def tool(function: ToolCallable, /) -> Tool: ...
+
+
+@overload
+def tool(
+    *,
+    name: str | None = None,
+    description: str | None = None,
+    side_effect: bool = False,
+    isolated_ok: bool = False,
+    needs_approval: bool = False,
+) -> Callable[[ToolCallable], Tool]: ...
+
+
+def tool(
+    function: ToolCallable | None = None,
+    /,
+    *,
+    name: str | None = None,
+    description: str | None = None,
+    side_effect: bool = False,
+    isolated_ok: bool = False,
+    needs_approval: bool = False,
+) -> Tool | Callable[[ToolCallable], Tool]:
+    """`@tool` or `@tool(side_effect=True, needs_approval=True)` over a typed function
+    (sync or async) turns it into a `Tool`. `side_effect`: the call changes the world, so a
+    turn that started it is never retried automatically; `isolated_ok`: scheduled turns,
+    with nobody watching, may call it; `needs_approval`: the turn pauses until a person
+    approves the exact call (`turnstile approve`)."""
+
+    def decorate(f: ToolCallable) -> Tool:
+        return tool_from_function(
+            f,
+            name=name,
+            description=description,
+            side_effect=side_effect,
+            isolated_ok=isolated_ok,
+            needs_approval=needs_approval,
+        )
+
+    return decorate(function) if function is not None else decorate

@@ -1,0 +1,300 @@
+"""The public agent API: an `Agent` is a name, a system prompt, a model and its fallbacks,
+tools, prices, budgets, debounce and double-text policy; `turnstile run module:agent`
+(or `await agent.serve()`) runs it as a worker on the embedded log or on Kafka.
+
+An Agent is plain configuration: creating one does no I/O and needs no event loop.
+Providers are made when it is served, and the log is opened inside the running loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib
+import os
+import sys
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Literal, overload
+
+from turnstile.events import ToolCall, Usage
+from turnstile.handlers.budget import TurnBudget
+from turnstile.handlers.claim import DebouncePolicy, DoubleTextPolicy
+from turnstile.handlers.pricing import ModelPrice
+from turnstile.handlers.provider import ModelReply, ModelRequest, ProtocolFamily, Provider
+from turnstile.handlers.providers.scripted import Scripted, ScriptedProvider, echo_reply
+from turnstile.handlers.schedule import Schedule
+from turnstile.handlers.tool_functions import ToolCallable, tool_from_function
+from turnstile.handlers.tools import Tool, ToolRegistry
+from turnstile.streams.serving import LogPlace, WorkerOptions, serve
+from turnstile.streams.turn_runner import Route, TurnSettings
+from turnstile.streams.worker import WorkerConfig
+
+_DEFAULT_BASE_URLS = {"openai": "https://api.openai.com/v1", "anthropic": "https://api.anthropic.com"}
+
+
+@dataclass(frozen=True, slots=True)
+class Model:
+    """A model behind an HTTP API of one protocol family. The key is read from the
+    environment variable `api_key_env` when the agent is served, never stored here.
+    `price` (USD per million tokens) is what budgets are charged; a model without one
+    pauses its turn on cost after its first request, as the cost cannot be known."""
+
+    name: str
+    family: Literal["openai", "anthropic"] = "openai"
+    base_url: str | None = None
+    api_key_env: str = "TURNSTILE_API_KEY"
+    price: ModelPrice | None = None
+    # OpenAI-compatible servers that only know `max_tokens` (not max_completion_tokens).
+    legacy_max_tokens: bool = False
+
+    def provider(self) -> Provider:
+        from turnstile.streams.provider_http import HttpProvider
+
+        key = os.environ.get(self.api_key_env)
+        base_url = self.base_url or _DEFAULT_BASE_URLS[self.family]
+        if self.family == "anthropic":
+            from turnstile.handlers.providers.anthropic_messages import AnthropicMessages
+
+            return HttpProvider(AnthropicMessages(), base_url, key)
+        from turnstile.handlers.providers.openai_chat import OpenAIChat
+
+        legacy = frozenset({self.name}) if self.legacy_max_tokens else frozenset()
+        return HttpProvider(OpenAIChat(legacy_max_tokens=legacy), base_url, key)
+
+
+TestReply = str | ModelReply | Exception
+
+
+@dataclass(frozen=True, slots=True)
+class TestModel:
+    """A model for your own tests, in process and free: it answers each request with the
+    next of `replies` (text, a `ModelReply` such as `TestModel.calls(...)`, or an exception
+    the provider raises), or with `respond(request)`; with neither it quotes the user's
+    latest input back. Every request it got is in `.requests` once the agent has served."""
+
+    __test__ = False  # not a pytest test class, despite the name
+
+    name: str = "test-model"
+    replies: Sequence[TestReply] = ()
+    respond: Callable[[ModelRequest], TestReply] | None = None
+    delay_s: float = 0.0
+    price: ModelPrice = ModelPrice(0.0, 0.0, 0.0, 0.0)
+    family: ProtocolFamily = "scripted"
+    _served: list[ScriptedProvider] = field(default_factory=list, compare=False, repr=False)
+
+    @staticmethod
+    def calls(name: str, arguments: str = "{}", call_id: str = "call-1") -> ModelReply:
+        """A reply that calls tool `name` with `arguments` (JSON text)."""
+        return ModelReply("test-model", None, (ToolCall(call_id=call_id, name=name, arguments=arguments),),
+                          Usage(input_tokens=1, output_tokens=1), "tool_calls", "tool_use")
+
+    @property
+    def requests(self) -> list[ModelRequest]:
+        return [r for provider in self._served for r in provider.requests]
+
+    def provider(self) -> Provider:
+        remaining = list(self.replies)
+
+        def script(request: ModelRequest) -> Scripted:
+            if remaining:
+                reply = remaining.pop(0)
+            elif self.respond is not None:
+                reply = self.respond(request)
+            else:
+                reply = echo_reply(request)
+            if isinstance(reply, str):
+                reply = ModelReply(request.model, reply, (), Usage(input_tokens=1, output_tokens=1), "stop")
+            return Scripted(reply, self.delay_s)
+
+        provider = ScriptedProvider(script)
+        self._served.append(provider)
+        return provider
+
+
+AnyModel = Model | TestModel
+
+
+class Agent:
+    """An agent, declared the way Pydantic AI agents are and served the way faust apps are:
+
+        agent = Agent("support", model=Model("gpt-4.1-mini", price=ModelPrice(0.4, 1.6)),
+                      system_prompt="You help customers with their orders.")
+
+        @agent.tool
+        def lookup_order(order_id: str) -> str:
+            "The status of an order."
+            ...
+
+    then `turnstile run mymodule:agent [--broker kafka://…]`.
+
+    `fallbacks` are tried in order when the model fails mid-attempt; they must speak the
+    model's protocol family (a transcript is never rebuilt for another protocol).
+    """
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        model: AnyModel,
+        system_prompt: str | None = None,
+        fallbacks: Sequence[AnyModel] = (),
+        tools: Iterable[Tool] = (),
+        budget: TurnBudget = TurnBudget(),
+        debounce: DebouncePolicy = DebouncePolicy(),
+        double_text: Literal["enqueue", "reject"] = "enqueue",
+        max_attempts: int = 3,
+        max_output_tokens: int = 1024,
+    ) -> None:
+        if not name:
+            raise ValueError("an agent needs a name")
+        for fallback in fallbacks:
+            if fallback.family != model.family:
+                raise ValueError(
+                    f"fallback {fallback.name!r} speaks the {fallback.family} protocol, not {model.family} like "
+                    f"{model.name!r}: a turn cannot move to another protocol family mid-turn"
+                )
+        self.name = name
+        self.model = model
+        self.system_prompt = system_prompt
+        self.fallbacks = tuple(fallbacks)
+        self.budget = budget
+        self.debounce = debounce
+        self.double_text = double_text
+        self.max_attempts = max_attempts
+        self.max_output_tokens = max_output_tokens
+        self.tools: list[Tool] = []
+        for each in tools:
+            self.add_tool(each)
+
+    def add_tool(self, tool_: Tool) -> Tool:
+        if any(t.name == tool_.name for t in self.tools):
+            raise ValueError(f"agent {self.name!r} already has a tool named {tool_.name!r}")
+        self.tools.append(tool_)
+        return tool_
+
+    @overload
+    def tool(self, function: ToolCallable, /) -> Tool: ...
+
+    @overload
+    def tool(
+        self,
+        /,
+        *,
+        name: str | None = None,
+        description: str | None = None,
+        side_effect: bool = False,
+        isolated_ok: bool = False,
+        needs_approval: bool = False,
+    ) -> Callable[[ToolCallable], Tool]: ...
+
+    def tool(
+        self,
+        function: ToolCallable | None = None,
+        /,
+        *,
+        name: str | None = None,
+        description: str | None = None,
+        side_effect: bool = False,
+        isolated_ok: bool = False,
+        needs_approval: bool = False,
+    ) -> Tool | Callable[[ToolCallable], Tool]:
+        """`@agent.tool` or `@agent.tool(side_effect=True, ...)`: see `turnstile.tool`."""
+
+        def decorate(f: ToolCallable) -> Tool:
+            made = tool_from_function(
+                f,
+                name=name,
+                description=description,
+                side_effect=side_effect,
+                isolated_ok=isolated_ok,
+                needs_approval=needs_approval,
+            )
+            return self.add_tool(made)
+
+        return decorate(function) if function is not None else decorate
+
+    @contextlib.contextmanager
+    def override(self, *, model: AnyModel) -> Iterator[Agent]:
+        """Within the block the agent uses `model` and no fallbacks, as in Pydantic AI's
+        `agent.override(model=TestModel())`: your tests run your agent, tools and prompt
+        unchanged against a scripted model."""
+        saved = self.model, self.fallbacks
+        self.model, self.fallbacks = model, ()
+        try:
+            yield self
+        finally:
+            self.model, self.fallbacks = saved
+
+    def models(self) -> tuple[AnyModel, ...]:
+        return (self.model, *self.fallbacks)
+
+    def unpriced(self) -> list[str]:
+        return [m.name for m in self.models() if m.price is None]
+
+    def worker_config(self, providers: dict[str, Provider], options: WorkerOptions | None = None) -> WorkerConfig:
+        """The worker's configuration, with `providers` (model name -> provider) serving
+        the fallbacks."""
+        prices = {m.name: m.price for m in self.models() if m.price is not None}
+        turn = TurnSettings(
+            model=self.model.name,
+            system_prompt=self.system_prompt,
+            max_attempts=self.max_attempts,
+            budget=self.budget,
+            prices=prices,
+            tools=ToolRegistry(self.tools),
+            fallbacks=tuple(Route(m.name, providers[m.name]) for m in self.fallbacks),
+            max_output_tokens=self.max_output_tokens,
+        )
+        return WorkerConfig(
+            debounce=self.debounce, turn=turn, double_text=DoubleTextPolicy(self.double_text), **(options or {})
+        )
+
+    def providers(self) -> dict[str, Provider]:
+        """One provider per model; models of one endpoint share it (one connection pool)."""
+        made: dict[tuple[object, ...], Provider] = {}
+        by_model: dict[str, Provider] = {}
+        for m in self.models():
+            endpoint: tuple[object, ...] = (
+                (m.family, m.base_url, m.api_key_env, m.legacy_max_tokens) if isinstance(m, Model) else (id(m),)
+            )
+            if endpoint not in made:
+                made[endpoint] = m.provider()
+            by_model[m.name] = made[endpoint]
+        return by_model
+
+    async def serve(
+        self,
+        place: LogPlace | None = None,
+        *,
+        schedules: Sequence[Schedule] = (),
+        http: tuple[str, int] | None = None,
+        worker: WorkerOptions | None = None,
+        stop: asyncio.Event | None = None,
+    ) -> int:
+        """Runs the agent as a worker on `place` (default: the embedded log in .turnstile)
+        until SIGINT/SIGTERM, or until `stop` (an `asyncio.Event`) is set."""
+        for name in self.unpriced():
+            print(f"warning: model {name!r} has no price: its turns pause on cost after the first request; "
+                  "give it Model(price=ModelPrice(...))", file=sys.stderr)
+        providers = self.providers()
+        config = self.worker_config(providers, worker)
+        return await serve(
+            place or LogPlace(), providers[self.model.name], config, schedules=schedules, http=http, stop=stop,
+            signals=stop is None,
+        )
+
+
+def load_agent(target: str) -> Agent:
+    """`package.module:attribute` -> the Agent there, imported as uvicorn imports apps (the
+    current directory is on the path, so a module next to you is found)."""
+    module_name, sep, attribute = target.partition(":")
+    if not sep or not module_name or not attribute:
+        raise ValueError(f"expected MODULE:AGENT (e.g. examples.support_agent:agent), got {target!r}")
+    if "" not in sys.path and os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    module = importlib.import_module(module_name)
+    found = getattr(module, attribute, None)
+    if not isinstance(found, Agent):
+        raise ValueError(f"{target}: {attribute!r} in {module_name} is {type(found).__name__}, not a turnstile.Agent")
+    return found

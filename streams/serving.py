@@ -1,0 +1,112 @@
+"""Serving a worker until a signal: the one path `turnstile run` (flags or `module:agent`)
+and `Agent.serve` share. The log is opened here, inside the running loop, so callers
+build their configuration anywhere (aiokafka clients need a running loop)."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TypedDict
+
+from turnstile.handlers.provider import Provider
+from turnstile.handlers.schedule import Schedule
+from turnstile.streams.file_log import FileLog
+from turnstile.streams.log import EventLog, Topics
+from turnstile.streams.worker import Worker, WorkerConfig
+
+DEFAULT_DATA = Path(".turnstile")
+
+
+class WorkerOptions(TypedDict, total=False):
+    """`WorkerConfig` fields about the process rather than the agent (`turnstile run` flags)."""
+
+    drain_grace_s: float
+    stream_replies: bool
+    tracing: bool
+
+
+@dataclass(frozen=True, slots=True)
+class LogPlace:
+    """Where the log is: a Kafka broker (`kafka://HOST:PORT[,HOST:PORT]` or `HOST:PORT`), or
+    else the embedded file log in `data`."""
+
+    broker: str | None = None
+    data: Path = DEFAULT_DATA
+    topics: Topics = field(default_factory=Topics)
+    group: str = "turnstile-worker"
+
+    @property
+    def bootstrap(self) -> str | None:
+        if not self.broker:
+            return None
+        from turnstile.streams.kafka_log import bootstrap_of
+
+        return bootstrap_of(self.broker)
+
+    def open(self, group_id: str | None = None) -> EventLog:
+        if self.bootstrap is not None:
+            from turnstile.streams.kafka_log import KafkaLog
+
+            return KafkaLog(self.bootstrap, group_id=group_id or self.group, topics=self.topics)
+        return FileLog(self.data, self.topics)
+
+    def __str__(self) -> str:
+        return self.broker or str(self.data)
+
+
+async def serve(
+    place: LogPlace,
+    provider: Provider,
+    config: WorkerConfig,
+    *,
+    schedules: Sequence[Schedule] = (),
+    http: tuple[str, int] | None = None,
+    stop: asyncio.Event | None = None,
+    signals: bool = True,
+) -> int:
+    """Runs the worker (with its scheduler and HTTP port) until `stop` is set or SIGINT/
+    SIGTERM: the first signal drains, a second stops at once (exit code 130). Closes the
+    provider and every fallback's provider on the way out."""
+    from turnstile.streams.replay_gc import ReplayGc
+    from turnstile.streams.service import Service
+
+    # Process-wide: the cyclic GC is eased while partitions replay, and the replayed state frozen.
+    worker = Worker(place.open(), provider, config, replay_hooks=ReplayGc())
+    service = Service(worker, schedules=schedules, http=http, bootstrap=place.bootstrap)
+    stop = stop or asyncio.Event()
+    ready = asyncio.Event()
+    waiting = asyncio.create_task(ready.wait())
+    running = asyncio.create_task(service.run(stop, ready))
+
+    def on_signal() -> None:
+        if stop.is_set():
+            running.cancel()  # the second signal: stop now, the next owner resumes the turns
+        stop.set()
+
+    loop = asyncio.get_running_loop()
+    handled = (signal.SIGINT, signal.SIGTERM) if signals else ()
+    for sig in handled:
+        loop.add_signal_handler(sig, on_signal)
+    try:
+        await asyncio.wait([running, waiting], return_when=asyncio.FIRST_COMPLETED)
+        where = f"; HTTP on {service.url}" if service.url else ""
+        print(f"worker running on {place}{where}; Ctrl-C stops it", file=sys.stderr, flush=True)
+        try:
+            await running
+        except asyncio.CancelledError:
+            if not running.cancelled():
+                raise
+            print("stopped without draining: the turns in flight resume on the next worker", file=sys.stderr)
+            return 130
+    finally:
+        for sig in handled:
+            loop.remove_signal_handler(sig)
+        waiting.cancel()
+        providers = {id(p): p for p in (provider, *(r.provider for r in config.turn.fallbacks))}
+        for each in providers.values():
+            await each.aclose()
+    return 0
