@@ -1,0 +1,122 @@
+"""The public agent API as a user meets it: `import turnstile`, the README's agent run with
+the test model, the example agent served by `turnstile run MODULE:AGENT` on Kafka against
+a loopback model server."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import time
+import types
+from pathlib import Path
+
+import pytest
+import turnstile
+from kafka_fixtures import fresh_topics, kafka_bootstrap  # noqa: F401  (fixtures)
+from provider_server import ProviderServer, Reply
+from test_cli import run_worker_until
+from test_cli import turnstile as turnstile_cli
+from turnstile import Agent, LogPlace, Model, TestModel
+from turnstile.events import Event, MessageReceived, ToolCallFinished, TurnCompleted, decode, encode
+from turnstile.streams.agent import load_agent
+from turnstile.streams.file_log import FileLog
+from turnstile.streams.log import Topics
+from worker_harness import events_of
+
+ROOT = Path(__file__).parent.parent
+
+
+def test_every_public_name_resolves_and_is_documented() -> None:
+    doc = turnstile.__doc__ or ""
+    for name in turnstile.__all__:
+        assert getattr(turnstile, name) is not None
+        assert f"`{name}`" in doc, f"{name} is not described in turnstile's docstring"
+    with pytest.raises(AttributeError):
+        turnstile.NotAThing  # noqa: B018
+
+
+def readme_agent() -> types.ModuleType:
+    """The code of the README's "Your agent in 20 lines", as a module."""
+    readme = (ROOT / "README.md").read_text()
+    section = readme.split("## Your agent in 20 lines", 1)[1]
+    code = re.search(r"```python\n(.*?)```", section, re.DOTALL)
+    assert code is not None
+    module = types.ModuleType("orders")
+    exec(compile(code.group(1), "README.md", "exec"), module.__dict__)
+    return module
+
+
+async def answer(agent: Agent, data: Path, text: str, conversation: str = "c1") -> list[Event]:
+    """Serves `agent` on the embedded log in `data` until `text` has an outcome."""
+    log = FileLog(data, Topics())
+    message = MessageReceived(event_id="e1", conversation_id=conversation, occurred_at=int(time.time() * 1000),
+                              message_id="m1", content=text)
+    await log.append(log.topics.events, conversation, encode(message))
+    stop = asyncio.Event()
+    serving = asyncio.create_task(agent.serve(LogPlace(data=data), stop=stop, worker={"drain_grace_s": 0}))
+    try:
+        async with asyncio.timeout(30):
+            async for record in log.follow(log.topics.events, from_end=False):
+                if isinstance(decode(record.value), TurnCompleted):
+                    break
+    finally:
+        stop.set()
+    assert await asyncio.wait_for(serving, 10) == 0
+    return events_of(log, conversation)
+
+
+def test_the_readme_agent_calls_its_tool_and_answers_with_the_test_model(tmp_path: Path) -> None:
+    agent = readme_agent().agent  # made outside any event loop
+    model = TestModel(replies=[TestModel.calls("lookup_order", '{"order_id": "A-1001"}'), "A-1001 has shipped."])
+    with agent.override(model=model):
+        events = asyncio.run(answer(agent, tmp_path, "Where is A-1001?"))
+    assert agent.model.name == "gpt-4.1-mini" and len(agent.fallbacks) == 1  # restored after the block
+    finished = [e for e in events if isinstance(e, ToolCallFinished)]
+    assert [(f.ok, f.result) for f in finished] == [(True, "shipped")]
+    completed = [e for e in events if isinstance(e, TurnCompleted)]
+    assert [c.reply for c in completed] == ["A-1001 has shipped."]
+    first = model.requests[0]
+    assert first.messages[0].content.startswith("You answer questions about orders.")
+    assert [t.name for t in first.tools] == ["lookup_order"]
+
+
+def test_a_fallback_of_another_protocol_family_is_refused_when_the_agent_is_made() -> None:
+    with pytest.raises(ValueError, match="fallback 'claude' speaks the anthropic protocol, not openai"):
+        Agent("a", model=Model("gpt"), fallbacks=[Model("claude", family="anthropic")])
+
+
+def test_a_target_that_is_not_an_agent_is_a_clear_error() -> None:
+    with pytest.raises(ValueError, match="expected MODULE:AGENT"):
+        load_agent("examples.support_agent")
+    with pytest.raises(ValueError, match=r"'ORDERS' in examples\.support_agent is dict, not a turnstile\.Agent"):
+        load_agent("examples.support_agent:ORDERS")
+
+
+@pytest.mark.kafka
+def test_the_example_agent_answers_on_kafka_through_the_loopback_model(
+    kafka_bootstrap: str, fresh_topics: Topics, monkeypatch: pytest.MonkeyPatch  # noqa: F811
+) -> None:
+    where = [
+        "--broker", f"kafka://{kafka_bootstrap}",
+        "--events-topic", fresh_topics.events,
+        "--outcomes-topic", fresh_topics.outcomes,
+        "--dlq-topic", fresh_topics.dead_letters,
+    ]
+    with ProviderServer() as server:
+        server.push(
+            Reply(tool_calls=[("call_1", "lookup_order", '{"order_id": "A-1001"}')], usage=(50, 10)),
+            Reply(text="Your order A-1001 has shipped with DHL.", usage=(80, 12)),
+        )
+        monkeypatch.setenv("TURNSTILE_BASE_URL", server.base_url_openai)
+        monkeypatch.setenv("TURNSTILE_API_KEY", "sk-test")
+        sent = turnstile_cli("send", *where, "--conversation", "c1", "--text", "Where is A-1001?", "--message-id", "m1")
+        assert sent.returncode == 0, sent.stderr
+        group = f"g-{os.getpid()}-{time.time_ns()}"
+        out = run_worker_until(where, "c1", 1, "examples.support_agent:agent", "--no-stream", "--group", group)
+        bodies = [r.body for r in server.requests]
+    assert "COMPLETED {'m1': 'answered'}" in out and "has shipped with DHL" in out
+    assert [b["model"] for b in bodies] == ["gpt-4.1-mini", "gpt-4.1-mini"]
+    assert bodies[0]["messages"][0]["content"].startswith("You are the support desk")
+    assert {t["function"]["name"] for t in bodies[0]["tools"]} == {"lookup_order", "send_email"}
+    assert '"status":"shipped"' in bodies[1]["messages"][-1]["content"]

@@ -1,0 +1,73 @@
+"""Tools declared from typed Python functions: what the model is shown and what runs."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from pydantic import BaseModel
+from turnstile.events import ToolCall
+from turnstile.handlers.tool_functions import tool
+from turnstile.handlers.tools import ToolRegistry, ValidCall, validate_call
+
+
+class Address(BaseModel):
+    city: str
+
+
+def test_signature_and_docstring_become_the_schema_and_description() -> None:
+    @tool(side_effect=True, needs_approval=True)
+    def ship(order_id: str, address: Address, express: bool = False) -> str:
+        """Ship an order to an address.
+
+        More text the model is not shown.
+
+        Args:
+            order_id: the order number
+            express: next-day delivery
+        """
+        return "ok"
+
+    spec = ship.spec()
+    assert (ship.name, ship.description, ship.kind, ship.needs_approval, ship.isolated_ok) == (
+        "ship", "Ship an order to an address.", "side_effect", True, False
+    )
+    assert spec.parameters["required"] == ["order_id", "address"]
+    assert spec.parameters["properties"]["order_id"]["description"] == "the order number"
+    assert spec.parameters["properties"]["express"]["default"] is False
+    assert spec.parameters["additionalProperties"] is False
+
+
+def test_a_call_is_validated_against_the_signature_and_runs_sync_or_async() -> None:
+    @tool
+    def lookup(order_id: str, verbose: bool = False) -> dict[str, object]:
+        """Look an order up."""
+        return {"id": order_id, "verbose": verbose}
+
+    @tool(name="greet")
+    async def greet_async(who: str) -> str:
+        """Greet someone."""
+        return f"hello {who}"
+
+    registry = ToolRegistry([lookup, greet_async])
+    valid = validate_call(registry, ToolCall(call_id="c", name="lookup", arguments='{"order_id": "A-1"}'), False)
+    assert isinstance(valid, ValidCall)
+    assert asyncio.run(valid.tool.run(valid.arguments)) == '{"id":"A-1","verbose":false}'
+    greeted = validate_call(registry, ToolCall(call_id="c", name="greet", arguments='{"who": "Ann"}'), False)
+    assert isinstance(greeted, ValidCall) and asyncio.run(greeted.tool.run(greeted.arguments)) == "hello Ann"
+    extra = validate_call(registry, ToolCall(call_id="c", name="lookup", arguments='{"order_id": "A", "x": 1}'), False)
+    assert not isinstance(extra, ValidCall) and "x: Extra inputs are not permitted" in extra.detail
+
+
+def test_a_parameter_without_annotation_or_a_tool_without_description_is_refused() -> None:
+    def untyped(order_id):  # type: ignore[no-untyped-def]
+        """Look up."""
+
+    with pytest.raises(TypeError, match="parameter 'order_id' has no type annotation"):
+        tool(untyped)
+
+    def undocumented(order_id: str) -> str:
+        return order_id
+
+    with pytest.raises(TypeError, match="'undocumented' needs a description"):
+        tool(undocumented)
