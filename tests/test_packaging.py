@@ -4,14 +4,19 @@ the top of site-packages."""
 
 from __future__ import annotations
 
+import os
+import shutil
+import signal
 import subprocess
 import sys
+import time
 import tomllib
 import venv
 import zipfile
 from pathlib import Path
 
 import pytest
+from provider_server import ProviderServer, Reply
 
 REPO = Path(__file__).resolve().parent.parent
 NOT_SHIPPED = {"tests", "bench", "build", "examples"}
@@ -81,3 +86,34 @@ def test_the_wheel_installed_outside_the_repository_runs_the_command(wheel: Path
         assert run(python, "-c", f"import {generic}").returncode != 0, generic
     imported = run(python, "-c", "import turnstile.handlers.providers.openai_chat, turnstile.streams.cli")
     assert imported.returncode == 0, imported.stderr
+
+
+def test_the_wheel_runs_the_example_agent_from_a_folder_outside_the_repository(wheel: Path, tmp_path: Path) -> None:
+    """`turnstile run examples.support_agent:agent`, as a user runs their own module: found
+    in the current directory, its model a loopback OpenAI-compatible server."""
+    env_dir = tmp_path / "venv"
+    venv.create(env_dir, with_pip=True)
+    subprocess.run([env_dir / "bin" / "python", "-m", "pip", "install", "-q", str(wheel)],
+                   check=True, capture_output=True, timeout=600)
+    command = env_dir / "bin" / "turnstile"
+    (tmp_path / "examples").mkdir()
+    shutil.copy(REPO / "examples" / "support_agent.py", tmp_path / "examples" / "support_agent.py")
+    where = ["--data", str(tmp_path / "log")]
+    with ProviderServer() as server:
+        server.push(Reply(text="Order A-1001 has shipped.", usage=(40, 6)))
+        env = {**os.environ, "TURNSTILE_BASE_URL": server.base_url_openai, "TURNSTILE_API_KEY": "sk-test"}
+
+        def run(*argv: str | Path) -> subprocess.CompletedProcess[str]:
+            return subprocess.run(argv, cwd=tmp_path, capture_output=True, text=True, timeout=120, env=env)
+
+        assert run(command, "send", *where, "--conversation", "c1", "--text", "Where is A-1001?").returncode == 0
+        worker = subprocess.Popen([command, "run", "examples.support_agent:agent", *where, "--no-stream"],
+                                  cwd=tmp_path, env=env, stderr=subprocess.PIPE, text=True)
+        try:
+            deadline = time.monotonic() + 60
+            while "TurnCompleted" not in (out := run(command, "tail", *where).stdout) and time.monotonic() < deadline:
+                time.sleep(0.5)
+        finally:
+            worker.send_signal(signal.SIGTERM)
+            assert worker.wait(timeout=30) == 0, worker.stderr.read() if worker.stderr else ""
+    assert "COMPLETED" in out and "Order A-1001 has shipped." in out
