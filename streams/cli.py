@@ -16,8 +16,8 @@ from turnstile.handlers.provider import Provider
 from turnstile.handlers.providers.scripted import ScriptedProvider
 from turnstile.streams import audit_cli
 from turnstile.streams.file_log import FileLog
-from turnstile.streams.log import EventLog, Topics
-from turnstile.streams.publisher import message_event, publish
+from turnstile.streams.log import Topics
+from turnstile.streams.publisher import message_event
 from turnstile.streams.runtime import SystemClock
 from turnstile.streams.serving import DEFAULT_DATA, LogPlace, WorkerOptions, serve
 from turnstile.streams.timeline import describe
@@ -41,10 +41,6 @@ def _add_log_args(parser: argparse.ArgumentParser) -> None:
 def _place(args: argparse.Namespace) -> LogPlace:
     topics = Topics(args.events_topic, args.outcomes_topic, args.dlq_topic, args.deltas_topic)
     return LogPlace(args.broker, args.data, topics, getattr(args, "group", "turnstile-worker"))
-
-
-def _open_log(args: argparse.Namespace) -> EventLog:
-    return _place(args).open()
 
 
 def _provider(args: argparse.Namespace) -> Provider:
@@ -89,17 +85,19 @@ def _worker_options(args: argparse.Namespace) -> WorkerOptions:
 
 
 async def _send(args: argparse.Namespace) -> int:
-    log = _open_log(args)
-    if args.broker:
-        await log.producer.start()  # type: ignore[attr-defined]
-    try:
-        event = message_event(args.conversation, args.text, SystemClock().now_ms(), args.message_id)
-        partition, offset = await publish(log, event)
-        print(f"sent message {event.message_id} to {log.topics.events}[{partition}]@{offset}")
-    finally:
-        if args.broker:
-            await log.producer.stop()  # type: ignore[attr-defined]
+    from turnstile.streams.operations_cli import publish_input
+
+    place = _place(args)
+    event = message_event(args.conversation, args.text, SystemClock().now_ms(), args.message_id)
+    partition, offset = await publish_input(place, event)
+    print(f"sent message {event.message_id} to {place.topics.events}[{partition}]@{offset}")
     return 0
+
+
+async def _operate(args: argparse.Namespace) -> int:
+    from turnstile.streams.operations_cli import operate
+
+    return await operate(args, _place(args))
 
 
 async def _tail(args: argparse.Namespace) -> int:
@@ -221,6 +219,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_log_args(inspect)
     inspect.add_argument("conversation")
 
+    from turnstile.streams.operations_cli import add_parsers
+
+    add_parsers(sub, _add_log_args)
     audit_cli.add_parser(sub)
     return parser
 
@@ -233,7 +234,8 @@ def main(argv: list[str] | None = None) -> int:
         from turnstile.streams.demo import main as demo_main
 
         return demo_main(args.data)
-    handler = {"run": _run, "send": _send, "tail": _tail, "inspect": _inspect, "audit": audit_cli.run}[args.command]
+    handler = {"run": _run, "send": _send, "tail": _tail, "inspect": _inspect, "audit": audit_cli.run,
+               "approve": _operate, "deny": _operate, "resume": _operate}[args.command]
     return asyncio.run(handler(args))
 
 

@@ -38,6 +38,15 @@ async def kafka_records(bootstrap: str, topic: str, conversation_id: str, timeou
         return await read_to_end(consumer, [tp], timeout_s)
 
 
+async def conversation_records(conversation_id: str, *, broker: str | None, data: Path, topics: Topics) -> list[Record]:
+    """The records of the conversation's partition, on Kafka or in the embedded log."""
+    if broker:
+        from turnstile.streams.kafka_log import bootstrap_of
+
+        return await kafka_records(bootstrap_of(broker), topics.events, conversation_id)
+    return file_records(data, topics, conversation_id)
+
+
 # -- rendering ---------------------------------------------------------------------------
 def _time(ms: int) -> str:
     return dt.datetime.fromtimestamp(ms / 1000, dt.UTC).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
@@ -132,12 +141,7 @@ async def inspect(
     topics: Topics,
     console: Console | None = None,
 ) -> ConversationView:
-    if broker:
-        from turnstile.streams.kafka_log import bootstrap_of
-
-        records = await kafka_records(bootstrap_of(broker), topics.events, conversation_id)
-    else:
-        records = file_records(data, topics, conversation_id)
+    records = await conversation_records(conversation_id, broker=broker, data=data, topics=topics)
     view = build_view(conversation_id, records)
     render(view, console or Console())
     return view

@@ -21,7 +21,7 @@ def message_event(conversation_id: str, content: str, now_ms: int, message_id: s
     )
 
 
-async def publish(log: EventLog, event: MessageReceived) -> tuple[int, int]:
+async def publish(log: EventLog, event: InputEvent) -> tuple[int, int]:
     """Appends keyed by conversation id, so the default partitioner keeps a conversation
     in one partition, with the current trace context in its headers (when tracing).
     Returns (partition, offset)."""

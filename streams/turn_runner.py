@@ -437,8 +437,9 @@ class TurnRunner:
     # -- outcomes ----------------------------------------------------------------------
     async def _pause(self, reason: PauseReason, why: str) -> None:
         hint = (
-            f"Paused because {why}. The completed work is kept above. To continue, send a ResumeRequested "
-            f"(resumes_turn_id={self.turn.turn_id}): it starts a new turn with a fresh budget that sees this one."
+            f"Paused because {why}. The completed work is kept above. To continue, run `turnstile resume "
+            f"{self.state.conversation_id}` (a ResumeRequested with resumes_turn_id={self.turn.turn_id}): it starts a "
+            "new turn with a fresh budget that sees this one."
         )
         await self._emit(outcomes.paused(self.turn, self._next_stamp(), reason, self._kept(), hint, self._model))
 
@@ -447,9 +448,9 @@ class TurnRunner:
         waiting = f"Waiting for approval to call {call.name} with arguments {call.arguments} (call {call.call_id})."
         kept = f"{self._kept()}\n{waiting}".strip()
         hint = (
-            "Approve or deny it with an InputInjected of source 'approval' carrying "
-            f"approval={{turn_id: {turn.turn_id}, call_id: {call.call_id}, approved: true|false}}; "
-            "it starts a new turn that sees this request."
+            f"Approve or deny it with `turnstile approve|deny {self.state.conversation_id} {call.call_id}` (an "
+            f"InputInjected of source 'approval' carrying approval={{turn_id: {turn.turn_id}, call_id: "
+            f"{call.call_id}, approved: true|false}}); it starts a new turn that sees this request."
         )
         await self._emit(outcomes.paused(turn, self._next_stamp(), "approval", kept, hint, self._model, call))
 

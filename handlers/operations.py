@@ -1,0 +1,119 @@
+"""Approving, denying and resuming a paused turn: the input event an operator's command
+writes, decided from the conversation's folded state.
+
+Each input's id is derived from the turn it answers (`approval:TURN:CALL`,
+`resume:TURN`), so running the same command twice writes a duplicate the fold ignores,
+not a second turn. Approving and then denying the same call conflict on that id, and the
+fold refuses the second. Pure: the caller passes the event id and the time.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from turnstile.events import Approval, InputInjected, ResumeRequested, logical_turn_id
+from turnstile.handlers.claim import DebouncePolicy
+from turnstile.projections import ConversationState
+from turnstile.projections.state import TurnRecord
+
+
+@dataclass(frozen=True, slots=True)
+class Refused:
+    """Why the operation cannot apply, in one sentence that names the fix."""
+
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Operation:
+    event: InputInjected | ResumeRequested
+    # The logical turn that will answer it: its input with the inputs pending now, as the
+    # next claim takes them (more inputs arriving before the claim would change it).
+    turn_id: str
+
+
+def _last_turn(state: ConversationState) -> TurnRecord | Refused:
+    who = f"conversation {state.conversation_id!r}"
+    if state.active is not None:
+        return Refused(f"{who} has a turn running ({state.active.turn_id[:12]}); wait for its outcome")
+    if not state.turns:
+        return Refused(f"{who} has no turns: nothing is paused")
+    return next(reversed(state.turns.values()))
+
+
+def _next_turn(state: ConversationState, input_id: str, policy: DebouncePolicy) -> str:
+    pending = sorted(state.pending.values(), key=lambda p: p.occurred_at)
+    ids = [p.input_id for p in pending if p.input_id != input_id]
+    return logical_turn_id([input_id, *ids][: policy.max_batch])
+
+
+def decide_approval(
+    state: ConversationState,
+    call_id: str,
+    approved: bool,
+    note: str | None,
+    *,
+    event_id: str,
+    now_ms: int,
+    policy: DebouncePolicy = DebouncePolicy(),
+) -> Operation | Refused:
+    last = _last_turn(state)
+    if isinstance(last, Refused):
+        return last
+    turn = last.turn_id[:12]
+    if last.outcome != "paused":
+        who = f"conversation {state.conversation_id!r}"
+        return Refused(f"{who} has nothing paused: its last turn {turn} {last.outcome}")
+    call = last.pending_call
+    if call is None:
+        return Refused(
+            f"turn {turn} paused on its budget, not for an approval; continue it with "
+            f"`turnstile resume {state.conversation_id}`"
+        )
+    if call.call_id != call_id:
+        return Refused(f"turn {turn} waits for approval of call {call.call_id!r} ({call.name}), not {call_id!r}")
+    verdict = "Approved" if approved else "Denied"
+    content = f"{verdict}: {call.name} with arguments {call.arguments}." + (f" Note: {note}" if note else "")
+    key = f"approval:{last.turn_id}:{call.call_id}"
+    event = InputInjected(
+        event_id=event_id,
+        conversation_id=state.conversation_id,
+        occurred_at=now_ms,
+        occurrence_key=key,
+        source="approval",
+        content=content,
+        approval=Approval(turn_id=last.turn_id, call_id=call.call_id, approved=approved),
+    )
+    return Operation(event, _next_turn(state, key, policy))
+
+
+def decide_resume(
+    state: ConversationState,
+    note: str | None,
+    *,
+    event_id: str,
+    now_ms: int,
+    policy: DebouncePolicy = DebouncePolicy(),
+) -> Operation | Refused:
+    last = _last_turn(state)
+    if isinstance(last, Refused):
+        return last
+    turn = last.turn_id[:12]
+    if last.outcome == "completed":
+        return Refused(f"conversation {state.conversation_id!r} has nothing to resume: its last turn {turn} completed")
+    if last.pending_call is not None:
+        call = last.pending_call
+        return Refused(
+            f"turn {turn} waits for approval of call {call.call_id!r} ({call.name}); decide it with "
+            f"`turnstile approve|deny {state.conversation_id} {call.call_id}`"
+        )
+    request_id = f"resume:{last.turn_id}"
+    event = ResumeRequested(
+        event_id=event_id,
+        conversation_id=state.conversation_id,
+        occurred_at=now_ms,
+        request_id=request_id,
+        resumes_turn_id=last.turn_id,
+        content=note or "Continue.",
+    )
+    return Operation(event, _next_turn(state, request_id, policy))

@@ -1,0 +1,62 @@
+"""`turnstile approve|deny CONVERSATION CALL_ID [--note]` and `turnstile resume CONVERSATION`:
+the conversation is folded from the log (no worker needed), `handlers.operations` decides
+the input event, and it is published like a user's message; the running worker claims it
+as a new logical turn, whose id is printed."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import uuid
+from collections.abc import Callable
+
+from turnstile.events import InputEvent
+from turnstile.handlers.operations import Operation, Refused, decide_approval, decide_resume
+from turnstile.streams.inspect_cli import conversation_records
+from turnstile.streams.publisher import KafkaPublisher, publish
+from turnstile.streams.runtime import SystemClock
+from turnstile.streams.serving import LogPlace
+from turnstile.streams.views import build_view
+
+
+async def publish_input(place: LogPlace, event: InputEvent) -> tuple[int, int]:
+    """(partition, offset) of `event` once the log has it: one idempotent producer on Kafka."""
+    if place.bootstrap is not None:
+        async with KafkaPublisher(place.bootstrap, place.topics) as publisher:
+            return await publisher.publish(event)
+    return await publish(place.open(), event)
+
+
+async def operate(args: argparse.Namespace, place: LogPlace) -> int:
+    records = await conversation_records(args.conversation, broker=place.broker, data=place.data, topics=place.topics)
+    state = build_view(args.conversation, records).state
+    event_id, now_ms = uuid.uuid4().hex, SystemClock().now_ms()
+    decided: Operation | Refused
+    if args.command == "resume":
+        decided = decide_resume(state, args.note, event_id=event_id, now_ms=now_ms)
+    else:
+        approved = args.command == "approve"
+        decided = decide_approval(state, args.call_id, approved, args.note, event_id=event_id, now_ms=now_ms)
+    if isinstance(decided, Refused):
+        print(f"turnstile {args.command}: {decided.reason}", file=sys.stderr)
+        return 1
+    partition, offset = await publish_input(place, decided.event)
+    what = {"approve": "approval", "deny": "denial", "resume": "resume request"}[args.command]
+    print(f"{what} written to {place.topics.events}[{partition}]@{offset}; new logical turn {decided.turn_id}")
+    return 0
+
+
+def add_parsers(
+    sub: argparse._SubParsersAction[argparse.ArgumentParser], add_log_args: Callable[[argparse.ArgumentParser], None]
+) -> None:
+    """`approve`, `deny` and `resume`; `add_log_args` adds the shared --broker/--data flags."""
+    for verb, says in (("approve", "let the paused tool call run"), ("deny", "refuse the paused tool call")):
+        parser = sub.add_parser(verb, help=f"{says}: its turn continues in a new logical turn")
+        add_log_args(parser)
+        parser.add_argument("conversation")
+        parser.add_argument("call_id", help="the call the turn paused on (turnstile inspect shows it)")
+        parser.add_argument("--note", default=None, help="a sentence for the model, e.g. why it was denied")
+    resume = sub.add_parser("resume", help="continue a turn paused on its budget, failed or exhausted, in a new turn")
+    add_log_args(resume)
+    resume.add_argument("conversation")
+    resume.add_argument("--note", default=None, help="what the model reads instead of 'Continue.'")

@@ -1,0 +1,127 @@
+"""Approve, deny and resume as operations: the pure decision from folded state, and the
+commands end to end on the embedded log against a served Agent."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+from turnstile import Agent, LogPlace, TestModel
+from turnstile.events import (
+    Event,
+    InputInjected,
+    MessageReceived,
+    ResumeRequested,
+    ToolCall,
+    ToolCallFinished,
+    TurnClaimed,
+    TurnCompleted,
+    TurnPaused,
+    decode,
+    encode,
+    logical_turn_id,
+)
+from turnstile.handlers.operations import Operation, Refused, decide_approval, decide_resume
+from turnstile.projections import new_state
+from turnstile.projections.state import TurnRecord
+from turnstile.streams.file_log import FileLog
+from turnstile.streams.log import Topics
+from worker_harness import events_of
+
+ROOT = Path(__file__).parent.parent
+CALL = ToolCall(call_id="call-1", name="send_email", arguments='{"to": "a@b.c"}')
+
+
+def state_with(outcome: str, pending_call: ToolCall | None = None):  # type: ignore[no-untyped-def]
+    state = new_state("c1")
+    state.turns["t1"] = TurnRecord("t1", ("m1",), outcome, 1, pending_call)  # type: ignore[arg-type]
+    return state
+
+
+def test_given_a_turn_paused_for_approval_when_its_call_is_approved_then_an_approval_input_names_it() -> None:
+    decided = decide_approval(state_with("paused", CALL), "call-1", True, "ok by me", event_id="e", now_ms=5)
+    assert isinstance(decided, Operation) and isinstance(decided.event, InputInjected)
+    assert decided.event.approval is not None and decided.event.approval.approved
+    assert (decided.event.occurrence_key, decided.event.source) == ("approval:t1:call-1", "approval")
+    assert decided.event.content.startswith("Approved: send_email") and "Note: ok by me" in decided.event.content
+    assert decided.turn_id == logical_turn_id(["approval:t1:call-1"])
+
+
+def test_given_no_paused_approval_when_approving_then_the_refusal_says_why() -> None:
+    wrong = decide_approval(state_with("paused", CALL), "call-9", False, None, event_id="e", now_ms=5)
+    assert wrong == Refused("turn t1 waits for approval of call 'call-1' (send_email), not 'call-9'")
+    done = decide_approval(state_with("completed"), "call-1", True, None, event_id="e", now_ms=5)
+    assert done == Refused("conversation 'c1' has nothing paused: its last turn t1 completed")
+    budget = decide_approval(state_with("paused"), "call-1", True, None, event_id="e", now_ms=5)
+    assert isinstance(budget, Refused) and "`turnstile resume c1`" in budget.reason
+    empty = decide_approval(new_state("c1"), "call-1", True, None, event_id="e", now_ms=5)
+    assert empty == Refused("conversation 'c1' has no turns: nothing is paused")
+
+
+def test_given_a_failed_turn_when_resumed_then_a_resume_request_names_it_once() -> None:
+    decided = decide_resume(state_with("failed"), None, event_id="e", now_ms=5)
+    assert isinstance(decided, Operation) and isinstance(decided.event, ResumeRequested)
+    assert (decided.event.resumes_turn_id, decided.event.request_id) == ("t1", "resume:t1")
+    assert decided.turn_id == logical_turn_id(["resume:t1"])
+    waiting = decide_resume(state_with("paused", CALL), None, event_id="e", now_ms=5)
+    assert isinstance(waiting, Refused) and "`turnstile approve|deny c1 call-1`" in waiting.reason
+    assert isinstance(decide_resume(state_with("completed"), None, event_id="e", now_ms=5), Refused)
+
+
+def cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "turnstile.streams.cli", *args], capture_output=True, text=True,
+                          timeout=60, cwd=ROOT, check=False)
+
+
+async def serve_until(agent: Agent, data: Path, done: Callable[[Event], bool]) -> None:
+    log = FileLog(data, Topics())
+    stop = asyncio.Event()
+    serving = asyncio.create_task(agent.serve(LogPlace(data=data), stop=stop, worker={"drain_grace_s": 0}))
+    try:
+        async with asyncio.timeout(30):
+            # from_end is read before the served worker first runs: only what it writes now counts
+            async for record in log.follow(log.topics.events, from_end=True):
+                if done(decode(record.value)):  # type: ignore[arg-type]
+                    break
+    finally:
+        stop.set()
+    assert await asyncio.wait_for(serving, 10) == 0
+
+
+def test_approve_on_the_command_line_lets_the_paused_call_run_in_the_turn_it_names(tmp_path: Path) -> None:
+    sent: list[str] = []
+    model = TestModel(replies=[TestModel.calls("send_email", '{"to": "a@b.c"}'), "Sent."])
+    agent = Agent("mail", model=model)
+
+    @agent.tool(side_effect=True, needs_approval=True)
+    def send_email(to: str) -> str:
+        """Send an e-mail."""
+        sent.append(to)
+        return f"sent to {to}"
+
+    log = FileLog(tmp_path, Topics())
+    message = MessageReceived(event_id="e1", conversation_id="c1", occurred_at=1, message_id="m1", content="mail me")
+    asyncio.run(log.append(log.topics.events, "c1", encode(message)))
+    asyncio.run(serve_until(agent, tmp_path, lambda e: isinstance(e, TurnPaused)))
+    assert sent == []
+
+    where = ["--data", str(tmp_path)]
+    wrong = cli("approve", "c1", "call-9", *where)
+    assert (wrong.returncode, wrong.stdout) == (1, "")
+    assert wrong.stderr.strip().startswith("turnstile approve: turn ") and "not 'call-9'" in wrong.stderr
+    assert len(wrong.stderr.strip().splitlines()) == 1
+    approved = cli("approve", "c1", "call-1", "--note", "fine", *where)
+    assert approved.returncode == 0, approved.stderr
+    new_turn = approved.stdout.split("new logical turn ")[1].strip()
+
+    asyncio.run(serve_until(agent, tmp_path, lambda e: isinstance(e, TurnCompleted)))
+    assert sent == ["a@b.c"]
+    events = events_of(log, "c1")
+    claims = [e.turn_id for e in events if isinstance(e, TurnClaimed)]
+    assert claims[-1] == new_turn
+    assert [e.result for e in events if isinstance(e, ToolCallFinished)] == ["sent to a@b.c"]
+    nothing = cli("resume", "c1", *where)
+    assert nothing.returncode == 1 and "has nothing to resume: its last turn" in nothing.stderr
