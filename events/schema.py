@@ -55,7 +55,22 @@ def _finish(schema: JsonSchema, title: str | None = None) -> JsonSchema:
         out["title"] = title
     out.update(schema)
     _require_type(out)
+    _drop_discriminators(out)
     return out
+
+
+def _drop_discriminators(node: Any) -> None:
+    """OpenAPI's `discriminator` is no JSON Schema keyword: validators in their strict mode
+    (ajv's default) refuse it. A plain `oneOf` says the same, since every member pins
+    `type` with a `const`, so exactly one member matches any valid value."""
+    if isinstance(node, dict):
+        if isinstance(node.get("discriminator"), dict) and "propertyName" in node["discriminator"]:
+            del node["discriminator"]
+        for value in node.values():
+            _drop_discriminators(value)
+    elif isinstance(node, list):
+        for value in node:
+            _drop_discriminators(value)
 
 
 def _require_type(schema: JsonSchema) -> None:
