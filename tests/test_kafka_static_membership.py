@@ -50,7 +50,8 @@ def test_membership_refuses_what_the_broker_would():
 
 
 async def test_a_worker_restarted_under_its_instance_id_takes_its_partitions_back_without_a_rebalance(
-    kafka_bootstrap: str, fresh_topics: Topics  # noqa: F811
+    kafka_bootstrap: str,  # noqa: F811
+    fresh_topics: Topics,  # noqa: F811
 ):
     group = f"g-{uuid.uuid4().hex[:8]}"
 
