@@ -96,7 +96,7 @@ class _PartitionReader:
         return records
 
 
-def _encode_line(key: str, value: bytes, headers: Mapping[str, str] | None = None) -> bytes:
+def _encode_line(key: str | None, value: bytes, headers: Mapping[str, str] | None = None) -> bytes:
     row: dict[str, object] = {"key": key}
     try:
         row["value"] = value.decode("utf-8")
@@ -107,11 +107,12 @@ def _encode_line(key: str, value: bytes, headers: Mapping[str, str] | None = Non
     return orjson.dumps(row)
 
 
-def _decode_line(line: bytes) -> tuple[bytes, bytes, tuple[tuple[str, bytes], ...]]:
+def _decode_line(line: bytes) -> tuple[bytes | None, bytes, tuple[tuple[str, bytes], ...]]:
     row = orjson.loads(line)
     value = row["value"].encode() if "value" in row else base64.b64decode(row["value_b64"])
     headers = tuple((name, text.encode()) for name, text in row.get("headers", {}).items())
-    return row["key"].encode(), value, headers
+    key = row["key"]
+    return None if key is None else key.encode(), value, headers
 
 
 class FileLog:
@@ -135,7 +136,7 @@ class FileLog:
         return self.partitions if topic == self.topics.events else 1
 
     async def start(self, listener: RebalanceListener) -> None:
-        committed = self._read_committed()
+        committed = self.committed_offsets()
         starts = {}
         for p in range(self.partitions):
             self._readers[p] = _PartitionReader(self._file(self.topics.events, p).path)
@@ -151,11 +152,19 @@ class FileLog:
             await asyncio.sleep(min(0.02, max(0.0, deadline - asyncio.get_running_loop().time())))
 
     async def append(
-        self, topic: str, key: str, value: bytes, partition: int | None = None, headers: Mapping[str, str] | None = None
+        self,
+        topic: str,
+        key: str | None,
+        value: bytes,
+        partition: int | None = None,
+        headers: Mapping[str, str] | None = None,
     ) -> tuple[int, int]:
         if partition is None:
-            partition = partition_for(key, self._partition_count(topic))
+            partition = partition_for(key or "", self._partition_count(topic))
         return partition, self._file(topic, partition).append(_encode_line(key, value, headers))
+
+    def max_value_bytes(self, topic: str, key: str | None) -> int | None:
+        return None  # a line of a local file has no size limit
 
     async def send(
         self, topic: str, key: str, value: bytes, partition: int | None = None
@@ -165,12 +174,12 @@ class FileLog:
         return acked
 
     async def commit(self, offsets: dict[int, int]) -> None:
-        merged = self._read_committed() | offsets
+        merged = self.committed_offsets() | offsets
         tmp = self._committed_path.with_suffix(".tmp")
         tmp.write_bytes(orjson.dumps({str(k): v for k, v in merged.items()}))
         tmp.replace(self._committed_path)
 
-    def _read_committed(self) -> dict[int, int]:
+    def committed_offsets(self) -> dict[int, int]:
         if not self._committed_path.exists():
             return {}
         return {int(k): v for k, v in orjson.loads(self._committed_path.read_bytes()).items()}
