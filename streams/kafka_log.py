@@ -15,7 +15,8 @@ import logging
 from collections.abc import Mapping
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
-from aiokafka.admin import AIOKafkaAdminClient, ConfigResource, ConfigResourceType
+from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from aiokafka.errors import (
     InvalidTopicError,
     MessageSizeTooLargeError,
@@ -177,7 +178,7 @@ async def topic_max_message_bytes(bootstrap: str, topics: list[str]) -> dict[str
     admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
     try:
         await admin.start()
-        wanted = [ConfigResource(ConfigResourceType.TOPIC, t, configs=["max.message.bytes"]) for t in topics]
+        wanted = [ConfigResource(ConfigResourceType.TOPIC, t, configs={"max.message.bytes": None}) for t in topics]
         found: dict[str, int] = {}
         for response in await admin.describe_configs(wanted):
             for error_code, _message, _type, name, entries in response.resources:

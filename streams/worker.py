@@ -74,7 +74,9 @@ class WorkerConfig:
     debounce: DebouncePolicy = DebouncePolicy()
     turn: TurnSettings = TurnSettings()
     double_text: DoubleTextPolicy = DoubleTextPolicy()
-    max_value_bytes: int = 1_000_000
+    # Values longer than this are refused unread (too_large); None: whatever the events
+    # topic accepted (its max.message.bytes) is read.
+    max_value_bytes: int | None = None
     commit_interval_s: float = 1.0
     max_poll_wait_s: float = 0.1
     # On stop (SIGTERM, SIGINT): how long turns in flight may take to end before they are
