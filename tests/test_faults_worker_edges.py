@@ -26,10 +26,11 @@ from collections.abc import Mapping
 
 from builders import claim, completed, message, started
 from fault_audit import check_invariants, fold_records
-from turnstile.events import TurnClaimed, TurnCompleted, decode, encode
+from turnstile.events import DeadLetter, TurnClaimed, TurnCompleted, decode, encode
 from turnstile.handlers.providers.scripted import ScriptedProvider
 from turnstile.streams.file_log import FileLog, _PartitionReader
-from turnstile.streams.log import PartitionStart, RebalanceListener
+from turnstile.streams.log import PartitionStart, RebalanceListener, RecordRefused
+from turnstile.streams.metrics import Metrics
 from turnstile.streams.runtime import SystemClock
 from turnstile.streams.worker import Worker
 from worker_harness import FAST, events_of, running, until
@@ -125,6 +126,39 @@ async def test_an_effect_that_cannot_be_written_for_a_while_is_retried_and_never
         assert not worker.effects_skipped
     outcomes = [decode(r.value) for r in broken.read_all(broken.topics.outcomes)]
     assert sorted(o.conversation_id for o in outcomes if isinstance(o, TurnCompleted)) == ["c1", "c2"]
+
+
+class OutcomeTooLarge(FileLog):
+    """The outcomes topic refuses every record for good, as Kafka refuses one over its
+    max.message.bytes."""
+
+    async def append(
+        self,
+        topic: str,
+        key: str | None,
+        value: bytes,
+        partition: int | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> tuple[int, int]:
+        if topic == self.topics.outcomes:
+            raise RecordRefused("MessageSizeTooLargeError: larger than max.message.bytes")
+        return await super().append(topic, key, value, partition, headers)
+
+
+async def test_an_effect_the_log_refuses_for_good_is_marked_on_the_dlq_counted_and_skipped(tmp_path) -> None:
+    log = OutcomeTooLarge(tmp_path, partitions=1)
+    metrics = Metrics()
+    async with running(log, ScriptedProvider(), FAST, metrics=metrics) as worker:
+        await log.append(log.topics.events, "c1", encode(message("m1", NOW() - 60_000, conv="c1")))
+        await until(lambda: len(log.read_all(log.topics.dead_letters)) == 1, 20)
+        end = len(log.read_all(log.topics.events))
+        await until(lambda: log.committed_offsets().get(0, 0) == end, 20)  # moved past it
+    [marker] = [DeadLetter.model_validate_json(r.value) for r in log.read_all(log.topics.dead_letters)]
+    completed_at = next(r.offset for r in log.read_all(log.topics.events) if b"TurnCompleted" in r.value)
+    assert (marker.reason, marker.partition, marker.offset) == ("effect_skipped", 0, completed_at)
+    assert log.topics.outcomes in marker.detail and isinstance(decode(marker.original_value()), TurnCompleted)
+    assert worker.effects_skipped == 1
+    assert b'turnstile_effects_skipped_total{topic="turnstile.outcomes"} 1.0' in metrics.exposition()
 
 
 class SlowFlush(FileLog):
