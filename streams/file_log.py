@@ -3,8 +3,12 @@ files, for one process and no broker.
 
 Each partition is an append-only file of JSON lines; a record's offset is its line
 number. Appends take an exclusive lock, so `turnstile send` in another process can
-append while a worker tails. Partitioning is Kafka's own (murmur2 of the key), so a
-conversation lands in the partition Kafka would give it.
+append while a worker tails. One process owns the log (folds it and writes its effects):
+`start` takes an exclusive lock on `owner.lock` in the folder, holding the owner's pid, and
+fails with `LogOwned` while another process holds it; readers and publishers take none.
+
+Partitioning is Kafka's own (murmur2 of the key), so a conversation lands in the partition
+Kafka would give it.
 """
 
 from __future__ import annotations
@@ -24,6 +28,39 @@ from turnstile.streams.log import Acknowledged, Landed, PartitionStart, Rebalanc
 def partition_for(key: str, partitions: int) -> int:
     """Kafka's default partitioner: the same partition a Java or Go producer picks."""
     return (murmur2(key.encode()) & 0x7FFFFFFF) % partitions
+
+
+class LogOwned(RuntimeError):
+    """Another process owns this embedded log."""
+
+
+class _OwnerLock:
+    """`owner.lock` in the log's folder, held (flock) by the one process that owns the log.
+    The kernel lets it go when that process ends, however it ends: no stale lock to clear."""
+
+    def __init__(self, directory: Path) -> None:
+        self.path = directory / "owner.lock"
+        self._fd: int | None = None
+
+    def acquire(self) -> None:
+        if self._fd is not None:
+            return
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            owner = os.read(fd, 32).decode("ascii", "replace").strip() or "unknown"
+            os.close(fd)
+            raise LogOwned(f"the embedded log {self.path.parent} is owned by another process (pid {owner})") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        self._fd = fd
+
+    def release(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)  # closing the descriptor releases the lock
+            self._fd = None
 
 
 class _PartitionFile:
@@ -125,6 +162,12 @@ class FileLog:
         self._files: dict[tuple[str, int], _PartitionFile] = {}
         self._readers: dict[int, _PartitionReader] = {}
         self._committed_path = directory / topics.events / "committed.json"
+        self._owner = _OwnerLock(directory)
+
+    def own(self) -> None:
+        """Become the log's one owner, or raise `LogOwned` naming the owner's pid. `start`
+        does it; a command may do it sooner, to refuse before it starts anything else."""
+        self._owner.acquire()
 
     def _file(self, topic: str, partition: int) -> _PartitionFile:
         handle = self._files.get((topic, partition))
@@ -136,6 +179,7 @@ class FileLog:
         return self.partitions if topic == self.topics.events else 1
 
     async def start(self, listener: RebalanceListener) -> None:
+        self.own()
         committed = self.committed_offsets()
         starts = {}
         for p in range(self.partitions):
@@ -189,6 +233,7 @@ class FileLog:
 
     async def stop(self) -> None:
         self._readers.clear()
+        self._owner.release()
 
     async def follow(self, topic: str, from_end: bool, poll_s: float = 0.02) -> AsyncIterator[Record]:
         """The records of `topic` as they are appended (from now on, or from its start),
