@@ -19,6 +19,7 @@ from kafka_fixtures import fresh_topics, kafka_bootstrap  # noqa: F401  (fixture
 from turnstile.events import encode
 from turnstile.handlers.claim import DebouncePolicy
 from turnstile.handlers.providers.scripted import ScriptedProvider
+from turnstile.projections.audit import Auditor
 from turnstile.streams.kafka_log import KafkaLog, topic_max_message_bytes
 from turnstile.streams.kafka_reader import group_less_consumer, read_topic
 from turnstile.streams.log import Topics
@@ -134,6 +135,10 @@ async def test_hostile_values_of_every_class_never_stop_two_workers(
         assert value.startswith(letter.original_value()), what
         assert letter.value_truncated == (len(value) > 700_000), what  # base64 takes 4/3
         assert raw.key == (None if key is None else key.encode()), what  # a null key stays null
+    events = await read_topic(kafka_bootstrap, fresh_topics.events)
+    report = Auditor().feed_all(events).feed_dead_letters(letters).report()
+    assert report.ok and not report.not_dead_lettered  # the auditor names each letter, where it is
+    assert sorted((f.partition, f.offset) for f in report.dead_letters) == sorted(bad)
 
     # A restart of the group: nothing before its committed offsets is dead-lettered again.
     again = asyncio.Event()
