@@ -16,7 +16,7 @@ from turnstile.handlers.claim import DebouncePolicy, DoubleTextPolicy
 from turnstile.handlers.provider import Provider
 from turnstile.handlers.providers.scripted import ScriptedProvider
 from turnstile.streams import audit_cli
-from turnstile.streams.file_log import FileLog
+from turnstile.streams.file_log import FileLog, LogOwned
 from turnstile.streams.log import EventLog, Topics
 from turnstile.streams.publisher import message_event, publish
 from turnstile.streams.runtime import SystemClock
@@ -77,6 +77,12 @@ def _provider(args: argparse.Namespace) -> Provider:
 
 async def _run(args: argparse.Namespace) -> int:
     log = _open_log(args, args.group)
+    if isinstance(log, FileLog):
+        try:
+            log.own()  # before anything starts: a second worker on one folder must not run at all
+        except LogOwned as exc:
+            print(f"turnstile run: {exc}", file=sys.stderr)
+            return 3
     config = WorkerConfig(
         debounce=DebouncePolicy(args.quiet_ms, args.max_wait_ms, args.max_batch),
         double_text=DoubleTextPolicy(args.double_text, dict(args.double_text_for)),

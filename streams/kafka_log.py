@@ -16,11 +16,36 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
+from aiokafka.errors import (
+    InvalidTopicError,
+    MessageSizeTooLargeError,
+    RecordListTooLargeError,
+    RecordTooLargeError,
+    TopicAuthorizationFailedError,
+)
 from aiokafka.structs import OffsetAndMetadata
 from turnstile.streams.kafka_reader import record_of
-from turnstile.streams.log import Acknowledged, PartitionStart, RebalanceListener, Record, Topics
+from turnstile.streams.log import Acknowledged, PartitionStart, RebalanceListener, Record, RecordRefused, Topics
 
 log = logging.getLogger(__name__)
+
+# The producer refuses a record larger than this (aiokafka's default, set explicitly so the
+# worker knows it); the broker's own limit per topic is `max.message.bytes`.
+MAX_REQUEST_BYTES = 1 << 20
+# Kafka's broker default for `max.message.bytes`, when a topic's config cannot be read.
+BROKER_DEFAULT_MAX_MESSAGE_BYTES = 1_048_588
+# What a record batch of one record adds to its key and value: the batch header (61 bytes)
+# and the record's own varints and attributes, rounded up.
+RECORD_OVERHEAD_BYTES = 128
+_NEVER_WRITABLE = (
+    MessageSizeTooLargeError,
+    RecordTooLargeError,
+    RecordListTooLargeError,
+    InvalidTopicError,
+    TopicAuthorizationFailedError,
+)
 
 
 def bootstrap_of(url: str) -> str:
@@ -112,9 +137,15 @@ class KafkaLog:
             # Many turns append at once; 16 KiB batches made the client spin in wait_drain
             # (bench: CPU per record roughly halves with 1 MiB).
             max_batch_size=1 << 20,
+            max_request_size=MAX_REQUEST_BYTES,
         )
+        self.bootstrap = bootstrap
+        # topic -> its `max.message.bytes`, read at start for the topics effects go to.
+        self.max_message_bytes: dict[str, int] = {}
 
     async def start(self, listener: RebalanceListener) -> None:
+        effect_topics = [self.topics.outcomes, self.topics.dead_letters]
+        self.max_message_bytes = await topic_max_message_bytes(self.bootstrap, effect_topics)
         await self.producer.start()
         await self.consumer.start()
         self.consumer.subscribe([self.topics.events], listener=_Listener(self, listener))
@@ -124,13 +155,25 @@ class KafkaLog:
         return [record_of(tp.partition, m) for tp, messages in batches.items() for m in messages]
 
     async def append(
-        self, topic: str, key: str, value: bytes, partition: int | None = None, headers: Mapping[str, str] | None = None
+        self,
+        topic: str,
+        key: str | None,
+        value: bytes,
+        partition: int | None = None,
+        headers: Mapping[str, str] | None = None,
     ) -> tuple[int, int]:
         wire = [(name, text.encode()) for name, text in headers.items()] if headers else None
-        meta = await self.producer.send_and_wait(
-            topic, value=value, key=key.encode(), partition=partition, headers=wire
-        )
+        try:
+            meta = await self.producer.send_and_wait(
+                topic, value=value, key=None if key is None else key.encode(), partition=partition, headers=wire
+            )
+        except _NEVER_WRITABLE as exc:
+            raise RecordRefused(f"{type(exc).__name__}: {exc}") from exc
         return meta.partition, meta.offset
+
+    def max_value_bytes(self, topic: str, key: str | None) -> int | None:
+        limit = min(MAX_REQUEST_BYTES, self.max_message_bytes.get(topic, BROKER_DEFAULT_MAX_MESSAGE_BYTES))
+        return limit - RECORD_OVERHEAD_BYTES - len((key or "").encode())
 
     async def send(
         self, topic: str, key: str, value: bytes, partition: int | None = None
@@ -160,3 +203,24 @@ class KafkaLog:
 
     async def stop(self) -> None:
         await asyncio.gather(self.consumer.stop(), self.producer.stop(), return_exceptions=True)
+
+
+async def topic_max_message_bytes(bootstrap: str, topics: list[str]) -> dict[str, int]:
+    """Each topic's `max.message.bytes` (its own setting or the broker's default), by the
+    admin client; topics whose config cannot be read are left out."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    try:
+        await admin.start()
+        wanted = [ConfigResource(ConfigResourceType.TOPIC, t, configs={"max.message.bytes": None}) for t in topics]
+        found: dict[str, int] = {}
+        for response in await admin.describe_configs(wanted):
+            for error_code, _message, _type, name, entries in response.resources:
+                for entry in entries if error_code == 0 else ():
+                    if entry[0] == "max.message.bytes":
+                        found[name] = int(entry[1])
+        return found
+    except Exception as exc:  # an old broker or no describe rights: the broker default stands
+        log.warning("could not read max.message.bytes of %s (the broker default is assumed): %r", topics, exc)
+        return {}
+    finally:
+        await admin.close()
