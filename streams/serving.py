@@ -10,13 +10,16 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TypedDict
+from typing import TYPE_CHECKING, TypedDict
 
 from turnstile.handlers.provider import Provider
 from turnstile.handlers.schedule import Schedule
-from turnstile.streams.file_log import FileLog
+from turnstile.streams.file_log import FileLog, LogOwned
 from turnstile.streams.log import EventLog, Topics
 from turnstile.streams.worker import Worker, WorkerConfig
+
+if TYPE_CHECKING:
+    from turnstile.streams.kafka_log import Membership
 
 DEFAULT_DATA = Path(".turnstile")
 
@@ -38,6 +41,8 @@ class LogPlace:
     data: Path = DEFAULT_DATA
     topics: Topics = field(default_factory=Topics)
     group: str = "turnstile-worker"
+    # Kafka: static membership and session timeout of a worker (default: dynamic, 10 s).
+    membership: Membership | None = None
 
     @property
     def bootstrap(self) -> str | None:
@@ -49,9 +54,10 @@ class LogPlace:
 
     def open(self, group_id: str | None = None) -> EventLog:
         if self.bootstrap is not None:
-            from turnstile.streams.kafka_log import KafkaLog
+            from turnstile.streams.kafka_log import KafkaLog, Membership
 
-            return KafkaLog(self.bootstrap, group_id=group_id or self.group, topics=self.topics)
+            membership = self.membership or Membership()
+            return KafkaLog(self.bootstrap, group_id=group_id or self.group, topics=self.topics, membership=membership)
         return FileLog(self.data, self.topics)
 
     def __str__(self) -> str:
@@ -69,13 +75,22 @@ async def serve(
     signals: bool = True,
 ) -> int:
     """Runs the worker (with its scheduler and HTTP port) until `stop` is set or SIGINT/
-    SIGTERM: the first signal drains, a second stops at once (exit code 130). Closes the
+    SIGTERM: the first signal drains, a second stops at once (exit code 130). An embedded
+    log another process owns is refused before anything starts (exit code 3). Closes the
     provider and every fallback's provider on the way out."""
     from turnstile.streams.replay_gc import ReplayGc
     from turnstile.streams.service import Service
 
+    log = place.open()
+    if isinstance(log, FileLog):
+        try:
+            log.own()  # before anything starts: a second worker on one folder must not run at all
+        except LogOwned as exc:
+            print(f"turnstile run: {exc}", file=sys.stderr)
+            await provider.aclose()
+            return 3
     # Process-wide: the cyclic GC is eased while partitions replay, and the replayed state frozen.
-    worker = Worker(place.open(), provider, config, replay_hooks=ReplayGc())
+    worker = Worker(log, provider, config, replay_hooks=ReplayGc())
     service = Service(worker, schedules=schedules, http=http, bootstrap=place.bootstrap)
     stop = stop or asyncio.Event()
     ready = asyncio.Event()
