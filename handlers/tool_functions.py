@@ -12,7 +12,7 @@ from __future__ import annotations
 import inspect
 import re
 from collections.abc import Callable
-from typing import Any, get_type_hints, overload
+from typing import Any, TypedDict, Unpack, get_type_hints, overload
 
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, create_model
@@ -67,6 +67,16 @@ def _result_text(value: object) -> str:
     return orjson.dumps(value, default=str).decode()
 
 
+class ToolFlags(TypedDict, total=False):
+    """What `@tool(...)` and `@agent.tool(...)` take besides the function."""
+
+    name: str | None
+    description: str | None
+    side_effect: bool
+    isolated_ok: bool
+    needs_approval: bool
+
+
 def tool_from_function(
     function: ToolCallable,
     *,
@@ -98,26 +108,10 @@ def tool(function: ToolCallable, /) -> Tool: ...
 
 
 @overload
-def tool(
-    *,
-    name: str | None = None,
-    description: str | None = None,
-    side_effect: bool = False,
-    isolated_ok: bool = False,
-    needs_approval: bool = False,
-) -> Callable[[ToolCallable], Tool]: ...
+def tool(**flags: Unpack[ToolFlags]) -> Callable[[ToolCallable], Tool]: ...
 
 
-def tool(
-    function: ToolCallable | None = None,
-    /,
-    *,
-    name: str | None = None,
-    description: str | None = None,
-    side_effect: bool = False,
-    isolated_ok: bool = False,
-    needs_approval: bool = False,
-) -> Tool | Callable[[ToolCallable], Tool]:
+def tool(function: ToolCallable | None = None, /, **flags: Unpack[ToolFlags]) -> Tool | Callable[[ToolCallable], Tool]:
     """`@tool` or `@tool(side_effect=True, needs_approval=True)` over a typed function
     (sync or async) turns it into a `Tool`. `side_effect`: the call changes the world, so a
     turn that started it is never retried automatically; `isolated_ok`: scheduled turns,
@@ -125,13 +119,6 @@ def tool(
     approves the exact call (`turnstile approve`)."""
 
     def decorate(f: ToolCallable) -> Tool:
-        return tool_from_function(
-            f,
-            name=name,
-            description=description,
-            side_effect=side_effect,
-            isolated_ok=isolated_ok,
-            needs_approval=needs_approval,
-        )
+        return tool_from_function(f, **flags)
 
     return decorate(function) if function is not None else decorate

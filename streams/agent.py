@@ -15,7 +15,7 @@ import os
 import sys
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Literal, overload
+from typing import Literal, Unpack, overload
 
 from turnstile.events import ToolCall, Usage
 from turnstile.handlers.budget import TurnBudget
@@ -24,7 +24,7 @@ from turnstile.handlers.pricing import ModelPrice
 from turnstile.handlers.provider import ModelReply, ModelRequest, ProtocolFamily, Provider
 from turnstile.handlers.providers.scripted import Scripted, ScriptedProvider, echo_reply
 from turnstile.handlers.schedule import Schedule
-from turnstile.handlers.tool_functions import ToolCallable, tool_from_function
+from turnstile.handlers.tool_functions import ToolCallable, ToolFlags, tool_from_function
 from turnstile.handlers.tools import Tool, ToolRegistry
 from turnstile.streams.serving import LogPlace, WorkerOptions, serve
 from turnstile.streams.turn_runner import Route, TurnSettings
@@ -177,40 +177,15 @@ class Agent:
     def tool(self, function: ToolCallable, /) -> Tool: ...
 
     @overload
-    def tool(
-        self,
-        /,
-        *,
-        name: str | None = None,
-        description: str | None = None,
-        side_effect: bool = False,
-        isolated_ok: bool = False,
-        needs_approval: bool = False,
-    ) -> Callable[[ToolCallable], Tool]: ...
+    def tool(self, /, **flags: Unpack[ToolFlags]) -> Callable[[ToolCallable], Tool]: ...
 
     def tool(
-        self,
-        function: ToolCallable | None = None,
-        /,
-        *,
-        name: str | None = None,
-        description: str | None = None,
-        side_effect: bool = False,
-        isolated_ok: bool = False,
-        needs_approval: bool = False,
+        self, function: ToolCallable | None = None, /, **flags: Unpack[ToolFlags]
     ) -> Tool | Callable[[ToolCallable], Tool]:
         """`@agent.tool` or `@agent.tool(side_effect=True, ...)`: see `turnstile.tool`."""
 
         def decorate(f: ToolCallable) -> Tool:
-            made = tool_from_function(
-                f,
-                name=name,
-                description=description,
-                side_effect=side_effect,
-                isolated_ok=isolated_ok,
-                needs_approval=needs_approval,
-            )
-            return self.add_tool(made)
+            return self.add_tool(tool_from_function(f, **flags))
 
         return decorate(function) if function is not None else decorate
 
