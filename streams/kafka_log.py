@@ -14,6 +14,7 @@ import asyncio
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
@@ -115,7 +116,9 @@ class KafkaLog:
         membership: Membership = Membership(),
     ) -> None:
         self.topics = topics
-        self.consumer = AIOKafkaConsumer(
+        # The clients are made on first use: aiokafka binds them to the running loop, and a
+        # KafkaLog may be configured before any loop runs (an Agent at import time).
+        self._consumer_options: dict[str, Any] = dict(
             bootstrap_servers=bootstrap,
             group_id=group_id,
             client_id=client_id,
@@ -128,7 +131,7 @@ class KafkaLog:
             max_poll_records=1000,
         )
         # Idempotent: a retried send after a lost acknowledgement is written once.
-        self.producer = AIOKafkaProducer(
+        self._producer_options: dict[str, Any] = dict(
             bootstrap_servers=bootstrap,
             client_id=client_id,
             enable_idempotence=True,
@@ -139,9 +142,23 @@ class KafkaLog:
             max_batch_size=1 << 20,
             max_request_size=MAX_REQUEST_BYTES,
         )
+        self._consumer: AIOKafkaConsumer | None = None
+        self._producer: AIOKafkaProducer | None = None
         self.bootstrap = bootstrap
         # topic -> its `max.message.bytes`, read at start for the topics effects go to.
         self.max_message_bytes: dict[str, int] = {}
+
+    @property
+    def consumer(self) -> AIOKafkaConsumer:
+        if self._consumer is None:
+            self._consumer = AIOKafkaConsumer(**self._consumer_options)
+        return self._consumer
+
+    @property
+    def producer(self) -> AIOKafkaProducer:
+        if self._producer is None:
+            self._producer = AIOKafkaProducer(**self._producer_options)
+        return self._producer
 
     async def start(self, listener: RebalanceListener) -> None:
         effect_topics = [self.topics.outcomes, self.topics.dead_letters]
@@ -202,7 +219,8 @@ class KafkaLog:
         await self.producer.flush()
 
     async def stop(self) -> None:
-        await asyncio.gather(self.consumer.stop(), self.producer.stop(), return_exceptions=True)
+        clients = [c for c in (self._consumer, self._producer) if c is not None]
+        await asyncio.gather(*(c.stop() for c in clients), return_exceptions=True)
 
 
 async def topic_max_message_bytes(bootstrap: str, topics: list[str]) -> dict[str, int]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import uuid
+from typing import Any
 
 from turnstile.events import InputEvent, MessageReceived, encode
 from turnstile.streams.log import EventLog, Topics
@@ -38,12 +39,20 @@ class KafkaPublisher:
     """
 
     def __init__(self, bootstrap: str, topics: Topics = Topics(), client_id: str = "turnstile-publisher") -> None:
-        from aiokafka import AIOKafkaProducer
-
         self.topics = topics
-        self.producer = AIOKafkaProducer(
-            bootstrap_servers=bootstrap, client_id=client_id, enable_idempotence=True, acks="all"
-        )
+        self._options = {"bootstrap_servers": bootstrap, "client_id": client_id, "enable_idempotence": True,
+                         "acks": "all"}
+        self._producer: Any = None
+
+    @property
+    def producer(self) -> Any:
+        """Made on first use, inside the running loop aiokafka binds it to: a publisher may be
+        created before any loop runs."""
+        if self._producer is None:
+            from aiokafka import AIOKafkaProducer
+
+            self._producer = AIOKafkaProducer(**self._options)
+        return self._producer
 
     async def __aenter__(self) -> KafkaPublisher:
         await self.producer.start()

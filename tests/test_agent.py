@@ -21,7 +21,9 @@ from turnstile import Agent, LogPlace, Model, TestModel
 from turnstile.events import Event, MessageReceived, ToolCallFinished, TurnCompleted, decode, encode
 from turnstile.streams.agent import load_agent
 from turnstile.streams.file_log import FileLog
+from turnstile.streams.kafka_log import KafkaLog
 from turnstile.streams.log import Topics
+from turnstile.streams.publisher import KafkaPublisher, message_event
 from worker_harness import events_of
 
 ROOT = Path(__file__).parent.parent
@@ -120,3 +122,22 @@ def test_the_example_agent_answers_on_kafka_through_the_loopback_model(
     assert bodies[0]["messages"][0]["content"].startswith("You are the support desk")
     assert {t["function"]["name"] for t in bodies[0]["tools"]} == {"lookup_order", "send_email"}
     assert '"status":"shipped"' in bodies[1]["messages"][-1]["content"]
+
+
+@pytest.mark.kafka
+def test_kafka_clients_are_made_before_any_event_loop_runs(kafka_bootstrap: str, fresh_topics: Topics) -> None:  # noqa: F811
+    publisher = KafkaPublisher(kafka_bootstrap, fresh_topics)  # at import time, as an Agent's module would
+    log = KafkaLog(kafka_bootstrap, group_id=f"g-{os.getpid()}-{time.time_ns()}", topics=fresh_topics)
+
+    async def publish_both() -> tuple[tuple[int, int], tuple[int, int]]:
+        async with publisher:
+            first = await publisher.publish(message_event("c1", "hi", 1, "m1"))
+        await log.producer.start()
+        try:
+            second = await log.append(fresh_topics.events, "c1", encode(message_event("c1", "again", 2, "m2")))
+        finally:
+            await log.stop()
+        return first, second
+
+    (partition, offset), (partition_2, offset_2) = asyncio.run(publish_both())
+    assert (partition_2, offset_2) == (partition, offset + 1)  # one conversation, one partition, in order
