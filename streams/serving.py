@@ -108,8 +108,9 @@ async def serve(
         loop.add_signal_handler(sig, on_signal)
     try:
         await asyncio.wait([running, waiting], return_when=asyncio.FIRST_COMPLETED)
-        where = f"; HTTP on {service.url}" if service.url else ""
-        print(f"worker running on {place}{where}; Ctrl-C stops it", file=sys.stderr, flush=True)
+        if ready.is_set():  # not when the service failed while starting: its error is raised below
+            where = f"; HTTP on {service.url}" if service.url else ""
+            print(f"worker running on {place}{where}; Ctrl-C stops it", file=sys.stderr, flush=True)
         try:
             await running
         except asyncio.CancelledError:
