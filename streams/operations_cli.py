@@ -6,12 +6,12 @@ as a new logical turn, whose id is printed."""
 from __future__ import annotations
 
 import argparse
-import sys
 import uuid
 from collections.abc import Callable
 
 from turnstile.events import InputEvent
 from turnstile.handlers.operations import Operation, Refused, decide_approval, decide_resume
+from turnstile.streams.cli_errors import NOT_FOUND, CliError
 from turnstile.streams.inspect_cli import conversation_records
 from turnstile.streams.publisher import KafkaPublisher, publish
 from turnstile.streams.runtime import SystemClock
@@ -38,8 +38,7 @@ async def operate(args: argparse.Namespace, place: LogPlace) -> int:
         approved = args.command == "approve"
         decided = decide_approval(state, args.call_id, approved, args.note, event_id=event_id, now_ms=now_ms)
     if isinstance(decided, Refused):
-        print(f"turnstile {args.command}: {decided.reason}", file=sys.stderr)
-        return 1
+        raise CliError(NOT_FOUND, decided.reason)  # nothing to act on, as an unknown conversation
     partition, offset = await publish_input(place, decided.event)
     what = {"approve": "approval", "deny": "denial", "resume": "resume request"}[args.command]
     print(f"{what} written to {place.topics.events}[{partition}]@{offset}; new logical turn {decided.turn_id}")
