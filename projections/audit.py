@@ -406,6 +406,11 @@ class Auditor:
     def _check_refusal(self, state: ConversationState, refusal: MessageRejected) -> bool:
         conv, message_id = refusal.conversation_id, refusal.message_id
         self._rules["double_text"].checked += 1
+        if refusal.active_turn_id is None:  # a refused resume: it must still be pending
+            item = state.pending.get(message_id)
+            if item is not None and item.kind == "resume":
+                return False
+            return self._violate("double_text", conv, None, f"refuses resume {message_id!r}, which is not pending")
         problem = None
         if (conv, message_id) not in self._arrived_during:
             problem = f"refuses message {message_id!r}, which was never received"

@@ -152,3 +152,57 @@ async def test_blocked_calls_are_kept_in_the_pause_and_seen_by_the_resumed_turn(
     assert resumed.type == "TurnCompleted"
     seen = "\n".join(m.content for m in h.requests[-1].messages)
     assert 'transfer({"ms": 0}) [call call_1_1]' in seen and 'search({"ms": 5}) [call call_1_2]' in seen
+
+
+# -- a resume must name a paused turn of its conversation -----------------------------------
+
+
+def test_a_resume_of_no_paused_turn_is_refused_with_its_reason():
+    from turnstile.handlers.claim import DoubleTextPolicy, refusal_on_arrival, rejection_event
+
+    state = conversation()
+    # given a conversation with no turn named no-such-turn-id
+    bogus = resume("no-such-turn-id", START, "r1")
+    assert apply_event(state, bogus) is None
+    # when the resume arrives, then it is refused, naming the turn it asked for
+    refusal = refusal_on_arrival(DoubleTextPolicy(), state, bogus)
+    assert refusal is not None and refusal.reason == "resume_invalid" and refusal.turn_id == "no-such-turn-id"
+    assert "not a turn of this conversation" in refusal.text
+    event = rejection_event(state, "r1", refusal, event_id="e-x", now_ms=START)
+    assert event.resumes_turn_id == "no-such-turn-id" and event.active_turn_id is None
+    # and the fold takes the refusal: the resume leaves the pending set, never claimed
+    assert apply_event(state, event) is None and "r1" not in state.pending and state.active is None
+
+
+async def test_a_resume_of_a_completed_turn_is_refused_and_a_paused_one_accepted():
+    from turnstile.handlers.claim import DoubleTextPolicy, refusal_on_arrival
+
+    h = Harness(script=[Step(calls=(SEARCH, SEARCH))])
+    state = conversation()
+    paused = await h.run_turn(state, h.settings(TurnBudget(max_tool_calls=1), PRICE))
+    good = resume(paused.turn_id, h.clock.now, "r1")
+    assert apply_event(state, good) is None and refusal_on_arrival(DoubleTextPolicy(), state, good) is None
+    h.script = [Step(text="done")]
+    completed = await h.run_turn(state, h.settings(TurnBudget(), PRICE))
+    again = resume(completed.turn_id, h.clock.now, "r2")
+    assert apply_event(state, again) is None
+    refusal = refusal_on_arrival(DoubleTextPolicy(), state, again)
+    assert refusal is not None and "completed rather than paused" in refusal.text
+
+
+async def test_the_worker_refuses_a_bogus_resume_on_the_log_and_never_answers_it(tmp_path):
+    from loop_harness import World as LoopWorld
+    from loop_harness import config, inject, outcomes_of, settings
+    from turnstile.handlers.providers.scripted import ScriptedProvider
+    from turnstile.streams.file_log import FileLog
+    from worker_harness import events_of, running, until
+
+    world = LoopWorld(log=FileLog(tmp_path))
+    assert world.log is not None
+    async with running(world.log, ScriptedProvider(), config(settings(world, model="scripted-1"))):
+        await inject(world.log, resume("no-such-turn-id", START, "r1"))
+        await until(lambda: any(e.type == "MessageRejected" for e in events_of(world.log, "c1")), 20)
+    [rejected] = of_type(events_of(world.log, "c1"), "MessageRejected")
+    assert rejected.reason == "resume_invalid" and rejected.message_id == "r1"
+    assert "no-such-turn-id" in rejected.text
+    assert of_type(events_of(world.log, "c1"), "TurnClaimed") == [] and outcomes_of(world.log) == []
