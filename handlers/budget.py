@@ -101,9 +101,6 @@ MIN_REPLY_TOKENS = 16
 # fixed tool-use system prompt (Anthropic documents 346 tokens; OpenAI adds less).
 TOKENS_PER_MESSAGE = 8
 TOOL_PROMPT_TOKENS = 512
-# Steps are cancelled at the deadline; recording the cancellation and the pause takes a
-# moment more. The auditor allows this much past the deadline for those records.
-DEADLINE_GRACE_MS = 1000
 # Float sums of per-reply costs must not creep over the limit by rounding.
 _COST_MARGIN = 1e-9
 
