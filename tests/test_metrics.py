@@ -139,6 +139,8 @@ async def test_provider_requests_errors_and_tokens_by_kind(tmp_path):
         try:
             await publish(log, message_event("c1", "hi", NOW(), "m1"))
             await until(lambda: any(isinstance(e, TurnCompleted) for e in events_of(log, "c1")))
+            # The metrics come from the worker's fold of the log: wait until it has read the outcome.
+            await until(lambda: (state := worker.states.get("c1")) is not None and bool(state.turns))
             samples = scrape(metrics)
         finally:
             stop.set()
