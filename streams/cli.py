@@ -73,6 +73,16 @@ def _provider(args: argparse.Namespace) -> Provider:
 
 
 async def _run(args: argparse.Namespace) -> int:
+    from turnstile.streams.http_api import InsecureBind, check_bind, parse_address, read_token
+
+    http = parse_address(args.http) if args.http else None
+    try:
+        token = read_token(os.environ, args.http_token_file)
+        if http is not None:
+            check_bind(http[0], token)  # before anything is opened: a refusal leaves nothing behind
+    except (InsecureBind, OSError, ValueError) as exc:
+        print(f"turnstile run: {exc}", file=sys.stderr)
+        return 2
     log = _open_log(args, args.group)
     config = WorkerConfig(
         debounce=DebouncePolicy(args.quiet_ms, args.max_wait_ms, args.max_batch),
@@ -83,7 +93,6 @@ async def _run(args: argparse.Namespace) -> int:
         tracing=args.trace,
     )
     from turnstile.handlers.schedule import parse_schedules
-    from turnstile.streams.http_api import parse_address
     from turnstile.streams.service import Service
 
     schedules = parse_schedules(json.loads(args.schedules.read_text())) if args.schedules else ()
@@ -95,8 +104,9 @@ async def _run(args: argparse.Namespace) -> int:
     service = Service(
         worker,
         schedules=schedules,
-        http=parse_address(args.http) if args.http else None,
+        http=http,
         bootstrap=_bootstrap(args),
+        http_token=token,
     )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -223,6 +233,14 @@ def build_parser() -> argparse.ArgumentParser:
         " stops at once, leaving them to the next worker)",
     )
     run.add_argument("--http", default=None, metavar="HOST:PORT", help="serve the HTTP API and /metrics here")
+    run.add_argument(
+        "--http-token-file",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="bearer token the HTTP API requires (default: $TURNSTILE_HTTP_TOKEN; one is required to serve"
+        " a non-loopback address)",
+    )
     run.add_argument("--schedules", type=Path, default=None, metavar="FILE", help="JSON list of schedules")
     run.add_argument(
         "--double-text",

@@ -66,6 +66,7 @@ class Service:
         schedules: Sequence[Schedule] = (),
         http: tuple[str, int] | None = None,
         bootstrap: str | None = None,
+        http_token: str | None = None,
     ) -> None:
         self.worker = worker
         if worker.metrics is None and http is not None:
@@ -90,8 +91,9 @@ class Service:
                 metrics=worker.metrics,
                 clock=worker.clock,
                 hub=self.hub,
+                token=http_token,
             )
-            self.http = HttpServer(app, *http)
+            self.http = HttpServer(app, *http, token=http_token)
 
     @property
     def url(self) -> str | None:
