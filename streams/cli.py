@@ -17,6 +17,7 @@ from turnstile.handlers.provider import Provider
 from turnstile.handlers.providers.scripted import ScriptedProvider
 from turnstile.streams import audit_cli
 from turnstile.streams.file_log import FileLog
+from turnstile.streams.inert import printable
 from turnstile.streams.log import EventLog, Topics
 from turnstile.streams.publisher import message_event, publish
 from turnstile.streams.runtime import SystemClock
@@ -165,7 +166,9 @@ async def _tail(args: argparse.Namespace) -> int:
         if isinstance(event, DecodeError):
             continue
         if args.conversation in (None, event.conversation_id):
-            print(f"{record.partition}@{record.offset:<6} {event.conversation_id:<20} {describe(event)}")
+            # Ids and content are a client's: printed inert, no escape sequence reaches the terminal.
+            print(f"{record.partition}@{record.offset:<6} {printable(event.conversation_id):<20} "
+                  f"{printable(describe(event))}")
     return 0
 
 
