@@ -343,7 +343,8 @@ class TurnRunner:
                     iteration=iteration,
                     model=reply.model,
                     text=reply.text,
-                    tool_calls=reply.tool_calls,
+                    # Secret tool arguments are redacted on the log; the tools get the values.
+                    tool_calls=tuple(map(self._settings.tools.recorded, reply.tool_calls)),
                     usage=reply.usage,
                     cost_usd=cost_usd(self._settings.prices, reply.model, reply.usage, route.model),
                     finish_reason=reply.finish_reason,
@@ -368,7 +369,7 @@ class TurnRunner:
         if checked.tool.needs_approval:
             approved = self._approval_of(checked)
             if approved is None:
-                await self._pause_for_approval(call)
+                await self._pause_for_approval(checked.call)
                 return None
             if not approved:
                 return "error: the user denied this call; it did not run. Do not call it again.", False
