@@ -24,7 +24,8 @@ def conversation_reader(log: EventLog, bootstrap: str | None = None) -> ReadConv
         directory, topics, partitions = log.directory, log.topics, log.partitions
 
         async def read_file(conversation: str) -> list[Record]:
-            return file_records(directory, topics, conversation, partitions)
+            # Reading the files is blocking I/O: in a thread, so the loop keeps serving.
+            return await asyncio.to_thread(file_records, directory, topics, conversation, partitions)
 
         return read_file
     if bootstrap is None:
