@@ -20,7 +20,7 @@ from turnstile.streams.http_api import HttpServer, InsecureBind, build_app, chec
 from turnstile.streams.publisher import message_event, publish
 from turnstile.streams.service import Service, conversation_reader
 from turnstile.streams.worker import Worker
-from worker_harness import FAST, events_of, serving, until
+from worker_harness import FAST, client_of, events_of, serving, until
 
 TOKEN = "s3cret-token"
 
@@ -29,13 +29,8 @@ TOKEN = "s3cret-token"
 async def port(worker: Worker, token: str | None = None) -> AsyncIterator[httpx.AsyncClient]:
     """The app of a worker that is not running (nothing is folded) on a loopback port."""
     app = build_app(worker.log, conversation_reader(worker.log), worker=worker, token=token)
-    server = HttpServer(app, "127.0.0.1", 0, token=token)
-    await server.start()
-    try:
-        async with httpx.AsyncClient(base_url=server.url or "", timeout=10) as client:
-            yield client
-    finally:
-        await server.stop()
+    async with client_of(HttpServer(app, "127.0.0.1", 0, token=token)) as client:
+        yield client
 
 
 async def test_with_a_token_every_request_but_the_probes_needs_it(tmp_path):
