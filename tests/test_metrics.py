@@ -138,7 +138,9 @@ async def test_provider_requests_errors_and_tokens_by_kind(tmp_path):
         task = asyncio.create_task(worker.run(stop))
         try:
             await publish(log, message_event("c1", "hi", NOW(), "m1"))
-            await until(lambda: any(isinstance(e, TurnCompleted) for e in events_of(log, "c1")))
+            # Tokens are counted when the consumer folds the reply, which may be after the
+            # runner wrote the outcome: wait for the fold, not for the log.
+            await until(lambda: "c1" in worker.states and bool(worker.states["c1"].turns))
             samples = scrape(metrics)
         finally:
             stop.set()
