@@ -186,9 +186,9 @@ async def test_the_probes_are_answered_during_a_long_replay(tmp_path):
     worker = Worker(FileLog(tmp_path, partitions=1), ScriptedProvider(), FAST, replay_hooks=replay)
     lag = LoopLag()
     answered: list[tuple[int, int]] = []
-    lag.start()
     try:
         async with serving(worker) as (_svc, client):
+            lag.start()  # from here: the service and its client are set up
             while not worker.partitions or replay.running:
                 health, ready = await client.get("/healthz"), await client.get("/readyz")
                 if replay.running:
