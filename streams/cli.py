@@ -28,6 +28,7 @@ from turnstile.streams.cli_errors import (
     schedules_error,
 )
 from turnstile.streams.file_log import FileLog, LogOwned
+from turnstile.streams.inert import printable
 from turnstile.streams.log import EventLog, Topics
 from turnstile.streams.publisher import message_event, publish
 from turnstile.streams.runtime import SystemClock
@@ -115,6 +116,16 @@ def _provider(args: argparse.Namespace) -> Provider:
 
 
 async def _run(args: argparse.Namespace) -> int:
+    from turnstile.streams.http_api import InsecureBind, check_bind, parse_address, read_token
+
+    http = parse_address(args.http) if args.http else None
+    try:
+        token = read_token(os.environ, args.http_token_file)
+        if http is not None:
+            check_bind(http[0], token)  # before anything is opened: a refusal leaves nothing behind
+    except (InsecureBind, OSError, ValueError) as exc:
+        print(f"turnstile run: {exc}", file=sys.stderr)
+        return 2
     log = _open_log(args, args.group)
     if isinstance(log, FileLog):
         try:
@@ -130,7 +141,6 @@ async def _run(args: argparse.Namespace) -> int:
         stream_replies=not args.no_stream,
         tracing=args.trace,
     )
-    from turnstile.streams.http_api import parse_address
     from turnstile.streams.service import Service
 
     schedules = _schedules(args.schedules) if args.schedules else ()
@@ -142,8 +152,9 @@ async def _run(args: argparse.Namespace) -> int:
     service = Service(
         worker,
         schedules=schedules,
-        http=parse_address(args.http) if args.http else None,
+        http=http,
         bootstrap=_bootstrap(args),
+        http_token=token,
     )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -204,7 +215,9 @@ async def _tail(args: argparse.Namespace) -> int:
         if isinstance(event, DecodeError):
             continue
         if args.conversation in (None, event.conversation_id):
-            print(f"{record.partition}@{record.offset:<6} {event.conversation_id:<20} {describe(event)}")
+            # Ids and content are a client's: printed inert, no escape sequence reaches the terminal.
+            print(f"{record.partition}@{record.offset:<6} {printable(event.conversation_id):<20} "
+                  f"{printable(describe(event))}")
     return 0
 
 
@@ -287,6 +300,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run.add_argument(
         "--http", type=http_address, default=None, metavar="HOST:PORT", help="serve the HTTP API and /metrics here"
+    )
+    run.add_argument(
+        "--http-token-file",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="bearer token the HTTP API requires (default: $TURNSTILE_HTTP_TOKEN; one is required to serve"
+        " a non-loopback address)",
     )
     run.add_argument(
         "--connect-timeout-s",

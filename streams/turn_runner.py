@@ -372,7 +372,8 @@ class TurnRunner:
                     iteration=iteration,
                     model=reply.model,
                     text=reply.text,
-                    tool_calls=reply.tool_calls,
+                    # Secret tool arguments are redacted on the log; the tools get the values.
+                    tool_calls=tuple(map(self._settings.tools.recorded, reply.tool_calls)),
                     usage=reply.usage,
                     cost_usd=cost_usd(self._settings.prices, reply.model, reply.usage, route.model),
                     finish_reason=reply.finish_reason,
@@ -401,7 +402,7 @@ class TurnRunner:
         if checked.tool.needs_approval:
             approved = self._approval_of(checked)
             if approved is None:
-                await self._pause_for_approval(call, calls[1:])
+                await self._pause_for_approval(checked.call, calls[1:])
                 return None
             if not approved:
                 return "error: the user denied this call; it did not run. Do not call it again.", False
@@ -488,6 +489,7 @@ class TurnRunner:
 
     # -- outcomes ----------------------------------------------------------------------
     async def _pause(self, reason: PauseReason, why: str, blocked: tuple[ToolCall, ...] = ()) -> None:
+        blocked = self._recorded(blocked)
         hint = (
             f"Paused because {why}. The completed work is kept above. To continue, send a ResumeRequested "
             f"(resumes_turn_id={self.turn.turn_id}): it starts a new turn with a fresh budget that sees this one."
@@ -497,6 +499,7 @@ class TurnRunner:
         await self._emit(outcomes.paused(self.turn, stamp, reason, kept, hint, self._model, blocked_calls=blocked))
 
     async def _pause_for_approval(self, call: ToolCall, blocked: tuple[ToolCall, ...]) -> None:
+        blocked = self._recorded(blocked)
         turn = self.turn
         waiting = f"Waiting for approval to call {call.name} with arguments {call.arguments} (call {call.call_id})."
         kept = f"{self._kept(blocked)}\n{waiting}".strip()
@@ -507,6 +510,10 @@ class TurnRunner:
         )
         stamp = self._next_stamp()
         await self._emit(outcomes.paused(turn, stamp, "approval", kept, hint, self._model, call, blocked))
+
+    def _recorded(self, calls: tuple[ToolCall, ...]) -> tuple[ToolCall, ...]:
+        """Calls as the log keeps them: their tools' secret arguments redacted."""
+        return tuple(self._settings.tools.recorded(c) for c in calls)
 
     def _kept(self, blocked: tuple[ToolCall, ...] = ()) -> str:
         """What a paused turn keeps: the reply so far, the tools that ran, with results, and

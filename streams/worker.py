@@ -62,6 +62,10 @@ _EFFECT_BACKOFF_MAX_S = 5.0
 _EFFECT_FLUSH_S = 5.0
 
 
+# The longest the consumer folds without letting the rest of the loop run.
+YIELD_AFTER_S = 0.02
+
+
 class ReplayHooks(Protocol):
     """Told when the worker starts replaying (some assigned partition is not live yet) and
     when every assigned partition has turned live; e.g. `streams.replay_gc.ReplayGc`."""
@@ -150,6 +154,7 @@ class Worker:
         self._dirty: set[str] = set()
         self._timers: list[tuple[int, str]] = []
         self._last_commit = 0.0
+        self._held_since = 0.0  # loop time the consumer last let the loop run
         # One-time writes in flight: (partition, offset of their record, the write).
         self._effects: list[tuple[int, int, asyncio.Future[None]]] = []
         self.dead_letters = 0
@@ -253,8 +258,18 @@ class Worker:
                 # predates it. An assignment replays from offset 0, so drop it here.
                 break
             await self._consume(record)
+            await self._let_the_loop_run()
         self._decide()
         await self._maybe_commit()
+
+    async def _let_the_loop_run(self) -> None:
+        """Folding awaits nothing real, and neither does a poll with records at hand: a
+        replay would hold the loop (the HTTP port and its probes with it) for as long as it
+        lasts. Past the budget, across steps, let the loop run once."""
+        now = asyncio.get_running_loop().time()
+        if now - self._held_since > YIELD_AFTER_S:
+            await asyncio.sleep(0)
+            self._held_since = asyncio.get_running_loop().time()
 
     async def _drain(self) -> None:
         """Stop claiming, and keep consuming -- runners wait for their own events to be read
