@@ -244,6 +244,7 @@ class Agent:
         *,
         schedules: Sequence[Schedule] = (),
         http: tuple[str, int] | None = None,
+        http_token: str | None = None,
         worker: WorkerOptions | None = None,
         stop: asyncio.Event | None = None,
     ) -> int:
@@ -255,7 +256,8 @@ class Agent:
         providers = self.providers()
         config = self.worker_config(providers, worker)
         return await serve(
-            place or LogPlace(), providers[self.model.name], config, schedules=schedules, http=http, stop=stop,
+            place or LogPlace(), providers[self.model.name], config, schedules=schedules, http=http,
+            http_token=http_token, stop=stop,
             signals=stop is None,
         )
 

@@ -27,6 +27,7 @@ from turnstile.streams.cli_errors import (
     schedules_error,
 )
 from turnstile.streams.file_log import FileLog
+from turnstile.streams.inert import printable
 from turnstile.streams.log import Topics
 from turnstile.streams.publisher import message_event
 from turnstile.streams.runtime import SystemClock
@@ -104,22 +105,30 @@ def _provider(args: argparse.Namespace) -> Provider:
 
 
 async def _run(args: argparse.Namespace) -> int:
-    from turnstile.streams.http_api import parse_address
+    from turnstile.streams.http_api import InsecureBind, check_bind, parse_address, read_token
 
-    schedules = _schedules(args.schedules) if args.schedules else ()
     http = parse_address(args.http) if args.http else None
+    try:
+        token = read_token(os.environ, args.http_token_file)
+        if http is not None:
+            check_bind(http[0], token)  # before anything is opened: a refusal leaves nothing behind
+    except (InsecureBind, OSError, ValueError) as exc:
+        print(f"turnstile run: {exc}", file=sys.stderr)
+        return 2
+    schedules = _schedules(args.schedules) if args.schedules else ()
     if args.agent is not None:
         from turnstile.streams.agent import load_agent
 
         agent = load_agent(args.agent)
-        return await agent.serve(_place(args), schedules=schedules, http=http, worker=_worker_options(args))
+        return await agent.serve(_place(args), schedules=schedules, http=http, http_token=token,
+                                 worker=_worker_options(args))
     config = WorkerConfig(
         debounce=DebouncePolicy(args.quiet_ms, args.max_wait_ms, args.max_batch),
         double_text=DoubleTextPolicy(args.double_text, dict(args.double_text_for)),
         turn=TurnSettings(model=args.model),
         **_worker_options(args),
     )
-    return await serve(_place(args), _provider(args), config, schedules=schedules, http=http)
+    return await serve(_place(args), _provider(args), config, schedules=schedules, http=http, http_token=token)
 
 
 def _worker_options(args: argparse.Namespace) -> WorkerOptions:
@@ -157,7 +166,9 @@ async def _tail(args: argparse.Namespace) -> int:
         if isinstance(event, DecodeError):
             continue
         if args.conversation in (None, event.conversation_id):
-            print(f"{record.partition}@{record.offset:<6} {event.conversation_id:<20} {describe(event)}")
+            # Ids and content are a client's: printed inert, no escape sequence reaches the terminal.
+            print(f"{record.partition}@{record.offset:<6} {printable(event.conversation_id):<20} "
+                  f"{printable(describe(event))}")
     return 0
 
 
@@ -248,6 +259,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run.add_argument(
         "--http", type=http_address, default=None, metavar="HOST:PORT", help="serve the HTTP API and /metrics here"
+    )
+    run.add_argument(
+        "--http-token-file",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="bearer token the HTTP API requires (default: $TURNSTILE_HTTP_TOKEN; one is required to serve"
+        " a non-loopback address)",
     )
     run.add_argument(
         "--connect-timeout-s",

@@ -71,6 +71,7 @@ async def serve(
     *,
     schedules: Sequence[Schedule] = (),
     http: tuple[str, int] | None = None,
+    http_token: str | None = None,
     stop: asyncio.Event | None = None,
     signals: bool = True,
 ) -> int:
@@ -91,7 +92,7 @@ async def serve(
             return 3
     # Process-wide: the cyclic GC is eased while partitions replay, and the replayed state frozen.
     worker = Worker(log, provider, config, replay_hooks=ReplayGc())
-    service = Service(worker, schedules=schedules, http=http, bootstrap=place.bootstrap)
+    service = Service(worker, schedules=schedules, http=http, bootstrap=place.bootstrap, http_token=http_token)
     stop = stop or asyncio.Event()
     ready = asyncio.Event()
     waiting = asyncio.create_task(ready.wait())
