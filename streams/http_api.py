@@ -164,7 +164,7 @@ def build_app(
     """`token`: when given, every request but the probes must carry it as a bearer token."""
     clock = clock or SystemClock()
     middlewares: list[Middleware] = [_json_errors] + ([_bearer(token)] if token else [])
-    app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=middlewares)
+    app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=middlewares)  # type: ignore[arg-type]
     published: OrderedDict[tuple[str, str], str] = OrderedDict()
 
     def known_fingerprint(conversation: str, message_id: str) -> str | None:

@@ -461,7 +461,8 @@ class TurnRunner:
                 result, ok = await tool.run(checked.arguments), True
         except TimeoutError:
             if timeout_s == left_s:
-                return await self._cancelled_at_deadline(checked, iteration, after)
+                await self._cancelled_at_deadline(checked, iteration, after)
+                return None
             result, ok = f"error: the tool did not finish within {timeout_s:g} s", False
         except Exception as exc:
             result, ok = f"error: {type(exc).__name__}: {exc}", False
