@@ -5,6 +5,12 @@ what the provider shows the model), a kind (`read_only` or `side_effect`), wheth
 run in isolated (scheduled) turns, whether it needs a person's approval, and an async
 callable the runner awaits with the validated arguments. Validation here is pure; the
 runner is the only place a tool actually runs.
+
+A side-effecting tool can say how a call interrupted mid-run is settled by the next owner
+(see `handlers/resume.py`): `idempotent=True` means `run(arguments, idempotency_key)` is
+always called with a key stable over every run of the call, so running it again has one
+effect; a `reconcile(call)` returns the result of a call that did run, or None when it
+cannot tell. A tool with neither makes such a turn fail visibly.
 """
 
 from __future__ import annotations
@@ -12,15 +18,19 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 
 import orjson
 from pydantic import BaseModel, ValidationError
 from turnstile.events import ToolCall
 from turnstile.handlers.provider import ToolSpec
+from turnstile.handlers.resume import Recovery
 
 ToolKind = Literal["read_only", "side_effect"]
-ToolFunction = Callable[[Any], Awaitable[str]]
+# run(arguments), or run(arguments, idempotency_key) for an idempotent tool.
+ToolFunction = Callable[..., Awaitable[str]]
+# The result of a call that ran before an interruption, or None when it cannot be known.
+Reconciler = Callable[[ToolCall], Awaitable[str | None]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,10 +42,21 @@ class Tool:
     kind: ToolKind = "read_only"
     isolated_ok: bool = False
     needs_approval: bool = False
+    idempotent: bool = False
+    reconcile: Reconciler | None = None
 
     @property
     def side_effect(self) -> bool:
         return self.kind == "side_effect"
+
+    @property
+    def recovery(self) -> Recovery:
+        """How a call of this tool left started and not finished is settled."""
+        if not self.side_effect:
+            return "rerun"
+        if self.idempotent:
+            return "idempotent"
+        return "reconcile" if self.reconcile is not None else "none"
 
     def spec(self) -> ToolSpec:
         schema = self.arguments.model_json_schema()

@@ -404,11 +404,11 @@ async def test_a_side_effect_started_but_not_finished_when_the_worker_stopped_is
     turn = settings(world)
     async with running(world.log, openai, config(turn)):
         await say(world.log, "pay bob", "m1")
-        await until(lambda: bool(of_type(events_of(world.log, "c1"), "ToolCallStarted")))
+        await until(lambda: bool(world.seen_started))  # inside the tool's body
     assert world.transfers == []  # cancelled mid-tool, as a crash would leave it
     async with running(FileLog(tmp_path), openai, config(turn)):
         [outcome] = await outcomes(world.log, 1)
-    assert outcome.type == "TurnFailed"
+    assert outcome.type == "TurnFailed" and "cannot be run again safely" in outcome.error
     assert [(o.tool, o.status) for o in outcome.operations] == [("transfer", "unknown")]
     assert len(server.requests) == 1  # the model was not asked again
     assert len(of_type(events_of(world.log, "c1"), "AttemptStarted")) == 1
