@@ -3,11 +3,20 @@ acceptance of a resumed attempt, given/when/then."""
 
 from __future__ import annotations
 
-from turnstile.events import AttemptFailed, AttemptStarted, ModelResponded, ToolCall, ToolCallFinished, ToolCallStarted
+from builders import CONV, claim, eid, message, started
+from turnstile.events import (
+    AttemptFailed,
+    AttemptStarted,
+    ModelResponded,
+    ToolCall,
+    ToolCallFinished,
+    ToolCallStarted,
+    encode,
+)
 from turnstile.handlers.resume import Recovery, Resume, StartOver, Unresumable, idempotency_key, next_step
 from turnstile.projections import apply_event, new_state
-
-from builders import CONV, claim, eid, message, started
+from turnstile.projections.audit import audit, render
+from turnstile.streams.log import Record
 
 TURN = claim(["m1"], 1, 0)
 ENV = {"conversation_id": CONV, "turn_id": TURN.turn_id, "run_id": "run-1", "attempt": 1}
@@ -122,3 +131,37 @@ def test_a_resumed_attempt_may_not_repeat_a_model_step_or_rerun_a_side_effect_wi
     )
     assert apply_event(state, rerun) is not None
     assert apply_event(state, rerun.model_copy(update={"idempotency_key": "k"})) is None
+
+
+# -- the auditor -------------------------------------------------------------------------------
+
+
+def _records(*events):  # type: ignore[no-untyped-def]
+    return [Record(0, i, CONV.encode(), encode(e)) for i, e in enumerate(events)]
+
+
+def _journal_then_resume(*after):  # type: ignore[no-untyped-def]
+    failed = AttemptFailed(event_id=eid(), occurred_at=5, **ENV, reason="stopped", retryable=False)
+    head = (message("m1", 0), TURN, started(TURN, 1), responded(1, ("c1", "transfer")),
+            tool_started("c1", "transfer", True, "k"), failed, resumed("run-1"))  # fmt: skip
+    return audit(_records(*head, *after))
+
+
+ENV2 = {**ENV, "run_id": "run-2", "attempt": 2}
+
+
+def test_the_auditor_passes_a_resume_that_reruns_an_idempotent_call_with_its_key_and_asks_the_next_step():
+    rerun = ToolCallStarted(event_id=eid(), occurred_at=7, **ENV2, iteration=1, call_id="c1", tool="transfer",
+                            arguments="{}", side_effect=True, idempotency_key="k")  # fmt: skip
+    done = ToolCallFinished(event_id=eid(), occurred_at=8, **ENV2, iteration=1, call_id="c1", ok=True, result="ok")
+    step2 = ModelResponded(event_id=eid(), occurred_at=9, **ENV2, iteration=2, model="m", text="Sent.")
+    report = _journal_then_resume(rerun, done, step2)
+    assert report.rule("resume").checked == 2 and report.rule("resume").violations == [], render(report)
+
+
+def test_the_auditor_flags_a_resume_that_asks_a_recorded_model_step_again():
+    again = ModelResponded(event_id=eid(), occurred_at=7, **ENV2, iteration=1, model="m")
+    report = _journal_then_resume(again)
+    assert [f.detail for f in report.rule("resume").violations] == [
+        "model step 1 asked again; the journal already holds it"
+    ]
