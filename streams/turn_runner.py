@@ -170,10 +170,12 @@ class TurnRunner:
     async def _recover(self) -> None:
         turn = self.turn
         step = next_step(turn.journal, self._recovery_of)
-        unsafe = turn.side_effect_started and not isinstance(step, Resume)
         if turn.attempt_state != "closed":
+            # Retryable says a replay from scratch may follow: never after a side effect
+            # started. Continuing the journal is not a replay (see `handlers/resume.py`).
             reason = "the worker running this attempt stopped before it ended"
-            await self._emit(AttemptFailed(**self._stamp(), reason=reason, retryable=not unsafe))
+            await self._emit(AttemptFailed(**self._stamp(), reason=reason, retryable=not turn.side_effect_started))
+        unsafe = turn.side_effect_started and not isinstance(step, Resume)
         if isinstance(step, Unresumable):
             await self._fail(
                 f"A tool with side effects ({step.call.tool}, call {step.call.call_id}) started before the worker "
