@@ -2,7 +2,7 @@
 
 Prints one table per benchmark; every figure is set against a baseline measured in the
 same run. `--only` / `--skip` pick sections by name (core, throughput, latency, replay,
-faust, memory, stream). `--profile` also runs the engine benchmark under cProfile and prints where
+faust, memory, stream, deploy). `--profile` also runs the engine benchmark under cProfile and prints where
 its CPU goes. The broker is the one `infra/kafka/start.sh` runs (started if it is not up,
 never stopped); benchmarks use fresh topics of their own and delete them at the end.
 """
@@ -24,7 +24,7 @@ from pathlib import Path
 
 from turnstile.streams.kafka_reader import reachable
 
-from bench import core, faust_vs_aiokafka, first_delta, kafka, replay
+from bench import core, deploy, faust_vs_aiokafka, first_delta, kafka, replay
 from bench.common import Section
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -57,8 +57,8 @@ def _failed(title: str, exc: BaseException) -> Section:
     return section
 
 
-SECTIONS = ("core", "throughput", "latency", "replay", "faust", "memory", "stream")
-ON_BROKER = ("throughput", "latency", "replay", "faust")
+SECTIONS = ("core", "throughput", "latency", "replay", "faust", "memory", "stream", "deploy")
+ON_BROKER = ("throughput", "latency", "replay", "faust", "deploy")
 
 
 async def _on_broker(bootstrap: str, wanted: set[str], args: argparse.Namespace) -> list[Section]:
@@ -92,6 +92,12 @@ async def _on_broker(bootstrap: str, wanted: set[str], args: argparse.Namespace)
                 sections.append(await first_delta.first_delta(broker))
             except Exception as exc:
                 sections.append(_failed("8. time to first delta", exc))
+            print(sections[-1].render() + "\n", flush=True)
+        if "deploy" in wanted:
+            try:
+                sections.append(await deploy.deploy(broker))
+            except Exception as exc:
+                sections.append(_failed("9. rolling deploy", exc))
             print(sections[-1].render() + "\n", flush=True)
         if "faust" in wanted:
             try:

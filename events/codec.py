@@ -29,13 +29,14 @@ def encode(event: Event) -> bytes:
 
 
 def decode(
-    value: bytes | None, max_bytes: int = DEFAULT_MAX_VALUE_BYTES, upcasters: Upcasters = UPCASTERS
+    value: bytes | None, max_bytes: int | None = DEFAULT_MAX_VALUE_BYTES, upcasters: Upcasters = UPCASTERS
 ) -> Event | DecodeError:
     """Bytes to a current-version event. Values of an older `schema_version` are brought to
-    the current shape by `upcasters` before validation; current values take the fast path."""
+    the current shape by `upcasters` before validation; current values take the fast path.
+    `max_bytes` None: no limit of its own (what the topic accepted)."""
     if value is None:
         return DecodeError("not_json", "empty value (tombstone)")
-    if len(value) > max_bytes:
+    if max_bytes is not None and len(value) > max_bytes:
         return DecodeError("too_large", f"value is {len(value)} bytes, the limit is {max_bytes}")
     try:
         event = EVENT_ADAPTER.validate_json(value)

@@ -17,9 +17,9 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from turnstile.events import (
-    DEFAULT_MAX_VALUE_BYTES,
     AttemptFailed,
     AttemptStarted,
+    DeadLetter,
     DecodeError,
     Event,
     MessageReceived,
@@ -165,6 +165,11 @@ class AuditReport:
     stale: list[Finding]
     ignored: list[Finding]
     undecodable: list[Finding]
+    # The dead-letter topic, when it was read: its letters (at the partition@offset of the
+    # record they stand for) and the undecodable values with no letter -- values no worker
+    # got past yet (a lagging or stuck group), or whose letter was lost.
+    dead_letters: list[Finding] = field(default_factory=list)
+    not_dead_lettered: list[Finding] = field(default_factory=list)
     strict: bool = False
 
     @property
@@ -184,7 +189,13 @@ class AuditReport:
 
         rules = [RuleResult(r.rule, r.description, r.checked, new(r.violations)) for r in self.rules]
         return dataclasses.replace(
-            self, rules=rules, stale=new(self.stale), ignored=new(self.ignored), undecodable=new(self.undecodable)
+            self,
+            rules=rules,
+            stale=new(self.stale),
+            ignored=new(self.ignored),
+            undecodable=new(self.undecodable),
+            dead_letters=new(self.dead_letters),
+            not_dead_lettered=new(self.not_dead_lettered),
         )
 
     def rule(self, rule: str) -> RuleResult:
@@ -205,6 +216,8 @@ class AuditReport:
             "stale": [f.to_json() for f in self.stale],
             "ignored": [f.to_json() for f in self.ignored],
             "undecodable": [f.to_json() for f in self.undecodable],
+            "dead_letters": [f.to_json() for f in self.dead_letters],
+            "not_dead_lettered": [f.to_json() for f in self.not_dead_lettered],
         }
 
 
@@ -227,7 +240,7 @@ class Auditor:
     def __init__(
         self,
         limits: AuditLimits = AuditLimits(),
-        max_value_bytes: int = DEFAULT_MAX_VALUE_BYTES,
+        max_value_bytes: int | None = None,
         upcasters: Upcasters = UPCASTERS,
     ) -> None:
         self.limits = limits
@@ -242,6 +255,7 @@ class Auditor:
         self._stale: list[Finding] = []
         self._ignored: list[Finding] = []
         self._undecodable: list[Finding] = []
+        self._dead_letters: list[Finding] | None = None  # None: the dead-letter topic was not read
         self._records = 0
         self._events = 0
         self._at: tuple[int, int] = (0, 0)
@@ -251,6 +265,17 @@ class Auditor:
     def feed_all(self, records: Iterable[LogRecord]) -> Auditor:
         for record in records:
             self.feed(record)
+        return self
+
+    def feed_dead_letters(self, letters: Iterable[DeadLetter]) -> Auditor:
+        """The letters of the dead-letter topic, each found at the record it stands for."""
+        found = self._dead_letters if self._dead_letters is not None else []
+        for letter in letters:
+            detail = f"dead letter, {letter.reason}: {letter.detail}"
+            if letter.value_truncated:
+                detail += f" (a prefix of {letter.value_bytes} bytes, sha256 {letter.value_sha256})"
+            found.append(Finding(letter.partition, letter.offset, letter.key, None, detail))
+        self._dead_letters = found
         return self
 
     def feed(self, record: LogRecord) -> None:
@@ -586,8 +611,20 @@ class Auditor:
             stale=list(self._stale),
             ignored=list(self._ignored),
             undecodable=list(self._undecodable),
+            dead_letters=list(self._dead_letters or ()),
+            not_dead_lettered=self._not_dead_lettered(),
             strict=strict,
         )
+
+    def _not_dead_lettered(self) -> list[Finding]:
+        if self._dead_letters is None:
+            return []
+        lettered = {(f.partition, f.offset) for f in self._dead_letters}
+        return [
+            dataclasses.replace(f, detail=f"never dead-lettered: {f.detail}")
+            for f in self._undecodable
+            if (f.partition, f.offset) not in lettered
+        ]
 
 
 _TYPE_OF: dict[str, type] = {t.__name__: t for t in _OUTCOMES}
@@ -668,6 +705,8 @@ def render(report: AuditReport, limit: int = 20) -> str:
         ("events of stale runs and repeated claims, ignored by every reader", report.stale),
         ("other events the fold ignores (duplicates, conflicts)", report.ignored),
         ("values that do not decode or are keyed wrongly (the workers dead-letter them)", report.undecodable),
+        ("letters on the dead-letter topic (refused values, one-time writes skipped)", report.dead_letters),
+        ("undecodable values with no dead letter (no worker got past them yet?)", report.not_dead_lettered),
     ]  # fmt: skip
     lines.append("")
     for title, findings in notices:

@@ -16,6 +16,7 @@ import json
 import sys
 from pathlib import Path
 
+from turnstile.events import DeadLetter
 from turnstile.projections.audit import AuditLimits, Auditor, AuditReport, render
 from turnstile.streams.file_log import FileLog
 from turnstile.streams.log import Record, Topics
@@ -33,6 +34,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     where.add_argument("--broker", help="kafka://HOST:PORT[,HOST:PORT] (default: the embedded file log)")
     where.add_argument("--data", type=Path, default=Path(".turnstile"), help="embedded log folder")
     audit.add_argument("--events-topic", default=Topics().events)
+    audit.add_argument("--dlq-topic", default=Topics().dead_letters, help="its letters are reported too")
     audit.add_argument(
         "--from-beginning",
         action="store_true",
@@ -47,9 +49,23 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     audit.add_argument("--timeout", type=float, default=60.0, help="seconds to read the topic to its end")
 
 
-def audit_records(records: list[Record], args: argparse.Namespace) -> AuditReport:
+def audit_records(records: list[Record], args: argparse.Namespace, dlq: list[Record] | None = None) -> AuditReport:
+    """`dlq`: the dead-letter topic's records, None if it could not be read."""
     limits = AuditLimits(args.max_iterations, args.max_tool_calls, args.max_cost_usd)
-    return Auditor(limits).feed_all(records).report(strict=args.strict)
+    auditor = Auditor(limits).feed_all(records)
+    if dlq is not None:
+        auditor.feed_dead_letters(_letters(dlq))
+    return auditor.report(strict=args.strict)
+
+
+def _letters(records: list[Record]) -> list[DeadLetter]:
+    letters = []
+    for record in records:
+        try:
+            letters.append(DeadLetter.model_validate_json(record.value or b""))
+        except ValueError:  # not written by a worker: not a letter of ours to report
+            print(f"turnstile audit: DLQ record {record.offset} is no dead letter; skipped", file=sys.stderr)
+    return letters
 
 
 async def run(args: argparse.Namespace) -> int:
@@ -61,8 +77,8 @@ async def run(args: argparse.Namespace) -> int:
         else:
             if not (args.data / args.events_topic).is_dir():
                 raise LookupError(f"no embedded log of topic {args.events_topic!r} in {args.data}")
-            records = FileLog(args.data, Topics(args.events_topic)).read_all(args.events_topic)
-            report = audit_records(records, args)
+            log = FileLog(args.data, Topics(args.events_topic, dead_letters=args.dlq_topic))
+            report = audit_records(log.read_all(args.events_topic), args, log.read_all(args.dlq_topic))
     except (OSError, LookupError, TimeoutError, KafkaError) as exc:
         print(f"turnstile audit: cannot read the log: {exc}", file=sys.stderr)
         return 2
@@ -76,7 +92,11 @@ async def _audit_kafka(args: argparse.Namespace) -> AuditReport:
 
     bootstrap = bootstrap_of(args.broker)
     records = await read_topic(bootstrap, args.events_topic, timeout_s=args.timeout)
-    report = audit_records(records, args)
+    try:
+        dlq: list[Record] | None = await read_topic(bootstrap, args.dlq_topic, timeout_s=min(args.timeout, 10.0))
+    except LookupError:  # no dead-letter topic: the report says nothing of letters
+        dlq = None
+    report = audit_records(records, args, dlq)
     ends: dict[int, int] = {}
     for record in records:
         ends[record.partition] = max(ends.get(record.partition, 0), record.offset + 1)

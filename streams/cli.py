@@ -16,7 +16,7 @@ from turnstile.handlers.claim import DebouncePolicy, DoubleTextPolicy
 from turnstile.handlers.provider import Provider
 from turnstile.handlers.providers.scripted import ScriptedProvider
 from turnstile.streams import audit_cli
-from turnstile.streams.file_log import FileLog
+from turnstile.streams.file_log import FileLog, LogOwned
 from turnstile.streams.log import EventLog, Topics
 from turnstile.streams.publisher import message_event, publish
 from turnstile.streams.runtime import SystemClock
@@ -42,9 +42,12 @@ def _add_log_args(parser: argparse.ArgumentParser) -> None:
 def _open_log(args: argparse.Namespace, group_id: str = "turnstile-worker") -> EventLog:
     topics = Topics(args.events_topic, args.outcomes_topic, args.dlq_topic, args.deltas_topic)
     if args.broker:
-        from turnstile.streams.kafka_log import KafkaLog, bootstrap_of
+        from turnstile.streams.kafka_log import KafkaLog, Membership, bootstrap_of
 
-        return KafkaLog(bootstrap_of(args.broker), group_id=group_id, topics=topics)
+        membership = Membership()
+        if args.command == "run":
+            membership = Membership(args.instance_id, round(args.session_timeout_s * 1000))
+        return KafkaLog(bootstrap_of(args.broker), group_id=group_id, topics=topics, membership=membership)
     return FileLog(args.data, topics)
 
 
@@ -74,6 +77,12 @@ def _provider(args: argparse.Namespace) -> Provider:
 
 async def _run(args: argparse.Namespace) -> int:
     log = _open_log(args, args.group)
+    if isinstance(log, FileLog):
+        try:
+            log.own()  # before anything starts: a second worker on one folder must not run at all
+        except LogOwned as exc:
+            print(f"turnstile run: {exc}", file=sys.stderr)
+            return 3
     config = WorkerConfig(
         debounce=DebouncePolicy(args.quiet_ms, args.max_wait_ms, args.max_batch),
         double_text=DoubleTextPolicy(args.double_text, dict(args.double_text_for)),
@@ -188,6 +197,18 @@ def build_parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="run a worker")
     _add_log_args(run)
     run.add_argument("--group", default="turnstile-worker", help="Kafka consumer group")
+    run.add_argument(
+        "--instance-id",
+        default=os.environ.get("TURNSTILE_INSTANCE_ID") or None,
+        help="a stable name of this worker (a pod name; default: env TURNSTILE_INSTANCE_ID): a restart under"
+        " it within the session timeout keeps its partitions and rebalances nobody (static membership)",
+    )
+    run.add_argument(
+        "--session-timeout-s",
+        type=float,
+        default=10.0,
+        help="how long the group waits for a silent worker before moving its partitions (default: 10; 6..300)",
+    )
     run.add_argument("--provider", choices=["scripted", "openai", "anthropic"], default="scripted")
     run.add_argument("--model", default="scripted-1")
     run.add_argument("--base-url", default=None, help="provider endpoint; the key comes from TURNSTILE_API_KEY")
@@ -258,7 +279,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command == "run" and not 6 <= args.session_timeout_s <= 300:
+        parser.error(f"--session-timeout-s {args.session_timeout_s:g} is outside 6..300 s (the broker's bounds)")
     level = logging.INFO if args.verbose else logging.WARNING
     logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
     if args.command == "demo":

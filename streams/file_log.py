@@ -3,8 +3,12 @@ files, for one process and no broker.
 
 Each partition is an append-only file of JSON lines; a record's offset is its line
 number. Appends take an exclusive lock, so `turnstile send` in another process can
-append while a worker tails. Partitioning is Kafka's own (murmur2 of the key), so a
-conversation lands in the partition Kafka would give it.
+append while a worker tails. One process owns the log (folds it and writes its effects):
+`start` takes an exclusive lock on `owner.lock` in the folder, holding the owner's pid, and
+fails with `LogOwned` while another process holds it; readers and publishers take none.
+
+Partitioning is Kafka's own (murmur2 of the key), so a conversation lands in the partition
+Kafka would give it.
 """
 
 from __future__ import annotations
@@ -24,6 +28,39 @@ from turnstile.streams.log import Acknowledged, Landed, PartitionStart, Rebalanc
 def partition_for(key: str, partitions: int) -> int:
     """Kafka's default partitioner: the same partition a Java or Go producer picks."""
     return (murmur2(key.encode()) & 0x7FFFFFFF) % partitions
+
+
+class LogOwned(RuntimeError):
+    """Another process owns this embedded log."""
+
+
+class _OwnerLock:
+    """`owner.lock` in the log's folder, held (flock) by the one process that owns the log.
+    The kernel lets it go when that process ends, however it ends: no stale lock to clear."""
+
+    def __init__(self, directory: Path) -> None:
+        self.path = directory / "owner.lock"
+        self._fd: int | None = None
+
+    def acquire(self) -> None:
+        if self._fd is not None:
+            return
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            owner = os.read(fd, 32).decode("ascii", "replace").strip() or "unknown"
+            os.close(fd)
+            raise LogOwned(f"the embedded log {self.path.parent} is owned by another process (pid {owner})") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        self._fd = fd
+
+    def release(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)  # closing the descriptor releases the lock
+            self._fd = None
 
 
 class _PartitionFile:
@@ -96,7 +133,7 @@ class _PartitionReader:
         return records
 
 
-def _encode_line(key: str, value: bytes, headers: Mapping[str, str] | None = None) -> bytes:
+def _encode_line(key: str | None, value: bytes, headers: Mapping[str, str] | None = None) -> bytes:
     row: dict[str, object] = {"key": key}
     try:
         row["value"] = value.decode("utf-8")
@@ -107,11 +144,12 @@ def _encode_line(key: str, value: bytes, headers: Mapping[str, str] | None = Non
     return orjson.dumps(row)
 
 
-def _decode_line(line: bytes) -> tuple[bytes, bytes, tuple[tuple[str, bytes], ...]]:
+def _decode_line(line: bytes) -> tuple[bytes | None, bytes, tuple[tuple[str, bytes], ...]]:
     row = orjson.loads(line)
     value = row["value"].encode() if "value" in row else base64.b64decode(row["value_b64"])
     headers = tuple((name, text.encode()) for name, text in row.get("headers", {}).items())
-    return row["key"].encode(), value, headers
+    key = row["key"]
+    return None if key is None else key.encode(), value, headers
 
 
 class FileLog:
@@ -124,6 +162,12 @@ class FileLog:
         self._files: dict[tuple[str, int], _PartitionFile] = {}
         self._readers: dict[int, _PartitionReader] = {}
         self._committed_path = directory / topics.events / "committed.json"
+        self._owner = _OwnerLock(directory)
+
+    def own(self) -> None:
+        """Become the log's one owner, or raise `LogOwned` naming the owner's pid. `start`
+        does it; a command may do it sooner, to refuse before it starts anything else."""
+        self._owner.acquire()
 
     def _file(self, topic: str, partition: int) -> _PartitionFile:
         handle = self._files.get((topic, partition))
@@ -135,7 +179,8 @@ class FileLog:
         return self.partitions if topic == self.topics.events else 1
 
     async def start(self, listener: RebalanceListener) -> None:
-        committed = self._read_committed()
+        self.own()
+        committed = self.committed_offsets()
         starts = {}
         for p in range(self.partitions):
             self._readers[p] = _PartitionReader(self._file(self.topics.events, p).path)
@@ -151,11 +196,19 @@ class FileLog:
             await asyncio.sleep(min(0.02, max(0.0, deadline - asyncio.get_running_loop().time())))
 
     async def append(
-        self, topic: str, key: str, value: bytes, partition: int | None = None, headers: Mapping[str, str] | None = None
+        self,
+        topic: str,
+        key: str | None,
+        value: bytes,
+        partition: int | None = None,
+        headers: Mapping[str, str] | None = None,
     ) -> tuple[int, int]:
         if partition is None:
-            partition = partition_for(key, self._partition_count(topic))
+            partition = partition_for(key or "", self._partition_count(topic))
         return partition, self._file(topic, partition).append(_encode_line(key, value, headers))
+
+    def max_value_bytes(self, topic: str, key: str | None) -> int | None:
+        return None  # a line of a local file has no size limit
 
     async def send(
         self, topic: str, key: str, value: bytes, partition: int | None = None
@@ -165,12 +218,12 @@ class FileLog:
         return acked
 
     async def commit(self, offsets: dict[int, int]) -> None:
-        merged = self._read_committed() | offsets
+        merged = self.committed_offsets() | offsets
         tmp = self._committed_path.with_suffix(".tmp")
         tmp.write_bytes(orjson.dumps({str(k): v for k, v in merged.items()}))
         tmp.replace(self._committed_path)
 
-    def _read_committed(self) -> dict[int, int]:
+    def committed_offsets(self) -> dict[int, int]:
         if not self._committed_path.exists():
             return {}
         return {int(k): v for k, v in orjson.loads(self._committed_path.read_bytes()).items()}
@@ -180,6 +233,7 @@ class FileLog:
 
     async def stop(self) -> None:
         self._readers.clear()
+        self._owner.release()
 
     async def follow(self, topic: str, from_end: bool, poll_s: float = 0.02) -> AsyncIterator[Record]:
         """The records of `topic` as they are appended (from now on, or from its start),

@@ -13,13 +13,39 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
+from aiokafka.errors import (
+    InvalidTopicError,
+    MessageSizeTooLargeError,
+    RecordListTooLargeError,
+    RecordTooLargeError,
+    TopicAuthorizationFailedError,
+)
 from aiokafka.structs import OffsetAndMetadata
 from turnstile.streams.kafka_reader import record_of
-from turnstile.streams.log import Acknowledged, PartitionStart, RebalanceListener, Record, Topics
+from turnstile.streams.log import Acknowledged, PartitionStart, RebalanceListener, Record, RecordRefused, Topics
 
 log = logging.getLogger(__name__)
+
+# The producer refuses a record larger than this (aiokafka's default, set explicitly so the
+# worker knows it); the broker's own limit per topic is `max.message.bytes`.
+MAX_REQUEST_BYTES = 1 << 20
+# Kafka's broker default for `max.message.bytes`, when a topic's config cannot be read.
+BROKER_DEFAULT_MAX_MESSAGE_BYTES = 1_048_588
+# What a record batch of one record adds to its key and value: the batch header (61 bytes)
+# and the record's own varints and attributes, rounded up.
+RECORD_OVERHEAD_BYTES = 128
+_NEVER_WRITABLE = (
+    MessageSizeTooLargeError,
+    RecordTooLargeError,
+    RecordListTooLargeError,
+    InvalidTopicError,
+    TopicAuthorizationFailedError,
+)
 
 
 def bootstrap_of(url: str) -> str:
@@ -51,6 +77,34 @@ class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]
         await self.listener.on_assigned(starts)
 
 
+@dataclass(frozen=True, slots=True)
+class Membership:
+    """How this worker belongs to its consumer group.
+
+    With an `instance_id` (KIP-345 static membership; a StatefulSet pod name, a host name)
+    a worker that stops does not leave the group, and one that comes back under the same
+    id within the session timeout gets its partitions back without a rebalance: the other
+    workers' turns run on. The price: the partitions of a member that died wait for the
+    session timeout before another member takes them, so it bounds the pause a crash puts
+    on its conversations. Without an instance id a clean stop leaves the group at once.
+    """
+
+    instance_id: str | None = None
+    session_timeout_ms: int = 10_000
+
+    def __post_init__(self) -> None:
+        if self.instance_id is not None and not self.instance_id.strip():
+            raise ValueError("the group instance id is empty: give a stable name, or none")
+        if not 6_000 <= self.session_timeout_ms <= 300_000:
+            # The broker's default group.min/max.session.timeout.ms; outside them it refuses the join.
+            raise ValueError(f"session timeout {self.session_timeout_ms} ms is outside 6000..300000 ms")
+
+    @property
+    def heartbeat_interval_ms(self) -> int:
+        # A third of the session: two heartbeats may be lost before the member is dropped.
+        return min(3_000, self.session_timeout_ms // 3)
+
+
 class KafkaLog:
     def __init__(
         self,
@@ -58,12 +112,16 @@ class KafkaLog:
         group_id: str = "turnstile-worker",
         topics: Topics = Topics(),
         client_id: str = "turnstile",
+        membership: Membership = Membership(),
     ) -> None:
         self.topics = topics
         self.consumer = AIOKafkaConsumer(
             bootstrap_servers=bootstrap,
             group_id=group_id,
             client_id=client_id,
+            group_instance_id=membership.instance_id,
+            session_timeout_ms=membership.session_timeout_ms,
+            heartbeat_interval_ms=membership.heartbeat_interval_ms,
             enable_auto_commit=False,
             auto_offset_reset="earliest",
             isolation_level="read_committed",
@@ -79,9 +137,15 @@ class KafkaLog:
             # Many turns append at once; 16 KiB batches made the client spin in wait_drain
             # (bench: CPU per record roughly halves with 1 MiB).
             max_batch_size=1 << 20,
+            max_request_size=MAX_REQUEST_BYTES,
         )
+        self.bootstrap = bootstrap
+        # topic -> its `max.message.bytes`, read at start for the topics effects go to.
+        self.max_message_bytes: dict[str, int] = {}
 
     async def start(self, listener: RebalanceListener) -> None:
+        effect_topics = [self.topics.outcomes, self.topics.dead_letters]
+        self.max_message_bytes = await topic_max_message_bytes(self.bootstrap, effect_topics)
         await self.producer.start()
         await self.consumer.start()
         self.consumer.subscribe([self.topics.events], listener=_Listener(self, listener))
@@ -91,13 +155,25 @@ class KafkaLog:
         return [record_of(tp.partition, m) for tp, messages in batches.items() for m in messages]
 
     async def append(
-        self, topic: str, key: str, value: bytes, partition: int | None = None, headers: Mapping[str, str] | None = None
+        self,
+        topic: str,
+        key: str | None,
+        value: bytes,
+        partition: int | None = None,
+        headers: Mapping[str, str] | None = None,
     ) -> tuple[int, int]:
         wire = [(name, text.encode()) for name, text in headers.items()] if headers else None
-        meta = await self.producer.send_and_wait(
-            topic, value=value, key=key.encode(), partition=partition, headers=wire
-        )
+        try:
+            meta = await self.producer.send_and_wait(
+                topic, value=value, key=None if key is None else key.encode(), partition=partition, headers=wire
+            )
+        except _NEVER_WRITABLE as exc:
+            raise RecordRefused(f"{type(exc).__name__}: {exc}") from exc
         return meta.partition, meta.offset
+
+    def max_value_bytes(self, topic: str, key: str | None) -> int | None:
+        limit = min(MAX_REQUEST_BYTES, self.max_message_bytes.get(topic, BROKER_DEFAULT_MAX_MESSAGE_BYTES))
+        return limit - RECORD_OVERHEAD_BYTES - len((key or "").encode())
 
     async def send(
         self, topic: str, key: str, value: bytes, partition: int | None = None
@@ -127,3 +203,24 @@ class KafkaLog:
 
     async def stop(self) -> None:
         await asyncio.gather(self.consumer.stop(), self.producer.stop(), return_exceptions=True)
+
+
+async def topic_max_message_bytes(bootstrap: str, topics: list[str]) -> dict[str, int]:
+    """Each topic's `max.message.bytes` (its own setting or the broker's default), by the
+    admin client; topics whose config cannot be read are left out."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    try:
+        await admin.start()
+        wanted = [ConfigResource(ConfigResourceType.TOPIC, t, configs={"max.message.bytes": None}) for t in topics]
+        found: dict[str, int] = {}
+        for response in await admin.describe_configs(wanted):
+            for error_code, _message, _type, name, entries in response.resources:
+                for entry in entries if error_code == 0 else ():
+                    if entry[0] == "max.message.bytes":
+                        found[name] = int(entry[1])
+        return found
+    except Exception as exc:  # an old broker or no describe rights: the broker default stands
+        log.warning("could not read max.message.bytes of %s (the broker default is assumed): %r", topics, exc)
+        return {}
+    finally:
+        await admin.close()

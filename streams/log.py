@@ -64,6 +64,11 @@ class RebalanceListener(Protocol):
     async def on_revoked(self, partitions: set[int]) -> None: ...
 
 
+class RecordRefused(ValueError):
+    """The log will never accept this record as it is (too large for the topic, the topic
+    invalid or not ours to write): retrying cannot help, unlike a broker that is away."""
+
+
 AppendFn = Callable[[str, str, bytes, int | None], Awaitable[tuple[int, int]]]
 
 
@@ -75,9 +80,20 @@ class EventLog(Protocol):
     async def poll(self, timeout_s: float) -> list[Record]: ...
 
     async def append(
-        self, topic: str, key: str, value: bytes, partition: int | None = None, headers: Mapping[str, str] | None = None
+        self,
+        topic: str,
+        key: str | None,
+        value: bytes,
+        partition: int | None = None,
+        headers: Mapping[str, str] | None = None,
     ) -> tuple[int, int]:
-        """Append and wait for the log to acknowledge; returns (partition, offset)."""
+        """Append and wait for the log to acknowledge; returns (partition, offset). Raises
+        `RecordRefused` when the record can never be written."""
+        ...
+
+    def max_value_bytes(self, topic: str, key: str | None) -> int | None:
+        """The largest value a record of `topic` with this key may have (None: no limit),
+        from the log's own configuration once started."""
         ...
 
     async def send(

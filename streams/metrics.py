@@ -10,6 +10,8 @@ after a restart does not count history twice within one process:
   per finished turn, from its outcome's metrics; `turnstile_cost_usd_total` sums the cost
   (`turnstile_turns_unpriced_total` counts turns whose cost is unknown)
 * `turnstile_dead_letters_total{reason}`: values sent to the dead-letter topic
+* `turnstile_effects_skipped_total{topic}`: one-time writes (outcome records, dead letters)
+  the log refused for good (too large for the topic...), each marked on the dead-letter topic
 * `turnstile_messages_rejected_total`: refusals of the double-text policy
 * `turnstile_scheduled_inputs_total{schedule}`: occurrences the scheduler published
 * `turnstile_consumer_lag{partition}`: end offset minus the worker's position, per owned
@@ -95,6 +97,9 @@ class Metrics:
         self.dead_letters = Counter(
             "turnstile_dead_letters", "Values sent to the dead-letter topic", ["reason"], registry=r
         )
+        self.effects_skipped = Counter(
+            "turnstile_effects_skipped", "One-time writes the log refused for good", ["topic"], registry=r
+        )
         self.rejected = Counter("turnstile_messages_rejected", "Refusals of the double-text policy", registry=r)
         self.scheduled = Counter(
             "turnstile_scheduled_inputs", "Occurrences published by the scheduler", ["schedule"], registry=r
@@ -152,6 +157,9 @@ class Metrics:
 
     def on_dead_letter(self, reason: str) -> None:
         self.dead_letters.labels(reason).inc()
+
+    def on_effect_skipped(self, topic: str) -> None:
+        self.effects_skipped.labels(topic).inc()
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)

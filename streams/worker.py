@@ -41,7 +41,7 @@ from turnstile.handlers.claim import (
 )
 from turnstile.handlers.provider import ChatMessage, Provider
 from turnstile.projections import ConversationState, apply_event, new_state
-from turnstile.streams.log import Acknowledged, EventLog, PartitionStart, Record
+from turnstile.streams.log import Acknowledged, EventLog, PartitionStart, Record, RecordRefused
 from turnstile.streams.reply_deltas import DeltaPublisher
 from turnstile.streams.runtime import Clock, Ids, RandomIds, SystemClock
 from turnstile.streams.turn_runner import TurnRunner, TurnSettings
@@ -52,6 +52,12 @@ if TYPE_CHECKING:
     from turnstile.streams.tracing import TurnTracer
 
 log = logging.getLogger(__name__)
+
+# A one-time write the log does not take is tried again after this, doubling up to the
+# ceiling; on stop, writes in flight get the flush time to land before the last commit.
+_EFFECT_BACKOFF_S = 0.1
+_EFFECT_BACKOFF_MAX_S = 5.0
+_EFFECT_FLUSH_S = 5.0
 
 
 class ReplayHooks(Protocol):
@@ -68,7 +74,9 @@ class WorkerConfig:
     debounce: DebouncePolicy = DebouncePolicy()
     turn: TurnSettings = TurnSettings()
     double_text: DoubleTextPolicy = DoubleTextPolicy()
-    max_value_bytes: int = 1_000_000
+    # Values longer than this are refused unread (too_large); None: whatever the events
+    # topic accepted (its max.message.bytes) is read.
+    max_value_bytes: int | None = None
     commit_interval_s: float = 1.0
     max_poll_wait_s: float = 0.1
     # On stop (SIGTERM, SIGINT): how long turns in flight may take to end before they are
@@ -140,8 +148,10 @@ class Worker:
         self._dirty: set[str] = set()
         self._timers: list[tuple[int, str]] = []
         self._last_commit = 0.0
-        self._effects: list[asyncio.Future[tuple[int, int]]] = []
+        # One-time writes in flight: (partition, offset of their record, the write).
+        self._effects: list[tuple[int, int, asyncio.Future[None]]] = []
         self.dead_letters = 0
+        self.effects_skipped = 0  # one-time writes the log refused for good
         # Bumped by every rebalance callback: a batch polled before one is stale.
         self._rebalances = 0
         self.draining = False  # set once stop is asked: no new claims from then on
@@ -222,9 +232,11 @@ class Worker:
             # done that never happened. Then the next owner redoes it (at least once).
             if stopped_cleanly:
                 with contextlib.suppress(Exception):
+                    if self._effects:  # let the writes in flight land, for a little while
+                        await asyncio.wait([e[2] for e in self._effects], timeout=_EFFECT_FLUSH_S)
                     await self._maybe_commit(force=True)
-            for effect in self._effects:
-                effect.cancel()  # only after a failure: the next owner redoes them
+            for _p, _offset, effect in self._effects:
+                effect.cancel()  # not committed past: the next owner redoes them
             if self.replies is not None:
                 await self.replies.aclose()
             await self.log.stop()
@@ -312,7 +324,7 @@ class Worker:
             if effects:
                 self.tracer.on_event(state, event)
         if effects and isinstance(event, (*OUTCOME_TYPES, MessageRejected)):
-            self._effect(self.log.topics.outcomes, conversation, encode(event))
+            self._effect(self.log.topics.outcomes, record, encode(event))
         self._dirty.add(conversation)
 
     def _dead_letter(self, record: Record, error: DecodeError, effects: bool) -> None:
@@ -321,22 +333,54 @@ class Worker:
             self.metrics.on_dead_letter(error.reason)
         log.warning("dead-lettered %s/%s: %s", record.partition, record.offset, error.reason)
         if effects:
-            letter = DeadLetter.of(
-                self.log.topics.events,
-                record.partition,
-                record.offset,
-                record.key,
-                record.value,
-                error.reason,
-                error.detail,
-            )
-            self._effect(self.log.topics.dead_letters, letter.key or "", letter.encode())
+            self._effect(self.log.topics.dead_letters, record, record.value or b"", error)
 
-    def _effect(self, topic: str, key: str, value: bytes) -> None:
-        """Start a one-time write (outcome record, dead letter) without holding up the
-        consumer loop on its acknowledgement; `_maybe_commit` waits for it before the
-        offsets that cover its record are committed."""
-        self._effects.append(asyncio.ensure_future(self.log.append(topic, key, value)))
+    def _letter(self, record: Record, value: bytes, error: DecodeError) -> tuple[str | None, bytes]:
+        """The dead letter of `record` (key, value), sized for the dead-letter topic."""
+        key = None if record.key is None else record.key.decode("utf-8", "backslashreplace")
+        limit = self.log.max_value_bytes(self.log.topics.dead_letters, key)
+        where = (self.log.topics.events, record.partition, record.offset)
+        letter = DeadLetter.of(*where, record.key, value, error.reason, error.detail, limit)
+        return key, letter.encode()
+
+    def _effect(self, topic: str, record: Record, value: bytes, error: DecodeError | None = None) -> None:
+        """Start a one-time write for `record` (its outcome record; its dead letter when
+        `error` is given) without holding up the consumer loop; `_maybe_commit` commits
+        no offset past a record whose effect is not written yet."""
+        task = asyncio.ensure_future(self._write_effect(topic, record, value, error))
+        self._effects.append((record.partition, record.offset, task))
+
+    async def _write_effect(self, topic: str, record: Record, value: bytes, error: DecodeError | None) -> None:
+        """Write until the log acknowledges, backing off while it is away. A record the log
+        will never accept is recorded (metric, log line, a marker on the dead-letter topic)
+        and skipped: one record must not stop its partition, or the worker."""
+        if error is not None:
+            key, value = self._letter(record, value, error)
+        else:
+            key = None if record.key is None else record.key.decode("utf-8", "replace")
+        delay = _EFFECT_BACKOFF_S
+        while True:
+            try:
+                await self.log.append(topic, key, value)
+                return
+            except RecordRefused as exc:
+                self._effect_refused(topic, record, value, exc)
+                return
+            except Exception as exc:
+                where = f"{record.partition}@{record.offset}"
+                log.warning("writing to %s for the record at %s failed, again in %.1f s: %r", topic, where, delay, exc)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, _EFFECT_BACKOFF_MAX_S)
+
+    def _effect_refused(self, topic: str, record: Record, value: bytes, exc: RecordRefused) -> None:
+        self.effects_skipped += 1
+        if self.metrics is not None:
+            self.metrics.on_effect_skipped(topic)
+        where = f"{record.partition}@{record.offset}"
+        log.error("skipped the write to %s for the record at %s, which the log refuses: %s", topic, where, exc)
+        if topic != self.log.topics.dead_letters:  # else the marker would be refused alike
+            detail = f"its record for {topic} ({len(value)} bytes) was refused: {exc}"
+            self._effect(self.log.topics.dead_letters, record, value, DecodeError("effect_skipped", detail))
 
     # -- decisions -------------------------------------------------------------------
     def _decide(self) -> None:
@@ -470,16 +514,19 @@ class Worker:
         if not force and loop_time - self._last_commit < self.config.commit_interval_s:
             return
         self._last_commit = loop_time
-        offsets = {p: part.position for p, part in self.partitions.items() if part.live and part.position > 0}
-        # The effects of the records below these offsets must be on the log first; a failed
-        # one raises here, so nothing marks it done and the next owner redoes it.
-        effects, self._effects = self._effects, []
-        for done in await asyncio.gather(*effects, return_exceptions=True):
-            if isinstance(done, BaseException):
-                raise done
+        # A record's one-time effects must be on the log before an offset past it is
+        # committed: else nobody would redo one that never got written.
+        unwritten: dict[int, int] = {}
+        self._effects = [e for e in self._effects if not e[2].done()]
+        for p, offset, _write in self._effects:
+            unwritten[p] = min(unwritten.get(p, offset), offset)
+        offsets = {
+            p: min(part.position, unwritten.get(p, part.position))
+            for p, part in self.partitions.items()
+            if part.live and part.position > 0
+        }
         if offsets:
             await self.log.commit(offsets)
-
 
 def _private_copy(state: ConversationState, plan: ClaimPlan | None) -> ConversationState:
     """What a runner needs of the conversation: the history its turn may see and the

@@ -16,6 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from turnstile.events import (
     AttemptFailed,
+    DeadLetter,
     Event,
     MessageReceived,
     MessageRejected,
@@ -32,7 +33,7 @@ from turnstile.events import (
 )
 from turnstile.events.outcomes import OperationRecord
 from turnstile.projections import ConversationState
-from turnstile.projections.audit import RULES, AuditLimits, AuditReport, audit, render
+from turnstile.projections.audit import RULES, AuditLimits, Auditor, AuditReport, audit, render
 from turnstile.streams.file_log import FileLog
 from turnstile.streams.log import Record, Topics
 
@@ -352,6 +353,26 @@ def test_duplicates_conflicts_and_undecodable_values_are_notices() -> None:
     assert [f.where for f in report.undecodable] == ["0@3", "0@4", "0@9"]
     assert report.undecodable[2].detail.startswith("key_mismatch")
     assert [f.where for f in report.stale] == ["0@8"] and "another claim" in report.stale[0].detail
+
+
+def test_given_the_dlq_when_audited_then_its_letters_and_the_values_never_dead_lettered_are_findings() -> None:
+    log = records(message("m1", 1), b"not json", b"\xff" * 5000, b"[1]")
+    letters = [
+        DeadLetter.of("turnstile.events", 0, 1, CONV.encode(), b"not json", "not_json", "bad", None),
+        DeadLetter.of("turnstile.events", 0, 2, CONV.encode(), b"\xff" * 5000, "not_json", "bad", 1000),
+    ]
+    report = Auditor().feed_all(log).feed_dead_letters(letters).report()
+    assert [f.where for f in report.dead_letters] == ["0@1", "0@2"]
+    assert "a prefix of 5000 bytes, sha256 " in report.dead_letters[1].detail
+    assert [f.where for f in report.not_dead_lettered] == ["0@3"]  # no worker got past it
+    text = render(report)
+    assert "2 letters on the dead-letter topic" in text and "1 undecodable values with no dead letter" in text
+    assert report.to_json()["not_dead_lettered"][0]["at"] == "0@3"
+
+
+def test_given_no_dlq_read_when_audited_then_nothing_is_said_of_letters() -> None:
+    report = audit(records(b"not json"))
+    assert report.dead_letters == [] and report.not_dead_lettered == []
 
 
 # -- report ------------------------------------------------------------------------------------

@@ -66,3 +66,42 @@ def test_send_run_and_tail_on_kafka(kafka_bootstrap: str, fresh_topics: Topics):
     assert sent.returncode == 0, sent.stderr
     out = run_worker_until(where, "c1", 1, "--group", f"g-{os.getpid()}-{time.time_ns()}")
     assert "COMPLETED {'m1': 'answered'}" in out
+
+
+def test_a_second_run_on_one_embedded_log_exits_at_once_naming_the_owner_and_readers_still_work(tmp_path):
+    where = ["--data", str(tmp_path)]
+    owner = subprocess.Popen([*CLI, "run", *where, "--quiet-ms", "100"], cwd=ROOT, stderr=subprocess.PIPE, text=True)
+    try:
+        lock = tmp_path / "owner.lock"
+        deadline = time.monotonic() + 30
+        while not (lock.exists() and lock.read_text().strip() == str(owner.pid)):
+            assert owner.poll() is None and time.monotonic() < deadline, "the first worker did not take the log"
+            time.sleep(0.1)
+        second = turnstile("run", *where, timeout=30)  # returns on its own: it must not start
+        assert second.returncode == 3
+        assert second.stderr.strip().splitlines() == [
+            f"turnstile run: the embedded log {tmp_path} is owned by another process (pid {owner.pid})"
+        ]
+        sent = turnstile("send", *where, "--conversation", "c1", "--text", "hello", "--message-id", "m1")
+        assert sent.returncode == 0, sent.stderr
+        deadline = time.monotonic() + 60
+        while "TurnCompleted" not in (out := turnstile("tail", *where, "--conversation", "c1").stdout):
+            assert time.monotonic() < deadline, out
+            time.sleep(0.3)
+        inspected = turnstile("inspect", *where, "c1")
+        assert inspected.returncode == 0 and "hello" in inspected.stdout, inspected.stderr
+        audited = turnstile("audit", *where)
+        assert audited.returncode == 0, audited.stdout + audited.stderr
+        assert owner.poll() is None
+    finally:
+        owner.send_signal(signal.SIGTERM)
+        assert owner.wait(timeout=30) == 0, owner.stderr.read() if owner.stderr else ""
+    again = subprocess.Popen([*CLI, "run", *where], cwd=ROOT, stderr=subprocess.PIPE, text=True)
+    try:  # the owner gone, the log is free again
+        deadline = time.monotonic() + 30
+        while lock.read_text().strip() != str(again.pid):
+            assert again.poll() is None and time.monotonic() < deadline, again.stderr.read() if again.stderr else ""
+            time.sleep(0.1)
+    finally:
+        again.kill()  # it may not have set its signal handlers yet; its exit is not the point
+        again.wait(timeout=30)

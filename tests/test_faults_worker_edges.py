@@ -24,13 +24,13 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Mapping
 
-import pytest
 from builders import claim, completed, message, started
 from fault_audit import check_invariants, fold_records
-from turnstile.events import TurnClaimed, TurnCompleted, decode, encode
+from turnstile.events import DeadLetter, TurnClaimed, TurnCompleted, decode, encode
 from turnstile.handlers.providers.scripted import ScriptedProvider
 from turnstile.streams.file_log import FileLog, _PartitionReader
-from turnstile.streams.log import PartitionStart, RebalanceListener
+from turnstile.streams.log import PartitionStart, RebalanceListener, RecordRefused
+from turnstile.streams.metrics import Metrics
 from turnstile.streams.runtime import SystemClock
 from turnstile.streams.worker import Worker
 from worker_harness import FAST, events_of, running, until
@@ -85,36 +85,80 @@ async def test_the_rest_of_a_batch_polled_before_a_rebalance_is_not_folded(tmp_p
 
 class OutcomeTopicDown(FileLog):
     """Appends to the outcomes topic fail (a broker outage longer than the producer's
-    timeout), as the consumer loop records an outcome."""
+    timeout) until `up` is set, as the consumer loop records an outcome."""
+
+    up = False
+    refused = 0
 
     async def append(
-        self, topic: str, key: str, value: bytes, partition: int | None = None, headers: Mapping[str, str] | None = None
+        self,
+        topic: str,
+        key: str | None,
+        value: bytes,
+        partition: int | None = None,
+        headers: Mapping[str, str] | None = None,
     ) -> tuple[int, int]:
-        if topic == self.topics.outcomes:
+        if topic == self.topics.outcomes and not self.up:
+            self.refused += 1
             raise TimeoutError("outcomes topic unreachable")
         return await super().append(topic, key, value, partition, headers)
 
 
-async def test_an_effect_that_failed_is_not_committed_as_done(tmp_path) -> None:
-    """The consumer loop cannot write an outcome record and the worker stops on the error
-    (crash-only). Its last commit must not cover the record whose effect failed: the next
-    worker writes the outcome record instead of skipping it."""
+async def test_an_effect_that_cannot_be_written_for_a_while_is_retried_and_never_committed_as_done(tmp_path) -> None:
+    """The consumer loop cannot write an outcome record for a while. The worker keeps
+    running (and answering later messages), commits no offset past the record whose outcome
+    is unwritten, and writes it once the topic is back."""
     t = NOW() - 60_000
     first = claim(["m1"], t, 0, conv="c1")
     broken = OutcomeTopicDown(tmp_path, partitions=1)
     for event in (message("m1", t, conv="c1"), first, started(first, t), completed(first, t)):
         await broken.append(broken.topics.events, "c1", encode(event))
-    worker = Worker(broken, ScriptedProvider(), FAST)
-    with pytest.raises(TimeoutError):
-        await asyncio.wait_for(worker.run(asyncio.Event()), 20)
-    assert broken.read_all(broken.topics.outcomes) == []
+    unwritten_at = 3  # the offset of the TurnCompleted
+    async with running(broken, ScriptedProvider(), FAST) as worker:
+        await broken.append(broken.topics.events, "c2", encode(message("m2", t, conv="c2")))
+        await until(lambda: any(isinstance(e, TurnCompleted) for e in events_of(broken, "c2")), 20)
+        await until(lambda: broken.refused >= 3, 20)  # tried again, with backoff
+        assert broken.read_all(broken.topics.outcomes) == []
+        assert FileLog(tmp_path, partitions=1).committed_offsets().get(0, 0) <= unwritten_at
+        broken.up = True
+        await until(lambda: len(broken.read_all(broken.topics.outcomes)) == 2, 20)
+        await until(lambda: FileLog(tmp_path, partitions=1).committed_offsets().get(0, 0) > 6, 20)
+        assert not worker.effects_skipped
+    outcomes = [decode(r.value) for r in broken.read_all(broken.topics.outcomes)]
+    assert sorted(o.conversation_id for o in outcomes if isinstance(o, TurnCompleted)) == ["c1", "c2"]
 
-    log = FileLog(tmp_path, partitions=1)
-    async with running(log, ScriptedProvider(), FAST):
-        await until(lambda: len(log.read_all(log.topics.outcomes)) == 1, 20)
-    [outcome] = log.read_all(log.topics.outcomes)
-    record = decode(outcome.value)
-    assert isinstance(record, TurnCompleted) and record.turn_id == first.turn_id
+
+class OutcomeTooLarge(FileLog):
+    """The outcomes topic refuses every record for good, as Kafka refuses one over its
+    max.message.bytes."""
+
+    async def append(
+        self,
+        topic: str,
+        key: str | None,
+        value: bytes,
+        partition: int | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> tuple[int, int]:
+        if topic == self.topics.outcomes:
+            raise RecordRefused("MessageSizeTooLargeError: larger than max.message.bytes")
+        return await super().append(topic, key, value, partition, headers)
+
+
+async def test_an_effect_the_log_refuses_for_good_is_marked_on_the_dlq_counted_and_skipped(tmp_path) -> None:
+    log = OutcomeTooLarge(tmp_path, partitions=1)
+    metrics = Metrics()
+    async with running(log, ScriptedProvider(), FAST, metrics=metrics) as worker:
+        await log.append(log.topics.events, "c1", encode(message("m1", NOW() - 60_000, conv="c1")))
+        await until(lambda: len(log.read_all(log.topics.dead_letters)) == 1, 20)
+        end = len(log.read_all(log.topics.events))
+        await until(lambda: log.committed_offsets().get(0, 0) == end, 20)  # moved past it
+    [marker] = [DeadLetter.model_validate_json(r.value) for r in log.read_all(log.topics.dead_letters)]
+    completed_at = next(r.offset for r in log.read_all(log.topics.events) if b"TurnCompleted" in r.value)
+    assert (marker.reason, marker.partition, marker.offset) == ("effect_skipped", 0, completed_at)
+    assert log.topics.outcomes in marker.detail and isinstance(decode(marker.original_value()), TurnCompleted)
+    assert worker.effects_skipped == 1
+    assert b'turnstile_effects_skipped_total{topic="turnstile.outcomes"} 1.0' in metrics.exposition()
 
 
 class SlowFlush(FileLog):

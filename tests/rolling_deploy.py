@@ -1,0 +1,192 @@
+"""A rolling deploy under a steady stream of turns with a side effect, on the real broker.
+
+Two workers in one group; each turn is model -> `transfer` (side effect) -> model answer.
+In the middle of the stream worker 1 is stopped (as SIGTERM stops it: a drain) and
+started again, then worker 2. The figures come from the topics, read afterwards by an
+independent reader, and from a counter inside the tool. Used by
+`test_kafka_rolling_deploy.py` (asserts the counts) and `bench/deploy.py` (prints them
+against a run with no deploy).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import itertools
+import time
+import uuid
+from collections import Counter
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+from loop_harness import Transfer
+from turnstile.events import (
+    OUTCOME_TYPES,
+    AttemptFailed,
+    DecodeError,
+    Event,
+    ModelResponded,
+    ToolCall,
+    TurnClaimed,
+    TurnFailed,
+    Usage,
+    decode,
+)
+from turnstile.handlers.claim import DebouncePolicy
+from turnstile.handlers.provider import ModelReply, ModelRequest
+from turnstile.handlers.providers.scripted import Scripted, ScriptedProvider
+from turnstile.handlers.tools import Tool, ToolRegistry
+from turnstile.streams.kafka_log import KafkaLog, Membership
+from turnstile.streams.kafka_reader import read_topic
+from turnstile.streams.log import Topics
+from turnstile.streams.publisher import message_event, publish
+from turnstile.streams.turn_runner import TurnSettings
+from turnstile.streams.worker import Worker, WorkerConfig
+from worker_harness import until
+
+
+@dataclass(frozen=True, slots=True)
+class Shape:
+    messages: int = 120
+    conversations: int = 60
+    over_s: float = 8.0
+    model_s: float = 0.2
+    transfer_s: float = 0.5
+    deploy: bool = True
+    static: bool = True  # workers carry an instance id (static membership)
+    drain_grace_s: float = 10.0
+
+
+@dataclass(slots=True)
+class Figures:
+    answered: int = 0
+    unanswered: int = 0
+    turns_failed: int = 0
+    attempts_interrupted: int = 0
+    model_requests_repeated: int = 0
+    outcome_records_duplicated: int = 0
+    transfers_run_twice: int = 0
+    longest_silence_s: float = 0.0
+    latencies_s: list[float] = field(default_factory=list)
+
+
+def _script(model_s: float) -> Callable[[ModelRequest], Scripted]:
+    def script(request: ModelRequest) -> Scripted:
+        last = request.messages[-1]
+        if last.role == "tool":
+            reply = ModelReply(request.model, "Sent.", (), Usage(input_tokens=10, output_tokens=1), "stop")
+        else:
+            call = ToolCall(call_id="call_1", name="transfer", arguments=f'{{"to": "{last.content}", "amount": 1}}')
+            reply = ModelReply(request.model, None, (call,), Usage(input_tokens=10, output_tokens=5), "tool_calls")
+        return Scripted(reply, model_s)
+
+    return script
+
+
+async def rolling_deploy(bootstrap: str, topics: Topics, shape: Shape) -> Figures:
+    runs: Counter[str] = Counter()  # the transfer bodies that ran, by the message they answer
+
+    async def transfer(args: Transfer) -> str:
+        runs[args.to] += 1
+        await asyncio.sleep(shape.transfer_s)
+        return f"sent {args.amount} to {args.to}"
+
+    turn = TurnSettings(tools=ToolRegistry([Tool("transfer", "Send money.", Transfer, transfer, "side_effect")]))
+    config = WorkerConfig(
+        debounce=DebouncePolicy(quiet_ms=50, max_wait_ms=200),
+        turn=dataclasses.replace(turn, backoff_base_ms=10, backoff_max_ms=50),
+        drain_grace_s=shape.drain_grace_s,
+    )
+    group = f"deploy-{uuid.uuid4().hex[:8]}"
+
+    def worker(name: str) -> Worker:
+        membership = Membership(name if shape.static else None, session_timeout_ms=10_000)
+        return Worker(
+            KafkaLog(bootstrap, group, topics, membership=membership), ScriptedProvider(_script(shape.model_s)), config
+        )
+
+    running: dict[str, tuple[Worker, asyncio.Event, asyncio.Task[None]]] = {}
+
+    def start(name: str) -> Worker:
+        w, stop = worker(name), asyncio.Event()
+        running[name] = (w, stop, asyncio.create_task(w.run(stop)))
+        return w
+
+    async def restart(name: str) -> None:
+        _, stop, task = running.pop(name)
+        stop.set()
+        await task  # the drain
+        fresh = start(name)
+        await until(lambda: bool(fresh.partitions), 60)
+
+    publisher = KafkaLog(bootstrap, group, topics)
+    await publisher.producer.start()
+    published: dict[str, float] = {}
+    try:
+        start("worker-1")
+        start("worker-2")
+        await until(lambda: len({p for w, _, _ in running.values() for p in w.partitions}) == 8, 60)
+        deploy: asyncio.Task[None] | None = None
+        for i in range(shape.messages):
+            if shape.deploy and i == shape.messages // 4:
+                deploy = asyncio.create_task(_one_then_the_other(restart))
+            event = message_event(f"conv-{i % shape.conversations}", f"m{i}", int(time.time() * 1000), f"m{i}")
+            published[event.message_id] = time.time()
+            await publish(publisher, event)
+            await asyncio.sleep(shape.over_s / shape.messages)
+        if deploy is not None:
+            await deploy
+        events = await _until_answered(bootstrap, topics, set(published))
+    finally:
+        for _, stop, _ in running.values():
+            stop.set()
+        await asyncio.gather(*(task for _, _, task in running.values()), return_exceptions=True)
+        await publisher.stop()
+    outcome_records = Counter(
+        e.turn_id
+        for r in await read_topic(bootstrap, topics.outcomes)
+        if isinstance(e := decode(r.value), OUTCOME_TYPES)
+    )
+    return _figures(events, published, runs, outcome_records)
+
+
+async def _one_then_the_other(restart: Callable[[str], Awaitable[None]]) -> None:
+    await restart("worker-1")
+    await restart("worker-2")
+
+
+async def _until_answered(bootstrap: str, topics: Topics, sent: set[str], timeout_s: float = 120.0) -> list[Event]:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        events = [
+            e for r in await read_topic(bootstrap, topics.events) if not isinstance(e := decode(r.value), DecodeError)
+        ]
+        claimed = {i for e in events if isinstance(e, TurnClaimed) for i in e.input_ids}
+        open_turns = {e.turn_id for e in events if isinstance(e, TurnClaimed)} - {
+            e.turn_id for e in events if isinstance(e, OUTCOME_TYPES)
+        }
+        if (claimed >= sent and not open_turns) or time.monotonic() > deadline:
+            return events
+        await asyncio.sleep(0.5)
+
+
+def _figures(events: list[Event], published: dict[str, float], runs: Counter[str], records: Counter[str]) -> Figures:
+    figures = Figures()
+    inputs_of = {e.turn_id: e.input_ids for e in events if isinstance(e, TurnClaimed)}
+    outcomes = [e for e in events if isinstance(e, OUTCOME_TYPES)]
+    answered = {i for o in outcomes for i in inputs_of.get(o.turn_id, ())}
+    figures.answered, figures.unanswered = len(answered & set(published)), len(set(published) - answered)
+    figures.turns_failed = sum(isinstance(o, TurnFailed) for o in outcomes)
+    figures.attempts_interrupted = sum(isinstance(e, AttemptFailed) for e in events)
+    requests = Counter((e.turn_id, e.iteration) for e in events if isinstance(e, ModelResponded))
+    figures.model_requests_repeated = sum(n - 1 for n in requests.values())
+    figures.outcome_records_duplicated = sum(n - 1 for n in records.values())
+    figures.transfers_run_twice = sum(n > 1 for n in runs.values())
+    # From the first outcome on: before it, the wait is the first turn's own length.
+    done_at = sorted(o.occurred_at / 1000 for o in outcomes)
+    figures.longest_silence_s = max((b - a for a, b in itertools.pairwise(done_at)), default=0.0)
+    for o in outcomes:
+        for i in inputs_of.get(o.turn_id, ()):
+            if i in published:
+                figures.latencies_s.append(o.occurred_at / 1000 - published[i])
+    return figures

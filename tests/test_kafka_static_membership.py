@@ -1,0 +1,89 @@
+"""On the real broker: a worker restarted under its instance id (static membership) gets
+its partitions back and the other member of the group is not rebalanced -- its turns run on."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+
+import pytest
+from kafka_fixtures import fresh_topics, kafka_bootstrap  # noqa: F401  (fixtures)
+from turnstile.streams.kafka_log import KafkaLog, Membership
+from turnstile.streams.log import PartitionStart, Topics
+
+pytestmark = pytest.mark.kafka
+
+
+class Seen:
+    """A rebalance listener that records what the group did to one member."""
+
+    def __init__(self) -> None:
+        self.assigned: set[int] = set()
+        self.revocations = 0
+
+    async def on_assigned(self, partitions: dict[int, PartitionStart]) -> None:
+        self.assigned |= set(partitions)
+
+    async def on_revoked(self, partitions: set[int]) -> None:
+        self.revocations += 1
+        self.assigned -= partitions
+
+
+async def polling(log: KafkaLog, stop: asyncio.Event) -> None:
+    while not stop.is_set():
+        await log.poll(0.1)
+
+
+async def until(condition, timeout_s: float = 60.0) -> None:  # type: ignore[no-untyped-def]
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while not condition():
+        assert asyncio.get_running_loop().time() < deadline, "the group did not settle in time"
+        await asyncio.sleep(0.05)
+
+
+def test_membership_refuses_what_the_broker_would():
+    with pytest.raises(ValueError, match=r"outside 6000\.\.300000"):
+        Membership("w1", session_timeout_ms=1_000)
+    with pytest.raises(ValueError, match="instance id is empty"):
+        Membership(" ")
+    assert Membership("w1", session_timeout_ms=6_000).heartbeat_interval_ms == 2_000
+
+
+async def test_a_worker_restarted_under_its_instance_id_takes_its_partitions_back_without_a_rebalance(
+    kafka_bootstrap: str,  # noqa: F811
+    fresh_topics: Topics,  # noqa: F811
+):
+    group = f"g-{uuid.uuid4().hex[:8]}"
+
+    def member(name: str) -> KafkaLog:
+        return KafkaLog(kafka_bootstrap, group, fresh_topics, membership=Membership(name, 30_000))
+
+    stop_a, stop_b = asyncio.Event(), asyncio.Event()
+    a, b, b_again = member("worker-a"), member("worker-b"), member("worker-b")
+    seen_a, seen_b, seen_b_again = Seen(), Seen(), Seen()
+    await a.start(seen_a)
+    task_a = asyncio.create_task(polling(a, stop_a))
+    try:
+        await until(lambda: len(seen_a.assigned) == 8)
+        await b.start(seen_b)
+        task_b = asyncio.create_task(polling(b, stop_b))
+        await until(lambda: seen_a.assigned and seen_b.assigned and len(seen_a.assigned | seen_b.assigned) == 8)
+        kept_by_a, held_by_b, revocations = set(seen_a.assigned), set(seen_b.assigned), seen_a.revocations
+
+        stop_b.set()  # a deploy stops worker-b ...
+        await task_b
+        await b.stop()
+        await b_again.start(seen_b_again)  # ... and starts it again under the same name
+        stop_b_again = asyncio.Event()
+        task_b_again = asyncio.create_task(polling(b_again, stop_b_again))
+        await until(lambda: seen_b_again.assigned == held_by_b)
+        # worker-a's assignment is the group's verdict: a rebalance would revoke it before
+        # worker-b' could be assigned anything, and it was not.
+        assert (seen_a.revocations, seen_a.assigned) == (revocations, kept_by_a)
+        stop_b_again.set()
+        await task_b_again
+        await b_again.stop()
+    finally:
+        stop_a.set()
+        await task_a
+        await a.stop()
