@@ -3,7 +3,11 @@ acceptance of a resumed attempt, given/when/then."""
 
 from __future__ import annotations
 
+import asyncio
+
+import pytest
 from builders import CONV, claim, eid, message, started
+from loop_harness import Transfer
 from turnstile.events import (
     AttemptFailed,
     AttemptStarted,
@@ -11,14 +15,21 @@ from turnstile.events import (
     ToolCall,
     ToolCallFinished,
     ToolCallStarted,
+    Usage,
     encode,
 )
+from turnstile.handlers.claim import ClaimPlan, DebouncePolicy, plan_claim
+from turnstile.handlers.pricing import ModelPrice
+from turnstile.handlers.provider import ModelReply
 from turnstile.handlers.resume import Recovery, Resume, StartOver, Unresumable, idempotency_key, next_step
+from turnstile.handlers.tools import Tool, ToolRegistry
 from turnstile.projections import apply_event, new_state
 from turnstile.projections.audit import audit, render
 from turnstile.streams.log import Record
+from turnstile.streams.turn_runner import TurnRunner, TurnSettings
 
 TURN = claim(["m1"], 1, 0)
+PRICES = {"m": ModelPrice(input_per_mtok=1.0, output_per_mtok=2.0)}
 ENV = {"conversation_id": CONV, "turn_id": TURN.turn_id, "run_id": "run-1", "attempt": 1}
 
 
@@ -165,3 +176,51 @@ def test_the_auditor_flags_a_resume_that_asks_a_recorded_model_step_again():
     assert [f.detail for f in report.rule("resume").violations] == [
         "model step 1 asked again; the journal already holds it"
     ]
+
+
+# -- a run stopped while its ToolCallStarted is acknowledged (issue 15, item 4) ----------------
+
+
+class _OneToolCall:
+    """A provider whose one reply asks for a transfer."""
+
+    family = "openai"
+
+    async def complete(self, request, stream=None):  # type: ignore[no-untyped-def]
+        call = ToolCall(call_id="c1", name="transfer", arguments='{"to": "bob", "amount": 5}')
+        return ModelReply("m", None, (call,), Usage(), "tool_calls", "tool_use")
+
+    async def aclose(self) -> None: ...
+
+
+async def test_a_run_stopped_before_its_tool_body_began_records_that_the_call_did_not_start():
+    ran: list[str] = []
+
+    async def transfer(args: Transfer) -> str:
+        ran.append(args.to)
+        return "sent"
+
+    written: list[object] = []
+
+    async def append(event, wait=True):  # type: ignore[no-untyped-def]
+        written.append(event)
+        if isinstance(event, ToolCallStarted):
+            raise asyncio.CancelledError("revoked while the start was being acknowledged")
+
+    state = new_state(CONV)
+    assert apply_event(state, message("m1", 0)) is None
+    plan = plan_claim(state, 10_000, DebouncePolicy(0, 0))
+    assert isinstance(plan, ClaimPlan)
+    ids = iter(f"id-{n}" for n in range(100))
+    tools = ToolRegistry([Tool("transfer", "Send money.", Transfer, transfer, "side_effect")])
+    turn = TurnSettings(model="m", tools=tools, prices=PRICES)
+    runner = TurnRunner(state, append, _OneToolCall(), turn, lambda: 10_000, lambda: next(ids))  # type: ignore[arg-type]
+    with pytest.raises(asyncio.CancelledError):
+        await runner.claim_and_run(plan)
+    assert ran == []
+    last = written[-1]
+    assert isinstance(last, ToolCallFinished) and (last.call_id, last.ok) == ("c1", False)
+    assert "did not start" in last.result
+    # The next owner reads a failed call that did not run, not one in doubt.
+    step = next_step(state.active.journal, recovery("none"))  # type: ignore[union-attr]
+    assert isinstance(step, Resume) and step.in_doubt == {} and not step.results["c1"].ok
