@@ -63,8 +63,6 @@ class AppendEvent(Protocol):
 RESULT_EXCERPT_CHARS = 300
 # A tool result is recorded in ToolCallFinished: keep it well inside one log value.
 MAX_RESULT_CHARS = 100_000
-# How long a stopped run may take to record that its tool call never started.
-NOT_STARTED_WRITE_S = 2.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -533,9 +531,10 @@ class TurnRunner:
             **self._stamp(), iteration=started.iteration, call_id=started.call_id, ok=False, result=result
         )
         try:
-            async with asyncio.timeout(NOT_STARTED_WRITE_S):
-                await self._emit(finished)
-        except (asyncio.CancelledError, TimeoutError, Exception):
+            # Not waited for: the run is stopping, and a superseded run's write is refused
+            # by every reader anyway; what reaches the log before the takeover counts.
+            await self._emit(finished, wait=False)
+        except Exception:
             log.warning("could not record that call %s did not start", started.call_id)
 
     # -- outcomes ----------------------------------------------------------------------
