@@ -3,7 +3,8 @@
 The scenario is `tests/rolling_deploy.py` (two workers, each turn model -> side-effecting
 `transfer` -> answer; worker 1 then worker 2 stopped and started again mid-stream). Three
 runs in the same session: no deploy (the baseline), a deploy with drain and static
-membership (`--instance-id`), and a deploy with drain only (every stop rebalances the group).
+membership (`--instance-id`), a deploy with drain only (every stop rebalances the group),
+and worker 1 dying with no restart (the survivor takes its partitions after the session timeout).
 """
 
 from __future__ import annotations
@@ -18,9 +19,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))  # the
 from rolling_deploy import Figures, Shape, rolling_deploy
 
 RUNS = (
-    ("no deploy (baseline)", Shape(deploy=False)),
-    ("deploy: drain + static membership", Shape(deploy=True, static=True)),
-    ("deploy: drain, no instance id", Shape(deploy=True, static=False)),
+    ("no deploy (baseline)", Shape(deploy="none")),
+    ("deploy: drain + static membership", Shape(deploy="rolling", static=True)),
+    ("deploy: drain, no instance id", Shape(deploy="rolling", static=False)),
+    ("worker 1 dies (static member, 10 s session)", Shape(deploy="crash", static=True)),
 )
 
 
@@ -40,6 +42,7 @@ async def deploy(broker: Broker) -> Section:
             "longest gap s",
             "p50 s",
             "p99 s",
+            "takeover s",
         ),
     )
     for name, run_shape in RUNS:
@@ -56,6 +59,11 @@ async def deploy(broker: Broker) -> Section:
             fmt(figures.longest_silence_s),
             fmt(percentile(lat, 50)),
             fmt(percentile(lat, 99)),
+            "" if figures.takeover_s is None else fmt(figures.takeover_s),
         )
     section.notes.append("publish -> outcome latency; the longest gap is between consecutive outcomes on any partition")
+    section.notes.append(
+        "takeover: from the death to the survivor owning every partition, replayed (goal: session timeout + 2 s);"
+        " turns failed there had the side-effecting call in flight when the worker died"
+    )
     return section

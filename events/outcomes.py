@@ -82,6 +82,10 @@ class TurnPaused(_Outcome):
     resume_hint: str
     # Reason `approval`: the call waiting for a decision, exactly as the model made it.
     pending_call: ToolCall | None = None
+    # Calls the model requested that did not run because the turn stopped first (a limit
+    # reached, or after the call awaiting approval); `kept` lists them too, so the turn
+    # that resumes this one sees them and may make them again.
+    blocked_calls: tuple[ToolCall, ...] = ()
 
 
 # iterations: the turn's iteration allowance was used; output_tokens: the reply was cut off

@@ -4,12 +4,23 @@ wall-clock time. Pure: the runner passes what was used (time included) as number
 A hard limit stops the turn before another tool call (paused, keeping the work done) or,
 for iterations, ends it as exhausted. Crossing the soft fraction of any limit asks for
 older tool exchanges to be compacted before the next request.
+
+The step in flight is bounded too, not only its start (see docs/budgets.md): a model
+request's output allowance is cut so that its worst-case cost fits what is left of the
+cost budget (`output_allowance`), and a model request or tool call may run only for the
+time left before the deadline (`time_left_s`).
 """
 
 from __future__ import annotations
 
+import json
+import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
+
+from turnstile.handlers.pricing import ModelPrice
+from turnstile.handlers.provider import ChatMessage, ToolSpec
 
 Dimension = Literal["iterations", "tool_calls", "cost", "deadline"]
 # The limits that pause a turn (using the iteration allowance up exhausts it instead).
@@ -81,3 +92,75 @@ def soft_dimension(spent: Spent, budget: TurnBudget) -> Dimension | None:
     if spent.elapsed_ms >= f * budget.deadline_ms:
         return "deadline"
     return None
+
+
+# The smallest output allowance worth a request: below it even a short reply is cut off,
+# so the turn pauses on cost instead of paying for a reply it cannot use.
+MIN_REPLY_TOKENS = 16
+# Structural tokens a request adds beyond its text: role markers per message, and the
+# fixed tool-use system prompt (Anthropic documents 346 tokens; OpenAI adds less).
+TOKENS_PER_MESSAGE = 8
+TOOL_PROMPT_TOKENS = 512
+# Float sums of per-reply costs must not creep over the limit by rounding.
+_COST_MARGIN = 1e-9
+
+
+def input_token_bound(messages: Sequence[ChatMessage], tools: Sequence[ToolSpec]) -> int:
+    """An upper bound on the input tokens of a request. The byte-level BPE tokenizers of
+    both families never make a token of less than one byte, so the UTF-8 size of what is
+    sent bounds its tokens; structural tokens are added on top."""
+    size = 0
+    for m in messages:
+        size += len(m.content.encode()) + TOKENS_PER_MESSAGE
+        size += sum(len(c.name.encode()) + len(c.arguments.encode()) + TOKENS_PER_MESSAGE for c in m.tool_calls)
+        if m.native is not None:
+            size += len(json.dumps(list(m.native), default=str).encode())
+    for t in tools:
+        size += len(t.name.encode()) + len(t.description.encode()) + len(json.dumps(t.parameters).encode())
+    return size + (TOOL_PROMPT_TOKENS if tools else 0)
+
+
+def output_allowance(
+    spent: Spent, budget: TurnBudget, model: str, price: ModelPrice | None, input_tokens: int, wanted: int
+) -> int | Limit:
+    """The output allowance of the next request: at most `wanted`, and small enough that
+    the request's worst case (`input_tokens` at the dearest input price, every allowed
+    output token at the output price) keeps the turn's cost within its limit. A Limit
+    when even `MIN_REPLY_TOKENS` cannot fit.
+
+    An unpriced model cannot be bounded: its allowance is `wanted`, its reply's cost is
+    unknown, and `spending_limit` then pauses the turn before anything else happens."""
+    if spent.cost_usd is None:
+        return spending_limit(spent, budget, model) or Limit("cost", "the cost so far is unknown")
+    if price is None:
+        return wanted
+    left = (budget.max_cost_usd - spent.cost_usd) * (1 - _COST_MARGIN)
+    input_price = max(
+        p for p in (price.input_per_mtok, price.cached_input_per_mtok, price.cache_write_per_mtok) if p is not None
+    )
+    left -= input_tokens * input_price / 1_000_000
+    if price.output_per_mtok == 0:
+        tokens = wanted if left >= 0 else 0
+    else:
+        tokens = max(0, math.floor(left * 1_000_000 / price.output_per_mtok)) if left > 0 else 0
+    if tokens < min(MIN_REPLY_TOKENS, wanted):
+        return Limit(
+            "cost",
+            f"the cost limit (${budget.max_cost_usd:.4f}) leaves too little for another reply "
+            f"(${spent.cost_usd:.4f} spent; a request of up to {input_tokens} input tokens)",
+        )
+    return min(wanted, tokens)
+
+
+def time_left_s(spent: Spent, budget: TurnBudget) -> float:
+    """Seconds left before the deadline: the longest a model request or tool may run."""
+    return max(0, budget.deadline_ms - spent.elapsed_ms) / 1000
+
+
+def cancelled_at_deadline(side_effect: bool) -> str | None:
+    """What is recorded for a tool the deadline cancelled: the failure its ToolCallFinished
+    says, or None for a tool with side effects, which gets no ToolCallFinished: cut off,
+    it may or may not have acted, so its operation stays `unknown` (rule 9)."""
+    if side_effect:
+        return None
+    return "error: the tool was cancelled at the turn's deadline; it did not finish"

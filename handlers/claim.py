@@ -7,7 +7,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
-from turnstile.events import MessageRejected, TurnClaimed, logical_turn_id
+from turnstile.events import Event, MessageReceived, MessageRejected, ResumeRequested, TurnClaimed, logical_turn_id
+from turnstile.events.rejections import RejectionReason
 from turnstile.projections import ConversationState, PendingInput
 
 
@@ -114,15 +115,55 @@ def rejects_on_arrival(policy: DoubleTextPolicy, state: ConversationState, messa
     )
 
 
+def resume_refusal(state: ConversationState, resume: ResumeRequested) -> str | None:
+    """Call right after `resume` was folded: why it is refused, or None when it names a
+    paused turn of this conversation (the only kind a resume continues). Turn ids are
+    per conversation: another conversation's turn is unknown here."""
+    if resume.request_id not in state.pending:
+        return None  # a duplicate, or already claimed or refused
+    record = state.turns.get(resume.resumes_turn_id)
+    named = f"This resume names turn {resume.resumes_turn_id}, which"
+    if record is None:
+        return f"{named} is not a turn of this conversation; nothing was resumed."
+    if record.outcome != "paused":
+        return f"{named} {record.outcome} rather than paused; nothing was resumed."
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    """An input to answer with `MessageRejected` instead of claiming it. `turn_id`: the
+    active turn (`turn_active`) or the turn a resume named (`resume_invalid`)."""
+
+    reason: RejectionReason
+    turn_id: str
+    text: str
+
+
+def refusal_on_arrival(policy: DoubleTextPolicy, state: ConversationState, event: Event) -> Refusal | None:
+    """Call right after `event` was folded: the refusal owed for the input it brought."""
+    if isinstance(event, MessageReceived) and rejects_on_arrival(policy, state, event.message_id):
+        assert state.active is not None
+        return Refusal("turn_active", state.active.turn_id, REJECTION_TEXT)
+    if isinstance(event, ResumeRequested):
+        why = resume_refusal(state, event)
+        if why is not None:
+            return Refusal("resume_invalid", event.resumes_turn_id, why)
+    return None
+
+
 def rejection_event(
-    state: ConversationState, message_id: str, active_turn_id: str, *, event_id: str, now_ms: int
+    state: ConversationState, input_id: str, refusal: Refusal, *, event_id: str, now_ms: int
 ) -> MessageRejected:
-    return MessageRejected(
-        event_id=event_id,
-        conversation_id=state.conversation_id,
-        occurred_at=now_ms,
-        message_id=message_id,
-        reason="turn_active",
-        active_turn_id=active_turn_id,
-        text=REJECTION_TEXT,
+    turn = {"active_turn_id" if refusal.reason == "turn_active" else "resumes_turn_id": refusal.turn_id}
+    return MessageRejected.model_validate(
+        {
+            "event_id": event_id,
+            "conversation_id": state.conversation_id,
+            "occurred_at": now_ms,
+            "message_id": input_id,
+            "reason": refusal.reason,
+            "text": refusal.text,
+            **turn,
+        }
     )

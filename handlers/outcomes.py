@@ -100,6 +100,7 @@ def paused(
     resume_hint: str,
     default_model: str,
     pending_call: ToolCall | None = None,
+    blocked_calls: tuple[ToolCall, ...] = (),
 ) -> TurnPaused:
     return TurnPaused.model_validate(
         {
@@ -108,6 +109,7 @@ def paused(
             "kept": kept,
             "resume_hint": resume_hint,
             "pending_call": pending_call,
+            "blocked_calls": blocked_calls,
         }
     )
 

@@ -11,17 +11,24 @@ A side-effecting tool can say how a call interrupted mid-run is settled by the n
 always called with a key stable over every run of the call, so running it again has one
 effect; a `reconcile(call)` returns the result of a call that did run, or None when it
 cannot tell. A tool with neither makes such a turn fail visibly.
+
+Secret arguments: a field of the argument model typed `SecretStr` or `SecretBytes` (also
+inside an optional, a list or a nested model) is a secret. The log keeps the call with
+those values replaced by `[redacted]` (`ToolRegistry.recorded`) -- in the `ModelResponded`
+that requested it, its `ToolCallStarted`, a pause and its signature -- while the tool is
+given the validated arguments parsed from what the model sent.
 """
 
 from __future__ import annotations
 
 import hashlib
+import typing
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import orjson
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, SecretBytes, SecretStr, ValidationError
 from turnstile.events import ToolCall
 from turnstile.handlers.provider import ToolSpec
 from turnstile.handlers.resume import Recovery
@@ -31,6 +38,58 @@ ToolKind = Literal["read_only", "side_effect"]
 ToolFunction = Callable[..., Awaitable[str]]
 # The result of a call that ran before an interruption, or None when it cannot be known.
 Reconciler = Callable[[ToolCall], Awaitable[str | None]]
+REDACTED = "[redacted]"
+
+# Where a model's secrets are: field name -> True (the value is secret) or the secrets of
+# the nested model (or models) the field holds.
+Secrets = dict[str, "bool | Secrets"]
+
+
+def secret_fields(model: type[BaseModel]) -> Secrets:
+    out: Secrets = {}
+    for name, info in model.model_fields.items():
+        found = _secrets_in(info.annotation)
+        if found:
+            out[info.alias or name] = found
+    return out
+
+
+def _secrets_in(annotation: Any) -> bool | Secrets:
+    if annotation in (SecretStr, SecretBytes):
+        return True
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return secret_fields(annotation)
+    # Optional[...], list[...], dict[str, ...], Annotated[...]: secret if what they hold is.
+    merged: Secrets = {}
+    for arg in typing.get_args(annotation):
+        found = _secrets_in(arg)
+        if found is True:
+            return True
+        if isinstance(found, dict):
+            merged.update(found)
+    return merged
+
+
+def redacted_arguments(secrets: Secrets, arguments: str) -> str:
+    """The arguments JSON with the secret values replaced. Text that does not parse cannot
+    be searched for them: it is redacted whole."""
+    if not secrets:
+        return arguments
+    try:
+        parsed = orjson.loads(arguments) if arguments.strip() else {}
+    except orjson.JSONDecodeError:
+        return f"{REDACTED} ({len(arguments)} characters that are not JSON)"
+    return orjson.dumps(_redact(parsed, secrets)).decode()
+
+
+def _redact(value: Any, secrets: bool | Secrets) -> Any:
+    if secrets is True:
+        return None if value is None else REDACTED
+    if isinstance(value, list):
+        return [_redact(v, secrets) for v in value]
+    if isinstance(value, dict) and isinstance(secrets, dict):
+        return {k: _redact(v, secrets[k]) if k in secrets else v for k, v in value.items()}
+    return value
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,12 +147,20 @@ class ToolRegistry:
         tool = self._tools.get(name)
         return tool if tool is not None and (tool.isolated_ok or not isolated) else None
 
+    def recorded(self, call: ToolCall) -> ToolCall:
+        """The call as the log keeps it: its tool's secret arguments redacted."""
+        tool = self._tools.get(call.name)
+        if tool is None:
+            return call
+        arguments = redacted_arguments(secret_fields(tool.arguments), call.arguments)
+        return call if arguments == call.arguments else call.model_copy(update={"arguments": arguments})
+
 
 @dataclass(frozen=True, slots=True)
 class ValidCall:
-    call: ToolCall
+    call: ToolCall  # as the log keeps it (secrets redacted)
     tool: Tool
-    arguments: BaseModel
+    arguments: BaseModel  # what the tool is given: parsed from the call the model sent
     signature: str
 
 
@@ -104,7 +171,7 @@ InvalidKind = Literal["unknown_tool", "malformed_arguments"]
 class InvalidCall:
     """A call that must not run; `detail` is recorded and sent back to the model."""
 
-    call: ToolCall
+    call: ToolCall  # as the log keeps it (secrets redacted)
     kind: InvalidKind
     detail: str
     signature: str
@@ -127,14 +194,17 @@ def call_signature(name: str, arguments: str) -> str:
     return f"{name}:{digest}"
 
 
-def validate_call(registry: ToolRegistry, call: ToolCall, isolated: bool) -> ValidCall | InvalidCall:
+def validate_call(registry: ToolRegistry, sent: ToolCall, isolated: bool) -> ValidCall | InvalidCall:
+    """`sent`: the call as the model sent it. The signature is the recorded call's, so that
+    an approval read back from the log matches it."""
+    call = registry.recorded(sent)
     signature = call_signature(call.name, call.arguments)
     tool = registry.get(call.name, isolated)
     if tool is None:
         where = " in a scheduled turn" if isolated and registry.get(call.name, False) is not None else ""
         return InvalidCall(call, "unknown_tool", f"tool {call.name!r} is not available{where}", signature)
     try:
-        parsed = orjson.loads(call.arguments) if call.arguments.strip() else {}
+        parsed = orjson.loads(sent.arguments) if sent.arguments.strip() else {}
     except orjson.JSONDecodeError as exc:
         return InvalidCall(call, "malformed_arguments", f"arguments are not valid JSON ({exc})", signature)
     try:

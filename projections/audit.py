@@ -26,6 +26,7 @@ from turnstile.events import (
     MessageRejected,
     ModelResponded,
     TerminalOutcome,
+    ToolCallFinished,
     ToolCallStarted,
     TurnClaimed,
     TurnCompleted,
@@ -68,7 +69,8 @@ RULES: dict[str, str] = {
     ),
     "budgets": (
         "rule 7: each outcome's metrics and operation record match the events of its turn; with limits "
-        "given, no iteration, tool call or model request beyond them"
+        "given, no iteration, tool call or model request beyond them, no outcome costing more than the "
+        "cost limit, and no step started past the deadline or finished past it and its grace"
     ),
 }
 
@@ -97,6 +99,13 @@ class LogRecord(Protocol):
     def value(self) -> bytes | None: ...
 
 
+# A step the deadline cancels is recorded (its ToolCallFinished, the pause) a moment after
+# the deadline: the auditor allows this much for those records (see docs/budgets.md).
+DEADLINE_GRACE_MS = 1000
+# Float sums of per-reply costs are compared with this relative tolerance.
+_COST_TOLERANCE = 1e-9
+
+
 @dataclass(frozen=True, slots=True)
 class AuditLimits:
     """Budget limits to hold the log to. They are configuration, not on the log, so the
@@ -105,10 +114,11 @@ class AuditLimits:
     max_iterations: int | None = None
     max_tool_calls: int | None = None
     max_cost_usd: float | None = None
+    deadline_s: float | None = None
 
     @property
     def any(self) -> bool:
-        return (self.max_iterations, self.max_tool_calls, self.max_cost_usd) != (None, None, None)
+        return (self.max_iterations, self.max_tool_calls, self.max_cost_usd, self.deadline_s) != (None,) * 4
 
 
 @dataclass(frozen=True, slots=True)
@@ -320,7 +330,11 @@ class Auditor:
             case ModelResponded():
                 return self._check_model_request(state, event)
             case ToolCallStarted():
-                return self._check_tool_call(state, event)
+                if self._check_tool_call(state, event):
+                    return True
+                self._check_deadline(state, event, started=True)
+            case ToolCallFinished():
+                self._check_deadline(state, event, started=False)
             case MessageRejected():
                 return self._check_refusal(state, event)
             case _:
@@ -442,6 +456,11 @@ class Auditor:
     def _check_refusal(self, state: ConversationState, refusal: MessageRejected) -> bool:
         conv, message_id = refusal.conversation_id, refusal.message_id
         self._rules["double_text"].checked += 1
+        if refusal.active_turn_id is None:  # a refused resume: it must still be pending
+            item = state.pending.get(message_id)
+            if item is not None and item.kind == "resume":
+                return False
+            return self._violate("double_text", conv, None, f"refuses resume {message_id!r}, which is not pending")
         problem = None
         if (conv, message_id) not in self._arrived_during:
             problem = f"refuses message {message_id!r}, which was never received"
@@ -480,7 +499,30 @@ class Auditor:
             spent = "an unknown cost" if turn.cost_usd is None else f"${turn.cost_usd:.6f}"
             detail = f"a model request after {spent} was spent (limit ${cost:.6f})"
             self._violate("budgets", conv, turn_id, detail)
+        self._check_deadline(state, response, started=False)
         return False
+
+    def _check_deadline(
+        self,
+        state: ConversationState,
+        event: ToolCallStarted | ToolCallFinished | ModelResponded | TerminalOutcome,
+        started: bool,
+    ) -> None:
+        """No step starts past the deadline; none is recorded as finished past it and its
+        grace (a cancelled step is recorded just after the deadline)."""
+        turn = _open_run(state, event)
+        deadline_s = self.limits.deadline_s
+        if turn is None or deadline_s is None:
+            return
+        self._rules["budgets"].checked += 1
+        at_ms = event.occurred_at - turn.claimed_at
+        allowed_ms = deadline_s * 1000 + (0 if started else DEADLINE_GRACE_MS)
+        if at_ms > allowed_ms:
+            what = "started" if started else "recorded"
+            detail = f"{event.type} {what} at {at_ms} ms, past the deadline of {deadline_s:g} s"
+            if not started:
+                detail += f" and its grace of {DEADLINE_GRACE_MS} ms"
+            self._violate("budgets", event.conversation_id, event.turn_id, detail)
 
     def _check_tool_call(self, state: ConversationState, call: ToolCallStarted) -> bool:
         turn = _open_run(state, call)
@@ -538,6 +580,11 @@ class Auditor:
         if mismatches:
             detail = f"{outcome.type} metrics disagree with the log: {mismatches}"
             found = self._violate("budgets", conv, turn_id, detail)
+        limit, cost = self.limits.max_cost_usd, outcome.metrics.cost_usd
+        if limit is not None and cost is not None and cost > limit * (1 + _COST_TOLERANCE):
+            detail = f"{outcome.type} cost ${cost:.6f}, beyond the cost limit of ${limit:.6f}"
+            found = self._violate("budgets", conv, turn_id, detail)
+        self._check_deadline(state, outcome, started=False)
         return found
 
     # -- after an accepted event -----------------------------------------------------------

@@ -115,8 +115,9 @@ def _add_pending(state: ConversationState, item: PendingInput) -> Rejection | No
 def _reject_message(state: ConversationState, event: MessageRejected) -> Rejection | None:
     """A refused message leaves the pending set for good; republishing it stays a duplicate."""
     item = state.pending.get(event.message_id)
-    if item is None or item.kind != "message":
-        return Rejection(f"rejection of {event.message_id!r}, which is not a pending message")
+    kind = "resume" if event.reason == "resume_invalid" else "message"
+    if item is None or item.kind != kind:
+        return Rejection(f"rejection of {event.message_id!r}, which is not a pending {kind}")
     del state.pending[event.message_id]
     state.rejected[event.message_id] = event.reason
     return None

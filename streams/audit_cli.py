@@ -45,13 +45,21 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     audit.add_argument("--json", action="store_true", help="print the report as JSON (every finding)")
     audit.add_argument("--max-iterations", type=int, default=None, help="hold the log to this iteration limit")
     audit.add_argument("--max-tool-calls", type=int, default=None, help="hold the log to this tool call limit")
-    audit.add_argument("--max-cost-usd", type=float, default=None, help="hold the log to this cost limit")
+    audit.add_argument(
+        "--max-cost-usd", type=float, default=None, help="hold the log to this cost limit (every outcome's cost)"
+    )
+    audit.add_argument(
+        "--deadline-s",
+        type=float,
+        default=None,
+        help="hold the log to this turn deadline: no step started past it, none recorded past it and its grace",
+    )
     audit.add_argument("--timeout", type=float, default=60.0, help="seconds to read the topic to its end")
 
 
 def audit_records(records: list[Record], args: argparse.Namespace, dlq: list[Record] | None = None) -> AuditReport:
     """`dlq`: the dead-letter topic's records, None if it could not be read."""
-    limits = AuditLimits(args.max_iterations, args.max_tool_calls, args.max_cost_usd)
+    limits = AuditLimits(args.max_iterations, args.max_tool_calls, args.max_cost_usd, args.deadline_s)
     auditor = Auditor(limits).feed_all(records)
     if dlq is not None:
         auditor.feed_dead_letters(_letters(dlq))

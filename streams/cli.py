@@ -15,8 +15,20 @@ from turnstile.events import DecodeError, decode
 from turnstile.handlers.claim import DebouncePolicy, DoubleTextPolicy
 from turnstile.handlers.provider import Provider
 from turnstile.handlers.providers.scripted import ScriptedProvider
+from turnstile.handlers.schedule import Schedule, parse_schedules
 from turnstile.streams import audit_cli
+from turnstile.streams.cli_errors import (
+    NOT_FOUND,
+    UNAVAILABLE,
+    CliError,
+    broker_url,
+    explain,
+    http_address,
+    non_empty,
+    schedules_error,
+)
 from turnstile.streams.file_log import FileLog, LogOwned
+from turnstile.streams.inert import printable
 from turnstile.streams.log import EventLog, Topics
 from turnstile.streams.publisher import message_event, publish
 from turnstile.streams.runtime import SystemClock
@@ -31,7 +43,9 @@ DEFAULT_DEBOUNCE = DebouncePolicy()
 
 def _add_log_args(parser: argparse.ArgumentParser) -> None:
     where = parser.add_mutually_exclusive_group()
-    where.add_argument("--broker", help="kafka://HOST:PORT[,HOST:PORT] (default: the embedded file log)")
+    where.add_argument(
+        "--broker", type=broker_url, help="kafka://HOST:PORT[,HOST:PORT] (default: the embedded file log)"
+    )
     where.add_argument("--data", type=Path, default=DEFAULT_DATA, help="embedded log folder (default: .turnstile)")
     parser.add_argument("--events-topic", default=DEFAULT_TOPICS.events)
     parser.add_argument("--outcomes-topic", default=DEFAULT_TOPICS.outcomes)
@@ -49,6 +63,32 @@ def _open_log(args: argparse.Namespace, group_id: str = "turnstile-worker") -> E
             membership = Membership(args.instance_id, round(args.session_timeout_s * 1000))
         return KafkaLog(bootstrap_of(args.broker), group_id=group_id, topics=topics, membership=membership)
     return FileLog(args.data, topics)
+
+
+def _schedules(path: Path) -> tuple[Schedule, ...]:
+    try:
+        return parse_schedules(json.loads(path.read_text()))
+    except (OSError, ValueError) as exc:  # JSONDecodeError and the schedule's own errors are ValueErrors
+        raise schedules_error(str(path), exc) from None
+
+
+async def _wait_for_broker(bootstrap: str, patience_s: float) -> None:
+    """Retry an unreachable broker with backoff (a worker often starts before it), saying so."""
+    from turnstile.streams.kafka_reader import reachable
+
+    loop = asyncio.get_running_loop()
+    deadline, wait = loop.time() + patience_s, 0.5
+    while not await asyncio.to_thread(reachable, bootstrap):
+        if loop.time() + wait > deadline:
+            raise CliError(
+                UNAVAILABLE,
+                f"cannot reach the Kafka broker at {bootstrap}"
+                + (f" after {patience_s:g} s" if patience_s else "")
+                + ": is it running? (bash infra/kafka/start.sh starts one)",
+            )
+        print(f"turnstile: broker {bootstrap} not reachable, retrying in {wait:g} s", file=sys.stderr, flush=True)
+        await asyncio.sleep(wait)
+        wait = min(wait * 2, 10.0)
 
 
 def _bootstrap(args: argparse.Namespace) -> str | None:
@@ -76,6 +116,16 @@ def _provider(args: argparse.Namespace) -> Provider:
 
 
 async def _run(args: argparse.Namespace) -> int:
+    from turnstile.streams.http_api import InsecureBind, check_bind, parse_address, read_token
+
+    http = parse_address(args.http) if args.http else None
+    try:
+        token = read_token(os.environ, args.http_token_file)
+        if http is not None:
+            check_bind(http[0], token)  # before anything is opened: a refusal leaves nothing behind
+    except (InsecureBind, OSError, ValueError) as exc:
+        print(f"turnstile run: {exc}", file=sys.stderr)
+        return 2
     log = _open_log(args, args.group)
     if isinstance(log, FileLog):
         try:
@@ -91,11 +141,9 @@ async def _run(args: argparse.Namespace) -> int:
         stream_replies=not args.no_stream,
         tracing=args.trace,
     )
-    from turnstile.handlers.schedule import parse_schedules
-    from turnstile.streams.http_api import parse_address
     from turnstile.streams.service import Service
 
-    schedules = parse_schedules(json.loads(args.schedules.read_text())) if args.schedules else ()
+    schedules = _schedules(args.schedules) if args.schedules else ()
     provider = _provider(args)
     from turnstile.streams.replay_gc import ReplayGc
 
@@ -104,8 +152,9 @@ async def _run(args: argparse.Namespace) -> int:
     service = Service(
         worker,
         schedules=schedules,
-        http=parse_address(args.http) if args.http else None,
+        http=http,
         bootstrap=_bootstrap(args),
+        http_token=token,
     )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -122,8 +171,9 @@ async def _run(args: argparse.Namespace) -> int:
         loop.add_signal_handler(sig, on_signal)
     try:
         await asyncio.wait([running, waiting], return_when=asyncio.FIRST_COMPLETED)
-        http = f"; HTTP on {service.url}" if service.url else ""
-        print(f"worker running on {args.broker or args.data}{http}; Ctrl-C stops it", file=sys.stderr, flush=True)
+        if ready.is_set():
+            http = f"; HTTP on {service.url}" if service.url else ""
+            print(f"worker running on {args.broker or args.data}{http}; Ctrl-C stops it", file=sys.stderr, flush=True)
         try:
             await running
         except asyncio.CancelledError:
@@ -142,7 +192,8 @@ async def _send(args: argparse.Namespace) -> int:
     if args.broker:
         await log.producer.start()  # type: ignore[attr-defined]
     try:
-        event = message_event(args.conversation, args.text, SystemClock().now_ms(), args.message_id)
+        text = sys.stdin.read() if args.text == "-" else args.text
+        event = message_event(args.conversation, non_empty(text), SystemClock().now_ms(), args.message_id)
         partition, offset = await publish(log, event)
         print(f"sent message {event.message_id} to {log.topics.events}[{partition}]@{offset}")
     finally:
@@ -164,7 +215,9 @@ async def _tail(args: argparse.Namespace) -> int:
         if isinstance(event, DecodeError):
             continue
         if args.conversation in (None, event.conversation_id):
-            print(f"{record.partition}@{record.offset:<6} {event.conversation_id:<20} {describe(event)}")
+            # Ids and content are a client's: printed inert, no escape sequence reaches the terminal.
+            print(f"{record.partition}@{record.offset:<6} {printable(event.conversation_id):<20} "
+                  f"{printable(describe(event))}")
     return 0
 
 
@@ -172,7 +225,9 @@ async def _inspect(args: argparse.Namespace) -> int:
     from turnstile.streams.inspect_cli import inspect
 
     topics = Topics(args.events_topic, args.outcomes_topic, args.dlq_topic, args.deltas_topic)
-    await inspect(args.conversation, broker=args.broker, data=args.data, topics=topics)
+    view = await inspect(args.conversation, broker=args.broker, data=args.data, topics=topics)
+    if view.state.events_applied == 0 and view.undecodable == 0:
+        raise CliError(NOT_FOUND, f"no event of conversation {args.conversation!r} is on {args.broker or args.data}")
     return 0
 
 
@@ -243,7 +298,23 @@ def build_parser() -> argparse.ArgumentParser:
         help="on SIGTERM or Ctrl-C, seconds the turns in flight may take to end (default: 30; a second signal"
         " stops at once, leaving them to the next worker)",
     )
-    run.add_argument("--http", default=None, metavar="HOST:PORT", help="serve the HTTP API and /metrics here")
+    run.add_argument(
+        "--http", type=http_address, default=None, metavar="HOST:PORT", help="serve the HTTP API and /metrics here"
+    )
+    run.add_argument(
+        "--http-token-file",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="bearer token the HTTP API requires (default: $TURNSTILE_HTTP_TOKEN; one is required to serve"
+        " a non-loopback address)",
+    )
+    run.add_argument(
+        "--connect-timeout-s",
+        type=float,
+        default=60.0,
+        help="how long run waits, retrying, for an unreachable broker before it gives up (default: 60)",
+    )
     run.add_argument("--schedules", type=Path, default=None, metavar="FILE", help="JSON list of schedules")
     run.add_argument(
         "--double-text",
@@ -263,7 +334,7 @@ def build_parser() -> argparse.ArgumentParser:
     send = sub.add_parser("send", help="publish a user message")
     _add_log_args(send)
     send.add_argument("--conversation", required=True)
-    send.add_argument("--text", required=True)
+    send.add_argument("--text", type=non_empty, required=True, help="the message; - reads it from stdin")
     send.add_argument("--message-id", default=None, help="idempotency key (default: a new id)")
 
     tail = sub.add_parser("tail", help="print the events of one or all conversations")
@@ -290,7 +361,24 @@ def main(argv: list[str] | None = None) -> int:
 
         return demo_main(args.data)
     handler = {"run": _run, "send": _send, "tail": _tail, "inspect": _inspect, "audit": audit_cli.run}[args.command]
-    return asyncio.run(handler(args))
+
+    async def checked() -> int:
+        if getattr(args, "broker", None):
+            from turnstile.streams.kafka_log import bootstrap_of
+
+            await _wait_for_broker(bootstrap_of(args.broker), args.connect_timeout_s if args.command == "run" else 0)
+        return await handler(args)
+
+    try:
+        return asyncio.run(checked())
+    except Exception as exc:
+        error = explain(exc, args.command)
+        if error is None:
+            raise
+        if args.verbose:
+            logging.exception("turnstile %s failed", args.command)
+        print(f"turnstile {args.command}: {error}", file=sys.stderr)
+        return error.code
 
 
 if __name__ == "__main__":

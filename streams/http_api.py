@@ -13,18 +13,32 @@
   `interrupted` when an attempt starts over, and the `outcome`, which ends the stream (see
   `reply_hub`). 404 when the service streams no replies.
 * `GET /metrics`: Prometheus text.
+* `GET /healthz` (liveness): 200 as long as the process serves, replay or not.
+* `GET /readyz` (readiness): 200 once every partition the worker owns is live (replayed to
+  its end), 503 with the partitions still replaying before that.
+
+With a token (`TURNSTILE_HTTP_TOKEN` or `--http-token-file`) every request but the two
+probes needs `Authorization: Bearer <token>` (401 otherwise); a non-loopback address is
+refused without one. Every error, the framework's 404/405/413 included, is a JSON
+`{"error": ..., "status": ...}`. Ids in paths and bodies are 1-200 characters with no
+control character (400 otherwise).
 
 Reads come from the log itself (the conversation's partition, read by an independent
 reader), not from the worker's memory: they are right whichever worker of the group owns
-the conversation. Writes are appends to the events topic keyed by conversation id, like
-any other producer's.
+the conversation. Reading and folding run in a thread, so the event loop (and the probes)
+stay answered meanwhile. Writes are appends to the events topic keyed by conversation id,
+like any other producer's.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hmac
+import ipaddress
 import logging
-from collections.abc import Awaitable, Callable
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable, Mapping
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import orjson
@@ -34,7 +48,7 @@ from turnstile.events import content_fingerprint, encode
 from turnstile.streams.log import EventLog, Record
 from turnstile.streams.publisher import message_event
 from turnstile.streams.runtime import Clock, SystemClock
-from turnstile.streams.views import build_view, state_json, turn_html, turn_json
+from turnstile.streams.views import ConversationView, build_view, state_json, turn_html, turn_json
 
 if TYPE_CHECKING:
     from turnstile.streams.metrics import Metrics
@@ -44,8 +58,49 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 ReadConversation = Callable[[str], Awaitable[list[Record]]]
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+Middleware = Callable[[web.Request, Handler], Awaitable[web.StreamResponse]]
 MAX_BODY_BYTES = 256 * 1024
 KEEPALIVE_S = 15.0
+MAX_ID_CHARS = 200
+# Message ids this process published, with their content's fingerprint, until the worker
+# has folded them: a conflicting re-use is a 409 before the fold as after it. Bounded: the
+# oldest are forgotten first (by then the worker has folded them, or another owner has).
+PUBLISHED_IDS_KEPT = 100_000
+OPEN_PATHS = frozenset({"/healthz", "/readyz"})  # probes carry no credentials
+
+
+class InsecureBind(ValueError):
+    """A non-loopback address without a token."""
+
+
+def check_bind(host: str, token: str | None) -> None:
+    """Refuse to serve a network without authentication."""
+    if token or _loopback(host):
+        return
+    raise InsecureBind(
+        f"refusing to serve HTTP on {host} without a token: set TURNSTILE_HTTP_TOKEN or --http-token-file"
+    )
+
+
+def _loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False  # a name (or 0.0.0.0 / "" -- every interface) is not loopback
+
+
+def id_problem(what: str, value: str) -> str | None:
+    """Why `value` is not a usable id, or None. Ids end up in headers, terminals and logs."""
+    if not value:
+        return f"{what} is empty"
+    if len(value) > MAX_ID_CHARS:
+        return f"{what} is longer than {MAX_ID_CHARS} characters"
+    if any(ord(ch) < 0x20 or 0x7F <= ord(ch) < 0xA0 for ch in value):
+        return f"{what} contains a control character"
+    return None
 
 
 def _json(data: Any, status: int = 200) -> web.Response:
@@ -53,7 +108,39 @@ def _json(data: Any, status: int = 200) -> web.Response:
 
 
 def _error(status: int, message: str) -> web.Response:
-    return _json({"error": message}, status)
+    return _json({"error": message, "status": status}, status)
+
+
+@web.middleware
+async def _json_errors(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """The framework's own errors (404, 405, 413, ...) as JSON like the API's; the headers
+    they carry (Allow on a 405) are kept."""
+    try:
+        return await handler(request)
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        response = _error(exc.status, exc.reason)
+        for name in ("Allow",):
+            if name in exc.headers:
+                response.headers[name] = exc.headers[name]
+        return response
+
+
+def _bearer(token: str) -> Middleware:
+    expected = f"Bearer {token}".encode()
+
+    @web.middleware
+    async def auth(request: web.Request, handler: Handler) -> web.StreamResponse:
+        if request.path not in OPEN_PATHS:
+            given = request.headers.get("Authorization", "").encode()
+            if not hmac.compare_digest(given, expected):
+                response = _error(401, "a bearer token is required")
+                response.headers["WWW-Authenticate"] = "Bearer"
+                return response
+        return await handler(request)
+
+    return auth
 
 
 def _wants_html(request: web.Request) -> bool:
@@ -72,12 +159,27 @@ def build_app(
     metrics: Metrics | None = None,
     clock: Clock | None = None,
     hub: ReplyHub | None = None,
+    token: str | None = None,
 ) -> web.Application:
+    """`token`: when given, every request but the probes must carry it as a bearer token."""
     clock = clock or SystemClock()
-    app = web.Application(client_max_size=MAX_BODY_BYTES)
+    middlewares: list[Middleware] = [_json_errors] + ([_bearer(token)] if token else [])
+    app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=middlewares)
+    published: OrderedDict[tuple[str, str], str] = OrderedDict()
+
+    def known_fingerprint(conversation: str, message_id: str) -> str | None:
+        """The content fingerprint a message id was first used with, as far as this process
+        knows: folded by its worker, or published by this port and not folded yet."""
+        state = worker.states.get(conversation) if worker is not None else None
+        if state is not None and (seen := state.seen_inputs.get(message_id)) is not None:
+            published.pop((conversation, message_id), None)  # folded: the state knows it now
+            return seen
+        return published.get((conversation, message_id))
 
     async def post_message(request: web.Request) -> web.Response:
         conversation = request.match_info["conversation"]
+        if problem := id_problem("the conversation id", conversation):
+            return _error(400, problem)
         try:
             body = orjson.loads(await request.read())
         except orjson.JSONDecodeError:
@@ -87,21 +189,34 @@ def build_app(
         content, message_id = body.get("content"), body.get("message_id")
         if not isinstance(content, str) or not (message_id is None or isinstance(message_id, str)):
             return _error(400, "content must be a string, and message_id a string when given")
+        if message_id is not None and (problem := id_problem("message_id", message_id)):
+            return _error(400, problem)
         try:
             event = message_event(conversation, content, clock.now_ms(), message_id)
         except ValidationError as exc:
             problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()[:5])
             return _error(400, problems)
         reply = {"conversation_id": conversation, "message_id": event.message_id}
-        # What the worker already folded: a known id is not published again.
-        state = worker.states.get(conversation) if worker is not None else None
-        seen = state.seen_inputs.get(event.message_id) if state is not None else None
-        if state is not None and seen is not None:
-            if seen != content_fingerprint(content):
+        # A known id is not published again, whether the worker folded it already or not.
+        fingerprint, key = content_fingerprint(content), (conversation, event.message_id)
+        seen = known_fingerprint(*key)
+        if seen is not None:
+            if seen != fingerprint:
                 return _error(409, f"message id {event.message_id!r} was already used for other content")
-            status = "rejected" if event.message_id in state.rejected else "accepted"
+            state = worker.states.get(conversation) if worker is not None else None
+            status = "pending"  # published by this port, not folded yet
+            if state is not None and event.message_id in state.seen_inputs:
+                status = "rejected" if event.message_id in state.rejected else "accepted"
             return _json({**reply, "duplicate": True, "status": status}, 202)
-        partition, offset = await log_.append(log_.topics.events, conversation, encode(event))
+        # Noted before the append: a concurrent re-use of the id during it is judged too.
+        published[key] = fingerprint
+        while len(published) > PUBLISHED_IDS_KEPT:
+            published.popitem(last=False)
+        try:
+            partition, offset = await log_.append(log_.topics.events, conversation, encode(event))
+        except BaseException:
+            published.pop(key, None)  # not on the log: the id is free again
+            raise
         headers = {"Location": f"/conversations/{conversation}"}
         return web.Response(
             body=orjson.dumps({**reply, "partition": partition, "offset": offset}),
@@ -110,16 +225,25 @@ def build_app(
             headers=headers,
         )
 
+    async def view_of(conversation: str) -> ConversationView:
+        # Folding a long partition is CPU work: in a thread, the loop keeps serving.
+        records = await read_conversation(conversation)
+        return await asyncio.to_thread(build_view, conversation, records)
+
     async def get_conversation(request: web.Request) -> web.Response:
         conversation = request.match_info["conversation"]
-        view = build_view(conversation, await read_conversation(conversation))
+        if problem := id_problem("the conversation id", conversation):
+            return _error(400, problem)
+        view = await view_of(conversation)
         if view.state.events_applied == 0:
             return _error(404, f"no events of conversation {conversation!r}")
         return _json(state_json(view))
 
     async def get_turn(request: web.Request) -> web.Response:
         conversation, turn_id = request.match_info["conversation"], request.match_info["turn_id"]
-        view = build_view(conversation, await read_conversation(conversation))
+        if problem := id_problem("the conversation id", conversation) or id_problem("the turn id", turn_id):
+            return _error(400, problem)
+        view = await view_of(conversation)
         turn = view.turns.get(turn_id)
         if turn is None:
             return _error(404, f"no turn {turn_id!r} in conversation {conversation!r}")
@@ -131,6 +255,8 @@ def build_app(
         if hub is None:
             return _error(404, "this service does not stream replies")
         conversation = request.match_info["conversation"]
+        if problem := id_problem("the conversation id", conversation):
+            return _error(400, problem)
         queue = hub.subscribe(conversation)
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
         try:
@@ -159,19 +285,28 @@ def build_app(
     async def health(_request: web.Request) -> web.Response:
         return _json({"ok": True})
 
+    async def ready(_request: web.Request) -> web.Response:
+        owned = worker.partitions if worker is not None else {}
+        replaying = sorted(p for p, part in owned.items() if not part.live)
+        body = {"ready": not replaying, "partitions": sorted(owned), "replaying": replaying}
+        return _json(body, 503 if replaying else 200)
+
     app.router.add_post("/conversations/{conversation}/messages", post_message)
     app.router.add_get("/conversations/{conversation}", get_conversation)
     app.router.add_get("/conversations/{conversation}/turns/{turn_id}", get_turn)
     app.router.add_get("/conversations/{conversation}/stream", stream_reply)
     app.router.add_get("/metrics", get_metrics)
     app.router.add_get("/healthz", health)
+    app.router.add_get("/readyz", ready)
     return app
 
 
 class HttpServer:
-    """The app on a host and port (port 0: any free one; `url` says which)."""
+    """The app on a host and port (port 0: any free one; `url` says which). `token`: the
+    app's bearer token; without one only a loopback address is served (`InsecureBind`)."""
 
-    def __init__(self, app: web.Application, host: str, port: int) -> None:
+    def __init__(self, app: web.Application, host: str, port: int, token: str | None = None) -> None:
+        check_bind(host, token)
         self.app, self.host, self.port = app, host, port
         self._runner: web.AppRunner | None = None
         self.url: str | None = None
@@ -189,6 +324,15 @@ class HttpServer:
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
+
+
+def read_token(env: Mapping[str, str], token_file: Path | None) -> str | None:
+    """The bearer token: from the file when one is named (its first line), else from
+    TURNSTILE_HTTP_TOKEN; None when neither says one."""
+    token = token_file.read_text().strip() if token_file is not None else env.get("TURNSTILE_HTTP_TOKEN", "").strip()
+    if token_file is not None and not token:
+        raise ValueError(f"the token file {token_file} is empty")
+    return token or None
 
 
 def parse_address(text: str) -> tuple[str, int]:

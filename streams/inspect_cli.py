@@ -3,7 +3,8 @@
 It reads the log with its own reader (no consumer group, nothing committed), so it shows
 the same state whether zero, one or many workers run: the history, the pending set, the
 active turn and a timeline per turn (attempts, iterations, tool calls, outcome, cost,
-duration), rendered with rich.
+duration), rendered with rich. What comes from the log (ids, content) is printed as plain
+`Text` with its control characters escaped (`inert.printable`): never read as markup.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 from turnstile.streams.file_log import FileLog, partition_for
+from turnstile.streams.inert import printable
 from turnstile.streams.kafka_reader import group_less_consumer, read_to_end
 from turnstile.streams.log import Record, Topics
 from turnstile.streams.views import ConversationView, TurnView, build_view
@@ -43,9 +45,14 @@ def _time(ms: int) -> str:
     return dt.datetime.fromtimestamp(ms / 1000, dt.UTC).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
 
 
-def _short(text: str, limit: int = 100) -> str:
-    text = text.replace("\n", " ")
-    return text if len(text) <= limit else text[: limit - 1] + "…"
+def _short(text: str, limit: int = 100) -> Text:
+    text = printable(text.replace("\n", " "))
+    return Text(text if len(text) <= limit else text[: limit - 1] + "…")
+
+
+def _plain(text: str) -> Text:
+    """Log text as rich shows it: literally (a `[/]` in an id is not markup), no control characters."""
+    return Text(printable(text))
 
 
 def _cost(value: float | None) -> str:
@@ -54,15 +61,16 @@ def _cost(value: float | None) -> str:
 
 def render(view: ConversationView, console: Console) -> None:
     state = view.state
-    console.print(Panel(f"[bold]{state.conversation_id}[/]  ·  {state.events_applied} events folded"
-                        f"  ·  {len(view.turns)} turns", title="conversation"))
+    head = Text.assemble((printable(state.conversation_id), "bold"),
+                         f"  ·  {state.events_applied} events folded  ·  {len(view.turns)} turns")
+    console.print(Panel(head, title="conversation"))
 
     history = Table(title="history", expand=True)
     for column in ("time", "role", "turn", "content"):
         history.add_column(column)
     for h in state.history:
         role = h.role if h.outcome is None else f"{h.role} ({h.outcome})"
-        history.add_row(_time(h.occurred_at), role, h.turn_id[:8], _short(h.content))
+        history.add_row(_time(h.occurred_at), _plain(role), _plain(h.turn_id[:8]), _short(h.content))
     console.print(history if state.history else Text("history: empty"))
 
     if state.pending:
@@ -71,13 +79,13 @@ def render(view: ConversationView, console: Console) -> None:
             pending.add_column(column)
         for p in state.pending.values():
             kind = p.kind if p.source is None else f"{p.kind} ({p.source})"
-            pending.add_row(_time(p.occurred_at), p.input_id, kind, _short(p.content))
+            pending.add_row(_time(p.occurred_at), _plain(p.input_id), _plain(kind), _short(p.content))
         console.print(pending)
     else:
         console.print(Text("pending: none"))
 
     if state.rejected:
-        console.print(Text(f"rejected (double text): {', '.join(state.rejected)}"))
+        console.print(_plain(f"rejected (double text): {', '.join(state.rejected)}"))
 
     active = state.active
     if active is None:
@@ -85,10 +93,13 @@ def render(view: ConversationView, console: Console) -> None:
     else:
         console.print(
             Panel(
-                f"turn {active.turn_id[:12]}  inputs {list(active.input_ids)}\n"
-                f"claimed {_time(active.claimed_at)}  attempt {active.attempt} ({active.attempt_state})  "
-                f"run {active.run_id[:8]}  model {active.model}\n"
-                f"iterations {active.iterations}  tool calls {active.tool_calls}  cost {_cost(active.cost_usd)}",
+                Text("\n").join([
+                    _plain(f"turn {active.turn_id[:12]}  inputs {list(active.input_ids)}"),
+                    _plain(f"claimed {_time(active.claimed_at)}  attempt {active.attempt} ({active.attempt_state})  "
+                           f"run {active.run_id[:8]}  model {active.model}"),
+                    _plain(f"iterations {active.iterations}  tool calls {active.tool_calls}  "
+                           f"cost {_cost(active.cost_usd)}"),
+                ]),
                 title="active turn",
                 border_style="yellow",
             )
@@ -104,24 +115,27 @@ def _turn_panel(turn: TurnView) -> Panel:
     outcome = turn.outcome or "active"
     colour = {"completed": "green", "failed": "red", "paused": "yellow", "exhausted": "magenta"}.get(outcome, "cyan")
     duration = "—" if turn.duration_ms is None else f"{turn.duration_ms / 1000:.2f}s"
-    head = Text.from_markup(
-        f"inputs {list(turn.input_ids)}  ·  attempts {len(turn.attempts)}  ·  iterations {turn.iterations}"
-        f"  ·  tool calls {len(turn.tool_calls)}  ·  outcome [bold {colour}]{outcome}[/]"
-        f"  ·  cost {_cost(turn.cost_usd)}  ·  duration {duration}"
+    head = Text.assemble(
+        printable(
+            f"inputs {list(turn.input_ids)}  ·  attempts {len(turn.attempts)}  ·  iterations {turn.iterations}"
+            f"  ·  tool calls {len(turn.tool_calls)}  ·  outcome "
+        ),
+        (outcome, f"bold {colour}"),
+        f"  ·  cost {_cost(turn.cost_usd)}  ·  duration {duration}",
     )
     parts: list[Text | Table] = [head]
     if turn.outcome_detail:
-        parts.append(Text(_short(turn.outcome_detail, 200)))
+        parts.append(_short(turn.outcome_detail, 200))
     steps = Table(show_header=True, box=None, expand=True)
     for column in ("at", "+s", "event", "detail"):
         steps.add_column(column)
     for e in turn.entries:
         detail = e.text if e.ignored is None else f"{e.text}  [ignored: {e.ignored}]"
         style = "dim" if e.ignored else None
-        steps.add_row(f"{e.partition}@{e.offset}", f"{(e.occurred_at - turn.claimed_at) / 1000:+.3f}", e.type,
+        steps.add_row(f"{e.partition}@{e.offset}", f"{(e.occurred_at - turn.claimed_at) / 1000:+.3f}", _plain(e.type),
                       _short(detail, 120), style=style)
     parts.append(steps)
-    return Panel(Group(*parts), title=f"turn {turn.turn_id[:12]}", border_style=colour)
+    return Panel(Group(*parts), title=_plain(f"turn {turn.turn_id[:12]}"), border_style=colour)
 
 
 async def inspect(

@@ -11,12 +11,14 @@ whose headers hold the key.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import logging
 import random
 import ssl
 import time
 from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
 
 import httpx
 import orjson
@@ -83,10 +85,12 @@ class HttpProvider:
         started = time.monotonic()
         retries = 0
         while True:
-            relay = None if stream is None else _Relay(stream)
+            relay = None if stream is None else _Relay(stream, self._redact, self._secret)
             result = await self._try(content, request, relay)
             if isinstance(result, ModelReply):
-                return result
+                if relay is not None:
+                    await relay.flush()
+                return self._redact_reply(result)
             time_left = None if request.time_left_s is None else request.time_left_s - (time.monotonic() - started)
             decision = next_retry(self._retry, retries, result, self._jitter(), time_left)
             if isinstance(decision, GiveUp):
@@ -197,17 +201,64 @@ class HttpProvider:
     def _redact(self, text: str) -> str:
         return text.replace(self._secret, "[redacted]") if self._secret else text
 
+    def _redact_reply(self, reply: ModelReply) -> ModelReply:
+        """A provider may echo the key (a prompt injection asks it to): no part of what is
+        recorded -- the text, tool calls, the native blocks sent back next round -- keeps it."""
+        if not self._secret:
+            return reply
+        calls = tuple(
+            c.model_copy(update={"name": self._redact(c.name), "arguments": self._redact(c.arguments)})
+            for c in reply.tool_calls
+        )
+        text = None if reply.text is None else self._redact(reply.text)
+        native = None if reply.native is None else tuple(_scrub(block, self._redact) for block in reply.native)
+        return dataclasses.replace(reply, text=text, tool_calls=calls, native=native)
+
+
+def _scrub(value: Any, redact: Callable[[str], str]) -> Any:
+    """Every string of a JSON-like value redacted."""
+    if isinstance(value, str):
+        return redact(value)
+    if isinstance(value, Mapping):
+        return {k: _scrub(v, redact) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_scrub(v, redact) for v in value]
+    return value
+
 
 class _Relay:
-    """Passes text on to the caller's stream, remembering whether any went."""
+    """Passes text on to the caller's stream (redacted), remembering whether any went.
+    The key may arrive split over deltas: text that ends with a beginning of the key is
+    held back until the next delta (or the end) says whether the key follows."""
 
-    def __init__(self, stream: ReplyStream) -> None:
+    def __init__(self, stream: ReplyStream, redact: Callable[[str], str], secret: str | None) -> None:
         self.stream = stream
         self.sent = False
+        self._redact = redact
+        self._secret = secret or ""
+        self._held = ""
 
     async def delta(self, text: str) -> None:
-        self.sent = True
-        await self.stream.delta(text)
+        text = self._redact(self._held + text)
+        keep = _key_start_at_end(text, self._secret)
+        text, self._held = text[: len(text) - keep], text[len(text) - keep :]
+        if text:
+            self.sent = True
+            await self.stream.delta(text)
+
+    async def flush(self) -> None:
+        held, self._held = self._held, ""
+        if held:
+            self.sent = True
+            await self.stream.delta(held)
+
+
+def _key_start_at_end(text: str, secret: str) -> int:
+    """How many characters at the end of `text` are a beginning of `secret` (0: none)."""
+    for size in range(min(len(text), len(secret) - 1), 0, -1):
+        if secret.startswith(text[-size:]):
+            return size
+    return 0
 
 
 def _given_up(error: ProviderError, decision: GiveUp, retries: int) -> ProviderError:

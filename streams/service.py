@@ -24,7 +24,8 @@ def conversation_reader(log: EventLog, bootstrap: str | None = None) -> ReadConv
         directory, topics, partitions = log.directory, log.topics, log.partitions
 
         async def read_file(conversation: str) -> list[Record]:
-            return file_records(directory, topics, conversation, partitions)
+            # Reading the files is blocking I/O: in a thread, so the loop keeps serving.
+            return await asyncio.to_thread(file_records, directory, topics, conversation, partitions)
 
         return read_file
     if bootstrap is None:
@@ -66,6 +67,7 @@ class Service:
         schedules: Sequence[Schedule] = (),
         http: tuple[str, int] | None = None,
         bootstrap: str | None = None,
+        http_token: str | None = None,
     ) -> None:
         self.worker = worker
         if worker.metrics is None and http is not None:
@@ -90,8 +92,9 @@ class Service:
                 metrics=worker.metrics,
                 clock=worker.clock,
                 hub=self.hub,
+                token=http_token,
             )
-            self.http = HttpServer(app, *http)
+            self.http = HttpServer(app, *http, token=http_token)
 
     @property
     def url(self) -> str | None:

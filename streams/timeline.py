@@ -37,7 +37,8 @@ def describe(event: Event) -> str:
         case InputInjected():
             detail = f"{event.source} input {event.occurrence_key}: {_short(event.content)!r}"
         case MessageRejected():
-            detail = f"message {event.message_id} rejected ({event.reason}, turn {event.active_turn_id[:8]} active)"
+            turn = event.active_turn_id or event.resumes_turn_id or ""
+            detail = f"input {event.message_id} rejected ({event.reason}, turn {turn[:8]})"
         case ResumeRequested():
             detail = f"resume of turn {event.resumes_turn_id[:8]}"
         case TurnClaimed():

@@ -35,7 +35,18 @@ from turnstile.events import (
 )
 from turnstile.events.outcomes import PauseReason
 from turnstile.handlers import outcomes
-from turnstile.handlers.budget import Spent, TurnBudget, hard_limit, soft_dimension, spending_limit
+from turnstile.handlers.budget import (
+    Limit,
+    Spent,
+    TurnBudget,
+    cancelled_at_deadline,
+    hard_limit,
+    input_token_bound,
+    output_allowance,
+    soft_dimension,
+    spending_limit,
+    time_left_s,
+)
 from turnstile.handlers.claim import ClaimPlan, claim_event
 from turnstile.handlers.compaction import compact_tool_exchanges
 from turnstile.handlers.context import build_context
@@ -266,6 +277,9 @@ class TurnRunner:
             iteration += 1
             messages = await self._maybe_compact(messages, iteration)
             reply = await self._complete(tuple(messages), tools, iteration)
+            if isinstance(reply, Limit):
+                await self._pause(reply.dimension, reply.reason)
+                return
             if reply.text:
                 self._last_text = reply.text
             step = after_reply(reply, earlier)
@@ -288,8 +302,8 @@ class TurnRunner:
             if isinstance(step, AskAgain):
                 earlier += reply.text or ""
                 continue
-            for call in reply.tool_calls:
-                result = await self._handle_call(call, iteration, reply.model, isolated)
+            for index, call in enumerate(reply.tool_calls):
+                result = await self._handle_call(reply.tool_calls[index:], iteration, reply.model, isolated)
                 if result is None:
                     return  # the call ended the turn
                 text, ok = result
@@ -303,8 +317,8 @@ class TurnRunner:
             if step.text:
                 self._last_text = step.text
             messages.append(ChatMessage("assistant", step.text or "", step.tool_calls))
-            for call in step.tool_calls:
-                result = await self._resumed_call(resume, call, step, isolated, step is last)
+            for index, call in enumerate(step.tool_calls):
+                result = await self._resumed_call(resume, step.tool_calls[index:], step, isolated, step is last)
                 if result is None:
                     return False
                 text, ok = result
@@ -312,8 +326,10 @@ class TurnRunner:
         return True
 
     async def _resumed_call(
-        self, resume: Resume, call: ToolCall, step: ModelResponded, isolated: bool, last: bool
+        self, resume: Resume, calls: tuple[ToolCall, ...], step: ModelResponded, isolated: bool, last: bool
     ) -> tuple[str, bool] | None:
+        """The result of `calls[0]` (the others follow it in the step) in the transcript."""
+        call = calls[0]
         finished = resume.results.get(call.call_id)
         if finished is not None:
             self._done[call.call_id] = _Done(call.name, call.arguments, finished.ok, finished.result)
@@ -326,7 +342,7 @@ class TurnRunner:
         if how == "reconcile":
             return await self._reconcile(call, step.iteration)
         if how is not None or last:
-            return await self._handle_call(call, step.iteration, step.model, isolated)
+            return await self._handle_call(calls, step.iteration, step.model, isolated)
         return "error: this call did not run.", False
 
     async def _reconcile(self, call: ToolCall, iteration: int) -> tuple[str, bool] | None:
@@ -369,13 +385,21 @@ class TurnRunner:
 
     async def _complete(
         self, messages: tuple[ChatMessage, ...], tools: tuple[ToolSpec, ...], iteration: int
-    ) -> ModelReply:
+    ) -> ModelReply | Limit:
         """One provider response, recorded. A failure moves down the fallback chain while the
-        next model speaks the same protocol; otherwise the attempt fails."""
+        next model speaks the same protocol; otherwise the attempt fails. A Limit when the
+        cost left cannot pay for a reply of this model, or the deadline came first."""
+        budget = self._settings.budget
         while True:
             route = self._routes[self._route]
-            time_left_s = (self._settings.budget.deadline_ms - self._spent(iteration).elapsed_ms) / 1000
-            request = ModelRequest(route.model, messages, tools, self._settings.max_output_tokens, time_left_s)
+            spent = self._spent(iteration)
+            price = self._settings.prices.get(route.model)
+            wanted = self._settings.max_output_tokens
+            allowance = output_allowance(spent, budget, route.model, price, input_token_bound(messages, tools), wanted)
+            if isinstance(allowance, Limit):
+                return allowance
+            left_s = time_left_s(spent, budget)
+            request = ModelRequest(route.model, messages, tools, allowance, left_s)
             turn = self.turn
             stream = (
                 self._replies.open(self.state.conversation_id, turn.turn_id, turn.run_id, turn.attempt, iteration)
@@ -383,7 +407,14 @@ class TurnRunner:
                 else None
             )
             try:
-                reply = await route.provider.complete(request, stream)
+                async with asyncio.timeout(left_s):
+                    reply = await route.provider.complete(request, stream)
+            except TimeoutError:
+                if stream is not None:
+                    await stream.restart()
+                return Limit(
+                    "deadline", f"the time limit ({budget.deadline_ms / 1000:g} s) was reached during a model request"
+                )
             except ProviderError as err:
                 if stream is not None:
                     await stream.restart()  # what this model streamed is no part of the reply
@@ -414,7 +445,8 @@ class TurnRunner:
                     iteration=iteration,
                     model=reply.model,
                     text=reply.text,
-                    tool_calls=reply.tool_calls,
+                    # Secret tool arguments are redacted on the log; the tools get the values.
+                    tool_calls=tuple(map(self._settings.tools.recorded, reply.tool_calls)),
                     usage=reply.usage,
                     cost_usd=cost_usd(self._settings.prices, reply.model, reply.usage, route.model),
                     finish_reason=reply.finish_reason,
@@ -426,24 +458,28 @@ class TurnRunner:
             )
             return reply
 
-    async def _handle_call(self, call: ToolCall, iteration: int, model: str, isolated: bool) -> tuple[str, bool] | None:
+    async def _handle_call(
+        self, calls: tuple[ToolCall, ...], iteration: int, model: str, isolated: bool
+    ) -> tuple[str, bool] | None:
         """The tool result the model reads next and whether the call succeeded, or None
-        when this call ended the turn."""
+        when this call ended the turn. `calls`: this call and those after it in the reply,
+        which a pause records as blocked."""
+        call = calls[0]
         checked = validate_call(self._settings.tools, call, isolated)
         if isinstance(checked, InvalidCall):
             return await self._invalid_call(checked, iteration, model)
         limit = hard_limit(self._spent(iteration), self._settings.budget, self._model)
         if limit is not None:
-            await self._pause(limit.dimension, limit.reason)
+            await self._pause(limit.dimension, limit.reason, calls)
             return None
         if checked.tool.needs_approval:
             approved = self._approval_of(checked)
             if approved is None:
-                await self._pause_for_approval(call)
+                await self._pause_for_approval(checked.call, calls[1:])
                 return None
             if not approved:
                 return "error: the user denied this call; it did not run. Do not call it again.", False
-        return await self._run_tool(checked, iteration)
+        return await self._run_tool(checked, iteration, calls[1:])
 
     async def _invalid_call(self, invalid: InvalidCall, iteration: int, model: str) -> tuple[str, bool] | None:
         call, policy = invalid.call, self._settings.repeats
@@ -475,9 +511,14 @@ class TurnRunner:
                 return True
         return None
 
-    async def _run_tool(self, checked: ValidCall, iteration: int) -> tuple[str, bool]:
+    async def _run_tool(
+        self, checked: ValidCall, iteration: int, after: tuple[ToolCall, ...]
+    ) -> tuple[str, bool] | None:
+        """The result, or None when the deadline cancelled the tool and paused the turn."""
         call, tool = checked.call, checked.tool
         key = idempotency_key(self.turn.turn_id, call.call_id) if tool.idempotent else None
+        left_s = time_left_s(self._spent(iteration), self._settings.budget)
+        timeout_s = min(self._settings.tool_timeout_s, left_s)
         # On the log, acknowledged, before the tool can touch anything.
         started = ToolCallStarted(
             **self._stamp(),
@@ -496,11 +537,13 @@ class TurnRunner:
         # Nothing awaits between the acknowledgement and the body's first step, so a
         # revoke cannot land between them: it lands before (recorded above) or inside.
         try:
-            async with asyncio.timeout(self._settings.tool_timeout_s):
+            async with asyncio.timeout(timeout_s):
                 body = tool.run(checked.arguments, key) if tool.idempotent else tool.run(checked.arguments)
                 result, ok = await body, True
         except TimeoutError:
-            result, ok = f"error: the tool did not finish within {self._settings.tool_timeout_s:g} s", False
+            if timeout_s == left_s:
+                return await self._cancelled_at_deadline(checked, iteration, after)
+            result, ok = f"error: the tool did not finish within {timeout_s:g} s", False
         except Exception as exc:
             result, ok = f"error: {type(exc).__name__}: {exc}", False
         if not isinstance(result, str):
@@ -537,27 +580,49 @@ class TurnRunner:
         except Exception:
             log.warning("could not record that call %s did not start", started.call_id)
 
+    async def _cancelled_at_deadline(self, checked: ValidCall, iteration: int, after: tuple[ToolCall, ...]) -> None:
+        call, tool = checked.call, checked.tool
+        failure = cancelled_at_deadline(tool.side_effect)
+        if failure is not None:
+            await self._emit(
+                ToolCallFinished(**self._stamp(), iteration=iteration, call_id=call.call_id, ok=False, result=failure)
+            )
+        status = failure or "cancelled at the deadline; it may or may not have acted (status unknown)"
+        self._done[call.call_id] = _Done(tool.name, call.arguments, False, status)
+        why = f"the time limit ({self._settings.budget.deadline_ms / 1000:g} s) was reached while {tool.name} ran"
+        await self._pause("deadline", why, after)
+
     # -- outcomes ----------------------------------------------------------------------
-    async def _pause(self, reason: PauseReason, why: str) -> None:
+    async def _pause(self, reason: PauseReason, why: str, blocked: tuple[ToolCall, ...] = ()) -> None:
+        blocked = self._recorded(blocked)
         hint = (
             f"Paused because {why}. The completed work is kept above. To continue, send a ResumeRequested "
             f"(resumes_turn_id={self.turn.turn_id}): it starts a new turn with a fresh budget that sees this one."
         )
-        await self._emit(outcomes.paused(self.turn, self._next_stamp(), reason, self._kept(), hint, self._model))
+        stamp = self._next_stamp()
+        kept = self._kept(blocked)
+        await self._emit(outcomes.paused(self.turn, stamp, reason, kept, hint, self._model, blocked_calls=blocked))
 
-    async def _pause_for_approval(self, call: ToolCall) -> None:
+    async def _pause_for_approval(self, call: ToolCall, blocked: tuple[ToolCall, ...]) -> None:
+        blocked = self._recorded(blocked)
         turn = self.turn
         waiting = f"Waiting for approval to call {call.name} with arguments {call.arguments} (call {call.call_id})."
-        kept = f"{self._kept()}\n{waiting}".strip()
+        kept = f"{self._kept(blocked)}\n{waiting}".strip()
         hint = (
             "Approve or deny it with an InputInjected of source 'approval' carrying "
             f"approval={{turn_id: {turn.turn_id}, call_id: {call.call_id}, approved: true|false}}; "
             "it starts a new turn that sees this request."
         )
-        await self._emit(outcomes.paused(turn, self._next_stamp(), "approval", kept, hint, self._model, call))
+        stamp = self._next_stamp()
+        await self._emit(outcomes.paused(turn, stamp, "approval", kept, hint, self._model, call, blocked))
 
-    def _kept(self) -> str:
-        """What a paused turn keeps: the reply so far and the tools that ran, with results."""
+    def _recorded(self, calls: tuple[ToolCall, ...]) -> tuple[ToolCall, ...]:
+        """Calls as the log keeps them: their tools' secret arguments redacted."""
+        return tuple(self._settings.tools.recorded(c) for c in calls)
+
+    def _kept(self, blocked: tuple[ToolCall, ...] = ()) -> str:
+        """What a paused turn keeps: the reply so far, the tools that ran, with results, and
+        the calls requested but not run (the resumed turn may make them again)."""
         lines = [self._last_text] if self._last_text else []
         if self._done:
             lines.append("Completed operations:")
@@ -567,6 +632,9 @@ class TurnRunner:
                     result = result[:RESULT_EXCERPT_CHARS] + "..."
                 status = "ok" if done.ok else "failed"
                 lines.append(f"- {done.tool}({done.arguments}) -> {status}: {result}")
+        if blocked:
+            lines.append("Requested but not run (the turn stopped first):")
+            lines.extend(f"- {c.name}({c.arguments}) [call {c.call_id}]" for c in blocked)
         return "\n".join(lines)
 
     async def _fail(self, error: str) -> None:

@@ -29,6 +29,7 @@ from turnstile.events import (
     decode,
 )
 from turnstile.projections import ConversationState, apply_event, new_state
+from turnstile.streams.inert import printable
 from turnstile.streams.log import Record
 from turnstile.streams.timeline import describe
 
@@ -242,9 +243,14 @@ def turn_json(conversation_id: str, turn: TurnView) -> dict[str, Any]:
 IGNORED_CLASS = ' class="ignored"'
 
 
+def _esc(text: str) -> str:
+    """Log text for the page: markup escaped, control characters written out."""
+    return html.escape(printable(text))
+
+
 def turn_html(conversation_id: str, turn: TurnView) -> str:
     data = turn_json(conversation_id, turn)
-    esc = html.escape
+    esc = _esc
     summary = "".join(
         f"<tr><th>{esc(k)}</th><td>{esc(str(data[k]))}</td></tr>"
         for k in ("turn_id", "input_ids", "outcome", "outcome_detail", "iterations", "input_tokens",

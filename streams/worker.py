@@ -26,6 +26,7 @@ from turnstile.events import (
     Event,
     MessageReceived,
     MessageRejected,
+    ResumeRequested,
     ToolCallStarted,
     decode,
     encode,
@@ -34,10 +35,11 @@ from turnstile.handlers.claim import (
     ClaimPlan,
     DebouncePolicy,
     DoubleTextPolicy,
+    Refusal,
     WaitUntil,
     plan_claim,
+    refusal_on_arrival,
     rejection_event,
-    rejects_on_arrival,
 )
 from turnstile.handlers.provider import ChatMessage, Provider
 from turnstile.projections import ConversationState, apply_event, new_state
@@ -58,6 +60,10 @@ log = logging.getLogger(__name__)
 _EFFECT_BACKOFF_S = 0.1
 _EFFECT_BACKOFF_MAX_S = 5.0
 _EFFECT_FLUSH_S = 5.0
+
+
+# The longest the consumer folds without letting the rest of the loop run.
+YIELD_AFTER_S = 0.02
 
 
 class ReplayHooks(Protocol):
@@ -148,6 +154,7 @@ class Worker:
         self._dirty: set[str] = set()
         self._timers: list[tuple[int, str]] = []
         self._last_commit = 0.0
+        self._held_since = 0.0  # loop time the consumer last let the loop run
         # One-time writes in flight: (partition, offset of their record, the write).
         self._effects: list[tuple[int, int, asyncio.Future[None]]] = []
         self.dead_letters = 0
@@ -155,9 +162,9 @@ class Worker:
         # Bumped by every rebalance callback: a batch polled before one is stale.
         self._rebalances = 0
         self.draining = False  # set once stop is asked: no new claims from then on
-        # Double-text refusals: message id -> the active turn, still to write; and the ids
-        # refused but not yet folded back, which block the conversation's next claim.
-        self._to_reject: dict[str, dict[str, str]] = {}
+        # Refusals (double text, resumes of no paused turn): input id -> the refusal still
+        # to write; and the ids refused but not yet folded back, which block the next claim.
+        self._to_reject: dict[str, dict[str, Refusal]] = {}
         self._refusing: dict[str, set[str]] = {}
         self._rejecting: dict[str, asyncio.Task[None]] = {}
         # Per conversation, its history rendered as prompt messages, kept across its turns
@@ -251,8 +258,18 @@ class Worker:
                 # predates it. An assignment replays from offset 0, so drop it here.
                 break
             await self._consume(record)
+            await self._let_the_loop_run()
         self._decide()
         await self._maybe_commit()
+
+    async def _let_the_loop_run(self) -> None:
+        """Folding awaits nothing real, and neither does a poll with records at hand: a
+        replay would hold the loop (the HTTP port and its probes with it) for as long as it
+        lasts. Past the budget, across steps, let the loop run once."""
+        now = asyncio.get_running_loop().time()
+        if now - self._held_since > YIELD_AFTER_S:
+            await asyncio.sleep(0)
+            self._held_since = asyncio.get_running_loop().time()
 
     async def _drain(self) -> None:
         """Stop claiming, and keep consuming -- runners wait for their own events to be read
@@ -421,10 +438,12 @@ class Worker:
     # -- double text -------------------------------------------------------------------
     def _note_double_text(self, state: ConversationState, event: Event) -> None:
         conversation = state.conversation_id
-        if isinstance(event, MessageReceived) and rejects_on_arrival(self.config.double_text, state, event.message_id):
-            assert state.active is not None
-            self._to_reject.setdefault(conversation, {})[event.message_id] = state.active.turn_id
-            self._refusing.setdefault(conversation, set()).add(event.message_id)
+        refusal = refusal_on_arrival(self.config.double_text, state, event)
+        if refusal is not None:
+            assert isinstance(event, (MessageReceived, ResumeRequested))
+            input_id = event.message_id if isinstance(event, MessageReceived) else event.request_id
+            self._to_reject.setdefault(conversation, {})[input_id] = refusal
+            self._refusing.setdefault(conversation, set()).add(input_id)
         elif isinstance(event, MessageRejected):
             self._to_reject.get(conversation, {}).pop(event.message_id, None)
             self._refusing.get(conversation, set()).discard(event.message_id)
@@ -455,10 +474,10 @@ class Worker:
             task.add_done_callback(done)
         return True
 
-    async def _write_refusals(self, conversation: str, partition: int, owed: dict[str, str]) -> None:
+    async def _write_refusals(self, conversation: str, partition: int, owed: dict[str, Refusal]) -> None:
         state = self.states[conversation]
-        for message_id, turn_id in owed.items():
-            event = rejection_event(state, message_id, turn_id, event_id=self.ids.new(), now_ms=self.clock.now_ms())
+        for message_id, refusal in owed.items():
+            event = rejection_event(state, message_id, refusal, event_id=self.ids.new(), now_ms=self.clock.now_ms())
             await self.log.append(self.log.topics.events, conversation, encode(event), partition)
             self._to_reject.get(conversation, {}).pop(message_id, None)
 

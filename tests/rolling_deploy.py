@@ -16,8 +16,9 @@ import itertools
 import time
 import uuid
 from collections import Counter
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Literal
 
 from loop_harness import Transfer
 from turnstile.events import (
@@ -52,7 +53,10 @@ class Shape:
     over_s: float = 8.0
     model_s: float = 0.2
     transfer_s: float = 0.5
-    deploy: bool = True
+    # rolling: each worker drained and started again in turn; crash: worker 1 stops dead
+    # (cancelled, nothing drained or committed; a static member does not leave the group,
+    # so the group sees what SIGKILL shows it) and is not started again.
+    deploy: Literal["none", "rolling", "crash"] = "rolling"
     static: bool = True  # workers carry an instance id (static membership)
     drain_grace_s: float = 10.0
 
@@ -67,6 +71,7 @@ class Figures:
     outcome_records_duplicated: int = 0
     transfers_run_twice: int = 0
     longest_silence_s: float = 0.0
+    takeover_s: float | None = None  # crash: until the survivor owns every partition, live
     latencies_s: list[float] = field(default_factory=list)
 
 
@@ -119,17 +124,39 @@ async def rolling_deploy(bootstrap: str, topics: Topics, shape: Shape) -> Figure
         fresh = start(name)
         await until(lambda: bool(fresh.partitions), 60)
 
+    crash_at: list[float] = []
+    survivor_live: list[float] = []
+
+    async def crash() -> None:
+        _, _, task = running.pop("worker-1")
+        crash_at.append(time.monotonic())
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        survivor = running["worker-2"][0]
+        await until(lambda: len(survivor.partitions) == 8 and all(p.live for p in survivor.partitions.values()), 60)
+        survivor_live.append(time.monotonic())
+
+    def settled() -> bool:
+        # Both members hold a share, disjoint and live: the group's first rebalance is over.
+        owned = [set(w.partitions) for w, _, _ in running.values()]
+        live = all(p.live for w, _, _ in running.values() for p in w.partitions.values())
+        return all(owned) and len(set.union(*owned)) == sum(map(len, owned)) == 8 and live
+
+    async def rolling() -> None:
+        await restart("worker-1")
+        await restart("worker-2")
+
     publisher = KafkaLog(bootstrap, group, topics)
     await publisher.producer.start()
     published: dict[str, float] = {}
     try:
         start("worker-1")
         start("worker-2")
-        await until(lambda: len({p for w, _, _ in running.values() for p in w.partitions}) == 8, 60)
+        await until(settled, 60)
         deploy: asyncio.Task[None] | None = None
         for i in range(shape.messages):
-            if shape.deploy and i == shape.messages // 4:
-                deploy = asyncio.create_task(_one_then_the_other(restart))
+            if shape.deploy != "none" and i == shape.messages // 4:
+                deploy = asyncio.create_task(rolling() if shape.deploy == "rolling" else crash())
             event = message_event(f"conv-{i % shape.conversations}", f"m{i}", int(time.time() * 1000), f"m{i}")
             published[event.message_id] = time.time()
             await publish(publisher, event)
@@ -147,12 +174,10 @@ async def rolling_deploy(bootstrap: str, topics: Topics, shape: Shape) -> Figure
         for r in await read_topic(bootstrap, topics.outcomes)
         if isinstance(e := decode(r.value), OUTCOME_TYPES)
     )
-    return _figures(events, published, runs, outcome_records)
-
-
-async def _one_then_the_other(restart: Callable[[str], Awaitable[None]]) -> None:
-    await restart("worker-1")
-    await restart("worker-2")
+    figures = _figures(events, published, runs, outcome_records)
+    if crash_at and survivor_live:
+        figures.takeover_s = survivor_live[0] - crash_at[0]
+    return figures
 
 
 async def _until_answered(bootstrap: str, topics: Topics, sent: set[str], timeout_s: float = 120.0) -> list[Event]:

@@ -601,3 +601,27 @@ def test_a_completion_from_a_run_its_attempt_failed_closed_is_stale() -> None:
     assert report.ok, render(report)
     assert [f.where for f in report.stale] == ["0@4"]
     assert "after its AttemptFailed" in report.stale[0].detail
+
+
+def test_cost_is_checked_by_the_recorded_outcome_and_time_by_the_deadline() -> None:
+    c = claim(["m1"], 10, 0)
+    at = lambda event, ms: event.model_copy(update={"occurred_at": c.occurred_at + ms})  # noqa: E731
+    log = records(
+        message("m1", 1), c, started(c, 11),
+        at(responded(c, 1, cost=0.04), 100), at(tool_started(c, "a", side_effect=False), 1400),
+        at(tool_finished(c, "a"), 1800),
+        at(outcome(c, iterations=1, tool_calls=1, cost_usd=0.04, operations=(
+            OperationRecord(call_id="a", tool="transfer", side_effect=False, status="succeeded"),)), 2600),
+    )  # fmt: skip
+    # the one request was made under the limit: only the outcome shows the overshoot
+    report = audit(log, AuditLimits(max_cost_usd=0.035, deadline_s=1.5))
+    assert violations(report) == {
+        "budgets": [
+            "0@6 TurnCompleted cost $0.040000, beyond the cost limit of $0.035000",
+            "0@6 TurnCompleted recorded at 2600 ms, past the deadline of 1.5 s and its grace of 1000 ms",
+        ]
+    }
+    # the tool started before the deadline and finished within its grace; a later start is a violation
+    late = audit(log, AuditLimits(deadline_s=1.2))
+    assert "0@4 ToolCallStarted started at 1400 ms, past the deadline of 1.2 s" in violations(late)["budgets"]
+    assert audit(log, AuditLimits(max_cost_usd=0.04, deadline_s=2)).ok

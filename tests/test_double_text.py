@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from builders import claim, completed, eid, message, started
 from turnstile.events import MessageRejected, TurnClaimed, TurnCompleted, decode
-from turnstile.handlers.claim import DoubleTextPolicy, rejection_event, rejects_on_arrival
+from turnstile.handlers.claim import DoubleTextPolicy, refusal_on_arrival, rejection_event, rejects_on_arrival
 from turnstile.handlers.providers.scripted import ScriptedProvider
 from turnstile.projections import apply_event, new_state
 from turnstile.streams.file_log import FileLog
@@ -48,10 +48,13 @@ def test_only_a_message_folded_during_an_active_turn_is_refused():
     assert not rejects_on_arrival(reject, state, "m1")  # no turn is active: it is batched as usual
     c = claim(["m1"], 20, 0)
     assert apply_event(state, c) is None
-    assert apply_event(state, message("m2", 30)) is None
+    m2 = message("m2", 30)
+    assert apply_event(state, m2) is None
     assert rejects_on_arrival(reject, state, "m2")
     assert not rejects_on_arrival(DoubleTextPolicy("enqueue"), state, "m2")
-    event = rejection_event(state, "m2", c.turn_id, event_id="e", now_ms=40)
+    refusal = refusal_on_arrival(reject, state, m2)
+    assert refusal is not None
+    event = rejection_event(state, "m2", refusal, event_id="e", now_ms=40)
     assert (event.message_id, event.reason, event.active_turn_id) == ("m2", "turn_active", c.turn_id)
     assert "not taken" in event.text
 

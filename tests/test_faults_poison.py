@@ -14,6 +14,7 @@ from collections import Counter
 import orjson
 import pytest
 from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.errors import KafkaConnectionError
 from fault_audit import check_invariants, counts, dead_letters, record, until_settled
 from kafka_fixtures import fresh_topics, kafka_bootstrap  # noqa: F401  (fixtures)
 from turnstile.events import encode
@@ -156,3 +157,73 @@ async def test_hostile_values_of_every_class_never_stop_two_workers(
     assert len(await dead_letters(kafka_bootstrap, fresh_topics)) == len(bad)
     assert worker.dead_letters == len(bad)  # it met them all on replay, and wrote none
 
+
+
+class RefusingEffects(KafkaLog):
+    """A producer that refuses every outcome record and dead letter while `down` is set, as
+    during an outage of those topics' leaders; events still go through."""
+
+    down = True
+    refused = 0
+
+    async def append(self, topic, key, value, partition=None, headers=None):  # type: ignore[no-untyped-def]
+        if self.down and topic in (self.topics.outcomes, self.topics.dead_letters):
+            self.refused += 1
+            raise KafkaConnectionError("refused for the test")
+        return await super().append(topic, key, value, partition, headers)
+
+
+async def committed_offsets(bootstrap: str, group: str) -> dict[int, int]:
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        return {tp.partition: meta.offset for tp, meta in (await admin.list_consumer_group_offsets(group)).items()}
+    finally:
+        await admin.close()
+
+
+async def test_effects_refused_for_a_while_are_retried_never_committed_past_and_caught_up(
+    kafka_bootstrap: str, fresh_topics: Topics  # noqa: F811
+) -> None:
+    group = f"g-{uuid.uuid4().hex[:8]}"
+    publisher = KafkaLog(kafka_bootstrap, group, fresh_topics)
+    await publisher.producer.start()
+    log = RefusingEffects(kafka_bootstrap, group, fresh_topics)
+    worker = Worker(log, ScriptedProvider(), CONFIG)
+    stop = asyncio.Event()
+    task = asyncio.create_task(worker.run(stop))
+
+    def alive() -> None:
+        assert not task.done(), "the worker stopped"
+
+    try:
+        good = []
+        first_effect: dict[int, int] = {}  # partition -> offset of its first bad value
+        for i in range(6):
+            event = message_event(f"c-{i}", f"question {i}", NOW(), f"m{i}")
+            await publisher.append(fresh_topics.events, event.conversation_id, encode(event))
+            good.append(event.message_id)
+            p, o = await publisher.append(fresh_topics.events, f"c-{i}", b"not json")
+            first_effect.setdefault(p, o)
+        await until_settled(kafka_bootstrap, fresh_topics, good, 60, alive)  # turns go on meanwhile
+
+        async def refused_often() -> bool:
+            return log.refused >= 20
+
+        await until(refused_often, 60, "the effects retried", alive)
+        committed = await committed_offsets(kafka_bootstrap, group)
+        assert all(committed.get(p, 0) <= o for p, o in first_effect.items()), (committed, first_effect)
+        assert await read_topic(kafka_bootstrap, fresh_topics.outcomes) == []
+        log.down = False
+
+        async def caught_up() -> bool:
+            return len(await dead_letters(kafka_bootstrap, fresh_topics)) == 6 and (
+                await group_lag(kafka_bootstrap, group, fresh_topics.events) == 0
+            )
+
+        await until(caught_up, 60, "the effects written and committed past", alive)
+        assert len(await read_topic(kafka_bootstrap, fresh_topics.outcomes)) == 6
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 60)
+        await publisher.stop()

@@ -139,6 +139,9 @@ async def test_provider_requests_errors_and_tokens_by_kind(tmp_path):
         try:
             await publish(log, message_event("c1", "hi", NOW(), "m1"))
             await until(lambda: any(isinstance(e, TurnCompleted) for e in events_of(log, "c1")))
+            # On the log is not yet folded by the worker, which counts what it folds.
+            folded = ("turnstile_turns_total", (("outcome", "completed"),))
+            await until(lambda: folded in scrape(metrics))
             samples = scrape(metrics)
         finally:
             stop.set()

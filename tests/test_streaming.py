@@ -35,7 +35,7 @@ from turnstile.streams.runtime import SystemClock
 from turnstile.streams.service import conversation_reader, reply_hub_sources
 from turnstile.streams.worker import Worker
 from wire_harness import stream_fixture
-from worker_harness import FAST, events_of, serving
+from worker_harness import FAST, client_of, events_of, serving
 from worker_process import WorkerProcess, worker_args, worker_env
 
 NOW = SystemClock().now_ms
@@ -153,12 +153,10 @@ async def http_api_on_kafka(bootstrap: str, topics: Topics) -> AsyncIterator[htt
     hub = ReplyHub()
     following = asyncio.create_task(hub.run(*reply_hub_sources(log, bootstrap, NOW())))
     http = HttpServer(build_app(log, conversation_reader(log, bootstrap), hub=hub), "127.0.0.1", 0)
-    await http.start()
     try:
-        async with httpx.AsyncClient(base_url=http.url or "", timeout=30) as client:
+        async with client_of(http, timeout_s=30) as client:
             yield client
     finally:
-        await http.stop()
         following.cancel()
         await asyncio.gather(following, return_exceptions=True)
         await log.producer.stop()

@@ -12,6 +12,7 @@ from turnstile.events import DecodeError, Event, decode
 from turnstile.handlers.claim import DebouncePolicy
 from turnstile.handlers.provider import Provider
 from turnstile.streams.file_log import FileLog
+from turnstile.streams.http_api import HttpServer
 from turnstile.streams.service import Service
 from turnstile.streams.turn_runner import TurnSettings
 from turnstile.streams.worker import Worker, WorkerConfig
@@ -45,6 +46,17 @@ async def running(
     finally:
         stop.set()
         await asyncio.wait_for(task, 10)
+
+
+@contextlib.asynccontextmanager
+async def client_of(server: HttpServer, timeout_s: float = 10) -> AsyncIterator[httpx.AsyncClient]:
+    """The HTTP server started, and a client of it; stopped after."""
+    await server.start()
+    try:
+        async with httpx.AsyncClient(base_url=server.url or "", timeout=timeout_s) as client:
+            yield client
+    finally:
+        await server.stop()
 
 
 @contextlib.asynccontextmanager

@@ -1,0 +1,100 @@
+"""Each expected operational error is one line on stderr naming the cause and the fix, with
+the exit code the README documents, and no traceback (unless -v)."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+CLI = [sys.executable, "-m", "turnstile.streams.cli"]
+
+
+def turnstile(*args: str, cwd: Path, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=60, cwd=cwd, input=stdin, check=False)
+
+
+def free_port_in_use() -> socket.socket:
+    held = socket.socket()
+    held.bind(("127.0.0.1", 0))
+    held.listen()
+    return held
+
+
+def closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.mark.parametrize(
+    ("args", "code", "says"),
+    [
+        (["run", "--broker", "http://127.0.0.1:9092"], 2, "is not a Kafka address: use kafka://HOST:PORT"),
+        (["run", "--broker", "kafka://127.0.0.1"], 2, "is not HOST:PORT"),
+        (["run", "--http", "localhost"], 2, "has no port: use HOST:PORT"),
+        (["send", "--conversation", "c1", "--text", "  "], 2, "the message is empty"),
+        (["run", "--session-timeout-s", "1"], 2, "outside 6..300 s"),
+        (["run", "--schedules", "missing.json"], 66, "cannot read the schedules file missing.json"),
+        (["run", "--schedules", "bad.json"], 78, "is not JSON"),
+        (["run", "--schedules", "bad-cron.json"], 78, "is not valid"),
+        (["run", "--data", "a-file/log"], 73, "give --data a folder this user can write"),
+        (["inspect", "nobody"], 1, "no event of conversation 'nobody'"),
+    ],
+)
+def test_an_operational_error_is_one_sentence_and_a_documented_exit_code(tmp_path, args, code, says):
+    (tmp_path / "bad.json").write_text("[{")
+    (tmp_path / "bad-cron.json").write_text('[{"id": "d", "conversation": "c1", "content": "x", "cron": "99 * * * *"}]')
+    (tmp_path / "a-file").write_text("not a folder")
+    result = turnstile(*args, cwd=tmp_path)
+    assert result.returncode == code, result.stderr
+    assert says in result.stderr
+    assert "Traceback" not in result.stderr and "Unclosed" not in result.stderr
+
+
+def test_an_unreachable_broker_is_retried_then_named_with_the_fix(tmp_path):
+    port = closed_port()
+    result = turnstile("run", "--broker", f"kafka://127.0.0.1:{port}", "--connect-timeout-s", "1", cwd=tmp_path)
+    assert result.returncode == 69
+    assert "not reachable, retrying in" in result.stderr  # it said it was waiting
+    assert result.stderr.strip().splitlines()[-1] == (
+        f"turnstile run: cannot reach the Kafka broker at 127.0.0.1:{port} after 1 s:"
+        " is it running? (bash infra/kafka/start.sh starts one)"
+    )
+    assert "worker running" not in result.stderr and "Traceback" not in result.stderr
+
+
+def test_send_to_an_unreachable_broker_fails_at_once(tmp_path):
+    result = turnstile(
+        "send", "--broker", f"127.0.0.1:{closed_port()}", "--conversation", "c", "--text", "hi", cwd=tmp_path
+    )
+    assert result.returncode == 69 and "cannot reach the Kafka broker" in result.stderr
+
+
+def test_an_http_port_in_use_is_named(tmp_path):
+    held = free_port_in_use()
+    try:
+        port = held.getsockname()[1]
+        result = turnstile("run", "--http", f"127.0.0.1:{port}", cwd=tmp_path)
+    finally:
+        held.close()
+    assert result.returncode == 69, result.stderr
+    assert "address is already in use" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_send_reads_a_message_larger_than_argv_allows_from_stdin(tmp_path):
+    text = "word " * 30_000  # 150 KB: more than one argv string may hold (128 KiB)
+    result = turnstile("send", "--conversation", "c1", "--text", "-", cwd=tmp_path, stdin=text)
+    assert result.returncode == 0, result.stderr
+    shown = turnstile("inspect", "c1", cwd=tmp_path)
+    assert shown.returncode == 0 and "word word" in shown.stdout
+
+
+def test_a_message_over_the_size_limit_is_refused_with_the_limit_named(tmp_path):
+    result = turnstile("send", "--conversation", "c1", "--text", "-", cwd=tmp_path, stdin="x" * 200_001)
+    assert result.returncode == 65
+    assert "content: String should have at most 200000 characters" in result.stderr
+    assert "Traceback" not in result.stderr

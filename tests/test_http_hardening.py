@@ -1,0 +1,217 @@
+"""The HTTP port facing a network: bearer tokens, refusal of a non-loopback address without
+one, JSON for every error (the framework's too), id validation, a conflicting re-use of a
+message id answered 409 before the worker folded the first as after, and the probes:
+/healthz answered and /readyz 503 while a long replay runs."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+
+import httpx
+import pytest
+from turnstile.handlers.providers.scripted import ScriptedProvider
+from turnstile.streams.file_log import FileLog
+from turnstile.streams.http_api import HttpServer, InsecureBind, build_app, check_bind, read_token
+from turnstile.streams.publisher import message_event, publish
+from turnstile.streams.service import Service, conversation_reader
+from turnstile.streams.worker import Worker
+from worker_harness import FAST, client_of, events_of, serving, until
+
+TOKEN = "s3cret-token"
+
+
+@contextlib.asynccontextmanager
+async def port(worker: Worker, token: str | None = None) -> AsyncIterator[httpx.AsyncClient]:
+    """The app of a worker that is not running (nothing is folded) on a loopback port."""
+    app = build_app(worker.log, conversation_reader(worker.log), worker=worker, token=token)
+    async with client_of(HttpServer(app, "127.0.0.1", 0, token=token)) as client:
+        yield client
+
+
+async def test_with_a_token_every_request_but_the_probes_needs_it(tmp_path):
+    worker = Worker(FileLog(tmp_path), ScriptedProvider(), FAST)
+    async with port(worker, TOKEN) as client:
+        body = {"content": "hi", "message_id": "m1"}
+        for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": TOKEN}):
+            refused = await client.post("/conversations/c1/messages", json=body, headers=headers)
+            assert refused.status_code == 401 and refused.json()["error"] == "a bearer token is required"
+            assert refused.headers["WWW-Authenticate"] == "Bearer"
+        assert (await client.get("/conversations/c1")).status_code == 401
+        assert (await client.get("/metrics")).status_code == 401
+        assert (await client.get("/healthz")).status_code == 200
+        assert (await client.get("/readyz")).status_code == 200  # owns nothing: nothing to replay
+        auth = {"Authorization": f"Bearer {TOKEN}"}
+        assert (await client.post("/conversations/c1/messages", json=body, headers=auth)).status_code == 202
+    async with port(worker) as open_client:  # no token: loopback only, and open
+        assert (await open_client.post("/conversations/c2/messages", json=body)).status_code == 202
+
+
+def test_a_non_loopback_address_needs_a_token(tmp_path):
+    for host in ("0.0.0.0", "192.0.2.7", "example.com", "::"):
+        with pytest.raises(InsecureBind, match="without a token"):
+            check_bind(host, None)
+        check_bind(host, TOKEN)
+    for host in ("127.0.0.1", "::1", "localhost"):
+        check_bind(host, None)
+    worker = Worker(FileLog(tmp_path), ScriptedProvider(), FAST)
+    with pytest.raises(InsecureBind):
+        Service(worker, http=("0.0.0.0", 0))
+
+
+def test_the_token_comes_from_a_file_or_the_environment(tmp_path):
+    assert read_token({}, None) is None
+    assert read_token({"TURNSTILE_HTTP_TOKEN": " t1 \n"}, None) == "t1"
+    (tmp_path / "token").write_text("t2\n")
+    assert read_token({"TURNSTILE_HTTP_TOKEN": "t1"}, tmp_path / "token") == "t2"
+    (tmp_path / "empty").write_text("\n")
+    with pytest.raises(ValueError, match="is empty"):
+        read_token({}, tmp_path / "empty")
+
+
+async def test_every_error_is_json_the_frameworks_too(tmp_path):
+    worker = Worker(FileLog(tmp_path), ScriptedProvider(), FAST)
+    async with port(worker) as client:
+        cases = [
+            (await client.get("/no/such/path"), 404),
+            (await client.delete("/conversations/c1/messages"), 405),
+            (await client.post("/conversations/c1/messages", content=b"x" * 300_000), 413),
+            (await client.get("/conversations/nobody"), 404),
+        ]
+        for response, status in cases:
+            assert response.status_code == status
+            assert response.headers["Content-Type"].startswith("application/json")
+            assert response.json()["status"] == status and response.json()["error"]
+        assert "POST" in cases[1][0].headers["Allow"]
+
+
+async def test_ids_are_validated(tmp_path):
+    log = FileLog(tmp_path)
+    worker = Worker(log, ScriptedProvider(), FAST)
+    async with port(worker) as client:
+        bad_conversations = ["a%0Ab", "a%1B%5B31mred", "x" * 201, "tab%09"]
+        for conversation in bad_conversations:
+            response = await client.post(f"/conversations/{conversation}/messages", json={"content": "hi"})
+            assert response.status_code == 400, conversation
+            assert "conversation id" in response.json()["error"]
+            assert (await client.get(f"/conversations/{conversation}")).status_code == 400
+        for message_id, reason in (("", "empty"), ("m\n1", "control character"), ("m" * 201, "longer than")):
+            response = await client.post("/conversations/c1/messages", json={"content": "hi", "message_id": message_id})
+            assert response.status_code == 400 and reason in response.json()["error"]
+        assert (await client.get("/conversations/c1/turns/t%7F1")).status_code == 400
+        ok = await client.post("/conversations/caf%C3%A9%20%5B%2F%5D/messages", json={"content": "hi"})
+        assert ok.status_code == 202 and ok.json()["conversation_id"] == "café [/]"
+    assert [e.conversation_id for e in events_of(log)] == ["café [/]"]  # nothing invalid was appended
+
+
+async def test_a_conflicting_reuse_is_409_before_the_fold_as_after(tmp_path):
+    log = FileLog(tmp_path)
+    worker = Worker(log, ScriptedProvider(), FAST)
+    async with port(worker) as client:
+        first = {"message_id": "m1", "content": "hello"}
+        clash = {"message_id": "m1", "content": "other"}
+        # The worker is not running: nothing is folded yet.
+        assert (await client.post("/conversations/c1/messages", json=first)).status_code == 202
+        early = await client.post("/conversations/c1/messages", json=clash)
+        assert early.status_code == 409 and "already used" in early.json()["error"]
+        same = await client.post("/conversations/c1/messages", json=first)
+        assert same.status_code == 202 and same.json() | {"duplicate": True, "status": "pending"} == same.json()
+        stop = asyncio.Event()
+        task = asyncio.create_task(worker.run(stop))
+        try:
+            await until(lambda: "c1" in worker.states and bool(worker.states["c1"].turns))
+            late = await client.post("/conversations/c1/messages", json=clash)
+            assert late.status_code == 409 and late.json()["error"] == early.json()["error"]
+            assert (await client.post("/conversations/c1/messages", json=first)).json()["status"] == "accepted"
+        finally:
+            stop.set()
+            await asyncio.wait_for(task, 10)
+    assert [e.type for e in events_of(log) if e.type == "MessageReceived"] == ["MessageReceived"]
+    assert worker.dead_letters == 0  # the clash never reached the log
+
+
+REPLAYED = 60_000  # a replay of this many records takes the fold well over the loop's budget
+
+
+class Replay:
+    """Replay hooks that say when the replay runs."""
+
+    def __init__(self) -> None:
+        self.running = False
+
+    def replaying(self) -> None:
+        self.running = True
+
+    def replayed(self) -> None:
+        self.running = False
+
+
+class LoopLag:
+    """The longest one iteration of the event loop took: a callback that reschedules itself
+    runs once per iteration, so the time between two of its runs is what the rest held."""
+
+    def __init__(self) -> None:
+        self.longest_s = 0.0
+        self._last = 0.0
+        self._handle: asyncio.Handle | None = None
+
+    def start(self) -> None:
+        self._last = asyncio.get_running_loop().time()
+        self._tick()
+
+    def _tick(self) -> None:
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        self.longest_s = max(self.longest_s, now - self._last)
+        self._last = now
+        self._handle = loop.call_soon(self._tick)
+
+    def stop(self) -> None:
+        if self._handle is not None:
+            self._handle.cancel()
+
+
+async def test_the_probes_are_answered_during_a_long_replay(tmp_path):
+    log = FileLog(tmp_path, partitions=1)
+    await publish(log, message_event("c1", "hello", 1, "m1"))
+    # The same record many times over (re-deliveries the fold ignores): a long replay that
+    # starts no turn of its own. Written as one file, not as that many fsynced appends.
+    [segment] = (tmp_path / log.topics.events).glob("0.log")
+    segment.write_bytes(segment.read_bytes() * REPLAYED)
+    replay = Replay()
+    worker = Worker(FileLog(tmp_path, partitions=1), ScriptedProvider(), FAST, replay_hooks=replay)
+    lag = LoopLag()
+    answered: list[tuple[int, int]] = []
+    try:
+        async with serving(worker) as (_svc, client):
+            lag.start()  # from here: the service and its client are set up
+            while not worker.partitions or replay.running:
+                health, ready = await client.get("/healthz"), await client.get("/readyz")
+                if replay.running:
+                    answered.append((health.status_code, ready.status_code))
+            final = await client.get("/readyz")
+    finally:
+        lag.stop()
+    assert answered and set(answered) == {(200, 503)}, answered
+    assert final.status_code == 200 and final.json() == {"ready": True, "partitions": [0], "replaying": []}
+    # Liveness requirement (a probe's timeout is typically 1 s): the loop is never held that long.
+    assert lag.longest_s < 1.0, lag.longest_s
+
+
+def test_turnstile_run_refuses_a_non_loopback_address_without_a_token(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "TURNSTILE_HTTP_TOKEN"}
+    data = tmp_path / "log"
+    refused = subprocess.run(
+        [sys.executable, "-m", "turnstile.streams.cli", "run", "--data", str(data), "--http", "0.0.0.0:0"],
+        capture_output=True, text=True, timeout=60, env=env,
+    )
+    assert refused.returncode == 2
+    assert refused.stderr.splitlines() == [
+        "turnstile run: refusing to serve HTTP on 0.0.0.0 without a token: set TURNSTILE_HTTP_TOKEN or"
+        " --http-token-file"
+    ]
+    assert not data.exists()  # refused before anything was opened
