@@ -64,6 +64,10 @@ class AttemptStarted(TurnEnvelope):
 
     type: Literal["AttemptStarted"] = "AttemptStarted"
     model: Identifier
+    # Set when this attempt continues the journal of an interrupted run (its owner crashed,
+    # lost the partition or ran out of drain grace) instead of starting over: the model
+    # steps and tool results of that run are its transcript, and are not made again.
+    resumes_run_id: Identifier | None = None
 
 
 class ModelResponded(TurnEnvelope):
@@ -90,6 +94,9 @@ class ToolCallStarted(TurnEnvelope):
     tool: Identifier
     arguments: str
     side_effect: bool
+    # The key an idempotent tool receives (derived from turn id and call id): the same on
+    # every run of this call, so running it again after an interruption has one effect.
+    idempotency_key: Annotated[str, Field(max_length=128)] | None = None
 
 
 class ToolCallFinished(TurnEnvelope):
@@ -98,6 +105,9 @@ class ToolCallFinished(TurnEnvelope):
     call_id: Identifier
     ok: bool
     result: str
+    # True when the result came from the tool's reconciler after an interruption: the
+    # call's body did not run again.
+    reconciled: bool = False
 
 
 ProtocolFailureKind = Literal["unknown_tool", "malformed_arguments", "repeated_call", "malformed_response"]

@@ -6,6 +6,12 @@ run in isolated (scheduled) turns, whether it needs a person's approval, and an 
 callable the runner awaits with the validated arguments. Validation here is pure; the
 runner is the only place a tool actually runs.
 
+A side-effecting tool can say how a call interrupted mid-run is settled by the next owner
+(see `handlers/resume.py`): `idempotent=True` means `run(arguments, idempotency_key)` is
+always called with a key stable over every run of the call, so running it again has one
+effect; a `reconcile(call)` returns the result of a call that did run, or None when it
+cannot tell. A tool with neither makes such a turn fail visibly.
+
 Secret arguments: a field of the argument model typed `SecretStr` or `SecretBytes` (also
 inside an optional, a list or a nested model) is a secret. The log keeps the call with
 those values replaced by `[redacted]` (`ToolRegistry.recorded`) -- in the `ModelResponded`
@@ -25,9 +31,13 @@ import orjson
 from pydantic import BaseModel, SecretBytes, SecretStr, ValidationError
 from turnstile.events import ToolCall
 from turnstile.handlers.provider import ToolSpec
+from turnstile.handlers.resume import Recovery
 
 ToolKind = Literal["read_only", "side_effect"]
-ToolFunction = Callable[[Any], Awaitable[str]]
+# run(arguments), or run(arguments, idempotency_key) for an idempotent tool.
+ToolFunction = Callable[..., Awaitable[str]]
+# The result of a call that ran before an interruption, or None when it cannot be known.
+Reconciler = Callable[[ToolCall], Awaitable[str | None]]
 REDACTED = "[redacted]"
 
 # Where a model's secrets are: field name -> True (the value is secret) or the secrets of
@@ -91,10 +101,21 @@ class Tool:
     kind: ToolKind = "read_only"
     isolated_ok: bool = False
     needs_approval: bool = False
+    idempotent: bool = False
+    reconcile: Reconciler | None = None
 
     @property
     def side_effect(self) -> bool:
         return self.kind == "side_effect"
+
+    @property
+    def recovery(self) -> Recovery:
+        """How a call of this tool left started and not finished is settled."""
+        if not self.side_effect:
+            return "rerun"
+        if self.idempotent:
+            return "idempotent"
+        return "reconcile" if self.reconcile is not None else "none"
 
     def spec(self) -> ToolSpec:
         schema = self.arguments.model_json_schema()

@@ -57,6 +57,11 @@ RULES: dict[str, str] = {
     "no_replay_after_side_effect": (
         "rule 9: no automatic attempt after a side-effecting tool started, and no failure that says one may follow"
     ),
+    "resume": (
+        "rule 9 across owners: an attempt that resumes an interrupted run follows that run; it asks no "
+        "recorded model step again, runs no finished tool call again, and runs an unfinished "
+        "side-effecting call again only with its idempotency key"
+    ),
     "one_outcome": "rule 11: one terminal outcome per claimed turn, with a status for exactly its claimed inputs",
     "double_text": (
         "double-text refusals: a MessageRejected names a received, unclaimed message that arrived "
@@ -323,9 +328,10 @@ class Auditor:
             case AttemptFailed():
                 self._check_failure(state, event)
             case ModelResponded():
-                self._check_model_request(state, event)
+                return self._check_model_request(state, event)
             case ToolCallStarted():
-                self._check_tool_call(state, event)
+                if self._check_tool_call(state, event):
+                    return True
                 self._check_deadline(state, event, started=True)
             case ToolCallFinished():
                 self._check_deadline(state, event, started=False)
@@ -425,6 +431,12 @@ class Auditor:
         if turn.attempt_state != "closed":
             detail = f"attempt {start.attempt} started while attempt {turn.attempt} ({turn.run_id}) had not failed"
             return self._violate("attempts", conv, turn_id, detail)
+        if start.resumes_run_id is not None:
+            self._rules["resume"].checked += 1
+            if start.resumes_run_id != turn.run_id:
+                detail = f"attempt {start.attempt} resumes run {start.resumes_run_id}, not the run it follows"
+                return self._violate("resume", conv, turn_id, detail)
+            return False  # continuing the journal is not a replay
         self._rules["no_replay_after_side_effect"].checked += 1
         if turn.side_effect_started:
             started = ", ".join(op.tool for op in turn.operations.values() if op.side_effect)
@@ -466,10 +478,16 @@ class Auditor:
             return False
         return self._violate("double_text", conv, refusal.active_turn_id, problem)
 
-    def _check_model_request(self, state: ConversationState, response: ModelResponded) -> None:
+    def _check_model_request(self, state: ConversationState, response: ModelResponded) -> bool:
         turn = _open_run(state, response)
-        if turn is None or not self.limits.any:
-            return
+        if turn is None or response.event_id in turn.step_ids:
+            return False
+        if response.iteration <= turn.iterations:
+            self._rules["resume"].checked += 1
+            detail = f"model step {response.iteration} asked again; the journal already holds it"
+            return self._violate("resume", response.conversation_id, response.turn_id, detail)
+        if not self.limits.any:
+            return False
         rule = self._rules["budgets"]
         rule.checked += 1
         conv, turn_id = response.conversation_id, response.turn_id
@@ -482,6 +500,7 @@ class Auditor:
             detail = f"a model request after {spent} was spent (limit ${cost:.6f})"
             self._violate("budgets", conv, turn_id, detail)
         self._check_deadline(state, response, started=False)
+        return False
 
     def _check_deadline(
         self,
@@ -505,15 +524,28 @@ class Auditor:
                 detail += f" and its grace of {DEADLINE_GRACE_MS} ms"
             self._violate("budgets", event.conversation_id, event.turn_id, detail)
 
-    def _check_tool_call(self, state: ConversationState, call: ToolCallStarted) -> None:
+    def _check_tool_call(self, state: ConversationState, call: ToolCallStarted) -> bool:
         turn = _open_run(state, call)
+        if turn is None or call.event_id in turn.step_ids:
+            return False
+        earlier = turn.operations.get(call.call_id)
+        if earlier is not None:
+            self._rules["resume"].checked += 1
+            problem = None
+            if earlier.status != "started":
+                problem = f"tool call {call.call_id} ({call.tool}) ran again after it {earlier.status}"
+            elif earlier.side_effect and call.idempotency_key is None:
+                problem = f"side-effecting call {call.call_id} ({call.tool}) ran again without an idempotency key"
+            if problem is not None:
+                return self._violate("resume", call.conversation_id, call.turn_id, problem)
         limit = self.limits.max_tool_calls
-        if turn is None or limit is None:
-            return
+        if limit is None:
+            return False
         self._rules["budgets"].checked += 1
         if turn.tool_calls >= limit:
             detail = f"tool call {turn.tool_calls + 1} ({call.tool}) beyond the limit of {limit}"
             self._violate("budgets", call.conversation_id, call.turn_id, detail)
+        return False
 
     def _check_outcome(self, state: ConversationState, outcome: TerminalOutcome) -> bool:
         conv, turn_id = outcome.conversation_id, outcome.turn_id

@@ -172,10 +172,16 @@ def _start_attempt(state: ConversationState, start: AttemptStarted) -> Rejection
     retry = turn.attempt_state == "closed" and start.attempt == turn.attempt + 1
     if not (first or retry):
         return Rejection(f"attempt {start.attempt} does not follow attempt {turn.attempt}")
-    if retry and turn.side_effect_started:
+    resumes = start.resumes_run_id
+    if resumes is not None and not (retry and resumes == turn.run_id):
+        return Rejection(f"attempt {start.attempt} resumes run {resumes}, which is not the run it follows")
+    if retry and resumes is None and turn.side_effect_started:
         return Rejection("no automatic attempt after a side effect started")
     turn.run_id, turn.attempt, turn.attempt_state = start.run_id, start.attempt, "open"
-    turn.model, turn.iterations = start.model, 0
+    turn.model = start.model
+    if resumes is None:
+        turn.iterations = 0
+        turn.journal = []
     return None
 
 
@@ -199,6 +205,8 @@ def _record_step(state: ConversationState, event: Event) -> Rejection | None:
         return Rejection(f"duplicate of event {event.event_id!r}")
     match event:
         case ModelResponded():
+            if event.iteration <= turn.iterations:
+                return Rejection(f"iteration {event.iteration} is already on the journal of this attempt")
             turn.iterations = event.iteration
             turn.model = event.model
             usage = event.usage
@@ -210,6 +218,9 @@ def _record_step(state: ConversationState, event: Event) -> Rejection | None:
             # An unknown price poisons the total: a budget must not read it as zero.
             turn.cost_usd = None if turn.cost_usd is None or event.cost_usd is None else turn.cost_usd + event.cost_usd
         case ToolCallStarted():
+            op = turn.operations.get(event.call_id)
+            if op is not None and (op.status != "started" or (op.side_effect and event.idempotency_key is None)):
+                return Rejection(f"tool call {event.call_id} started again")
             turn.tool_calls += 1
             turn.operations[event.call_id] = Operation(event.call_id, event.tool, event.side_effect, "started")
         case ToolCallFinished():
@@ -230,6 +241,8 @@ def _record_step(state: ConversationState, event: Event) -> Rejection | None:
         case ContextCompacted():
             pass  # recorded on the log for audit; it changes no state the engine decides on
     turn.step_ids.add(event.event_id)
+    if isinstance(event, ModelResponded | ToolCallStarted | ToolCallFinished | ProtocolFailure):
+        turn.journal.append(event)
     return None
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from turnstile.events import ToolCall
+from turnstile.events import Event, ToolCall
 
 InputKind = Literal["message", "injected", "resume"]
 OperationStatus = Literal["started", "succeeded", "failed"]
@@ -94,6 +94,9 @@ class ActiveTurn:
     # Event ids of the steps folded into this turn: an exact duplicate (the same event
     # published twice) is ignored instead of counting tokens or tool calls twice.
     step_ids: set[str] = field(default_factory=set)
+    # The model steps, tool calls and protocol failures of the current attempt, and of the
+    # runs it resumes (`AttemptStarted.resumes_run_id`): what a new owner continues from.
+    journal: list[Event] = field(default_factory=list)
 
     @property
     def input_ids(self) -> tuple[str, ...]:

@@ -55,6 +55,7 @@ from turnstile.handlers.fallback import FallTo, RouteInfo, next_route
 from turnstile.handlers.pricing import DEFAULT_PRICES, PriceTable, cost_usd
 from turnstile.handlers.protocol import RepeatPolicy, repeated_call_error, tool_error
 from turnstile.handlers.provider import ChatMessage, ModelReply, ModelRequest, Provider, ProviderError, ToolSpec
+from turnstile.handlers.resume import Recovery, Resume, Unresumable, idempotency_key, next_step
 from turnstile.handlers.stops import AskAgain, Complete, CutOff, Refused, after_reply
 from turnstile.handlers.tools import InvalidCall, ToolRegistry, ValidCall, call_signature, validate_call
 from turnstile.projections import ActiveTurn, ConversationState, apply_event
@@ -177,11 +178,20 @@ class TurnRunner:
 
     async def _recover(self) -> None:
         turn = self.turn
-        unsafe = turn.side_effect_started
+        step = next_step(turn.journal, self._recovery_of)
         if turn.attempt_state != "closed":
+            # Retryable says a replay from scratch may follow: never after a side effect
+            # started. Continuing the journal is not a replay (see `handlers/resume.py`).
             reason = "the worker running this attempt stopped before it ended"
-            await self._emit(AttemptFailed(**self._stamp(), reason=reason, retryable=not unsafe))
-        if unsafe:
+            await self._emit(AttemptFailed(**self._stamp(), reason=reason, retryable=not turn.side_effect_started))
+        unsafe = turn.side_effect_started and not isinstance(step, Resume)
+        if isinstance(step, Unresumable):
+            await self._fail(
+                f"A tool with side effects ({step.call.tool}, call {step.call.call_id}) started before the worker "
+                "stopped and cannot be run again safely; the turn was not resumed. Check the operation record "
+                "before continuing."
+            )
+        elif unsafe:
             await self._fail(
                 "A tool with side effects started before the worker stopped; the turn was not "
                 "replayed. Check the operation record before continuing."
@@ -189,7 +199,11 @@ class TurnRunner:
         elif turn.attempt >= self._settings.max_attempts:
             await self._fail("The turn failed after the maximum number of attempts.")
         else:
-            await self._attempts(first=False)
+            await self._attempts(first=False, resume=step if isinstance(step, Resume) else None)
+
+    def _recovery_of(self, start: ToolCallStarted) -> Recovery:
+        tool = self._settings.tools.get(start.tool, isolated=False)
+        return tool.recovery if tool is not None else "none"
 
     async def _guarded(self, work: Awaitable[None]) -> None:
         """Any unexpected error still ends the turn with a durable, visible outcome."""
@@ -206,7 +220,7 @@ class TurnRunner:
             await self._fail("The turn failed because of an internal error.")
 
     # -- attempts ----------------------------------------------------------------------
-    async def _attempts(self, first: bool) -> None:
+    async def _attempts(self, first: bool, resume: Resume | None = None) -> None:
         while True:
             turn = self.turn
             run_id = turn.run_id if first else self._new_id()
@@ -221,10 +235,11 @@ class TurnRunner:
                     run_id=run_id,
                     attempt=attempt,
                     model=self._routes[0].model,
+                    resumes_run_id=turn.run_id if resume is not None else None,
                 )
             )
             try:
-                await self._iterate()
+                await self._iterate(resume)
                 return
             except _AttemptError as failure:
                 err = failure.error
@@ -235,10 +250,10 @@ class TurnRunner:
                     await self._fail(provider_failure(err, attempts=attempt, side_effect_ran=unsafe))
                     return
                 await asyncio.sleep(self._settings.backoff_s(attempt, err))
-            first = False
+            first, resume = False, None
 
     # -- the loop ------------------------------------------------------------------------
-    async def _iterate(self) -> None:
+    async def _iterate(self, resume: Resume | None = None) -> None:
         turn = self.turn
         isolated = all(i.kind == "injected" and i.source == "schedule" for i in turn.inputs)
         tools = self._settings.tools.specs(isolated)
@@ -250,6 +265,10 @@ class TurnRunner:
         )
         iteration = 0
         earlier = ""  # the text of paused parts of the reply being assembled
+        if resume is not None:
+            iteration = resume.iteration
+            if not await self._continue(resume, messages, isolated):
+                return
         while True:
             limit = spending_limit(self._spent(iteration), budget, self._model)
             if limit is not None:
@@ -289,6 +308,60 @@ class TurnRunner:
                     return  # the call ended the turn
                 text, ok = result
                 messages.append(ChatMessage("tool", text, tool_call_id=call.call_id, is_error=not ok))
+
+    async def _continue(self, resume: Resume, messages: list[ChatMessage], isolated: bool) -> bool:
+        """Rebuild the transcript of the journal into `messages` and settle the calls of its
+        last step that have no result; False when that ended the turn."""
+        last = resume.steps[-1]
+        for step in resume.steps:
+            if step.text:
+                self._last_text = step.text
+            messages.append(ChatMessage("assistant", step.text or "", step.tool_calls))
+            for index, call in enumerate(step.tool_calls):
+                result = await self._resumed_call(resume, step.tool_calls[index:], step, isolated, step is last)
+                if result is None:
+                    return False
+                text, ok = result
+                messages.append(ChatMessage("tool", text, tool_call_id=call.call_id, is_error=not ok))
+        return True
+
+    async def _resumed_call(
+        self, resume: Resume, calls: tuple[ToolCall, ...], step: ModelResponded, isolated: bool, last: bool
+    ) -> tuple[str, bool] | None:
+        """The result of `calls[0]` (the others follow it in the step) in the transcript."""
+        call = calls[0]
+        finished = resume.results.get(call.call_id)
+        if finished is not None:
+            self._done[call.call_id] = _Done(call.name, call.arguments, finished.ok, finished.result)
+            return finished.result, finished.ok
+        refused = resume.refused.get(call.call_id)
+        if refused is not None:
+            seen = self.turn.invalid_calls.get(refused.signature or "", 1)
+            return tool_error(refused.detail, seen, self._settings.repeats), False
+        how = resume.in_doubt.get(call.call_id)
+        if how == "reconcile":
+            return await self._reconcile(call, step.iteration)
+        if how is not None or last:
+            return await self._handle_call(calls, step.iteration, step.model, isolated)
+        return "error: this call did not run.", False
+
+    async def _reconcile(self, call: ToolCall, iteration: int) -> tuple[str, bool] | None:
+        """Ask the tool whether a call interrupted mid-run acted, instead of running it again."""
+        tool = self._settings.tools.get(call.name, isolated=False)
+        assert tool is not None and tool.reconcile is not None, "next_step reconciles only with a reconciler"
+        try:
+            async with asyncio.timeout(self._settings.tool_timeout_s):
+                result = await tool.reconcile(call)
+        except Exception:
+            log.exception("the reconciler of %s failed", call.name)
+            result = None
+        if result is None:
+            await self._fail(
+                f"A tool with side effects ({call.name}, call {call.call_id}) started before the worker stopped "
+                "and its reconciler could not tell whether it ran. Check the operation record before continuing."
+            )
+            return None
+        return await self._finish_call(call, iteration, True, result, reconciled=True)
 
     @property
     def _model(self) -> str:
@@ -443,22 +516,30 @@ class TurnRunner:
     ) -> tuple[str, bool] | None:
         """The result, or None when the deadline cancelled the tool and paused the turn."""
         call, tool = checked.call, checked.tool
+        key = idempotency_key(self.turn.turn_id, call.call_id) if tool.idempotent else None
         left_s = time_left_s(self._spent(iteration), self._settings.budget)
         timeout_s = min(self._settings.tool_timeout_s, left_s)
         # On the log, acknowledged, before the tool can touch anything.
-        await self._emit(
-            ToolCallStarted(
-                **self._stamp(),
-                iteration=iteration,
-                call_id=call.call_id,
-                tool=tool.name,
-                arguments=call.arguments,
-                side_effect=tool.side_effect,
-            )
+        started = ToolCallStarted(
+            **self._stamp(),
+            iteration=iteration,
+            call_id=call.call_id,
+            tool=tool.name,
+            arguments=call.arguments,
+            side_effect=tool.side_effect,
+            idempotency_key=key,
         )
         try:
+            await self._emit(started)
+        except asyncio.CancelledError:
+            await self._record_not_started(started)
+            raise
+        # Nothing awaits between the acknowledgement and the body's first step, so a
+        # revoke cannot land between them: it lands before (recorded above) or inside.
+        try:
             async with asyncio.timeout(timeout_s):
-                result, ok = await tool.run(checked.arguments), True
+                body = tool.run(checked.arguments, key) if tool.idempotent else tool.run(checked.arguments)
+                result, ok = await body, True
         except TimeoutError:
             if timeout_s == left_s:
                 await self._cancelled_at_deadline(checked, iteration, after)
@@ -468,13 +549,37 @@ class TurnRunner:
             result, ok = f"error: {type(exc).__name__}: {exc}", False
         if not isinstance(result, str):
             result, ok = f"error: the tool returned {type(result).__name__}, not text", False
+        return await self._finish_call(call, iteration, ok, result)
+
+    async def _finish_call(
+        self, call: ToolCall, iteration: int, ok: bool, result: str, reconciled: bool = False
+    ) -> tuple[str, bool]:
         if len(result) > MAX_RESULT_CHARS:
             result = result[:MAX_RESULT_CHARS] + f"\n[truncated: the result had {len(result)} characters]"
-        await self._emit(
-            ToolCallFinished(**self._stamp(), iteration=iteration, call_id=call.call_id, ok=ok, result=result)
+        finished = ToolCallFinished(
+            **self._stamp(), iteration=iteration, call_id=call.call_id, ok=ok, result=result, reconciled=reconciled
         )
-        self._done[call.call_id] = _Done(tool.name, call.arguments, ok, result)
+        await self._emit(finished)
+        self._done[call.call_id] = _Done(call.name, call.arguments, ok, result)
         return result, ok
+
+    async def _record_not_started(self, started: ToolCallStarted) -> None:
+        """The run was stopped (revoke, drain) while its ToolCallStarted was being
+        acknowledged: the body never began. Say so on the log, best effort, so the next
+        owner reads a failed call that did not run instead of an unknown one. A run that
+        was superseded is refused by every reader anyway; a dead process writes nothing."""
+        if self.state.active is None or started.call_id not in self.turn.operations:
+            return
+        result = "error: the call did not start (the worker stopped before running it); it had no effect"
+        finished = ToolCallFinished(
+            **self._stamp(), iteration=started.iteration, call_id=started.call_id, ok=False, result=result
+        )
+        try:
+            # Not waited for: the run is stopping, and a superseded run's write is refused
+            # by every reader anyway; what reaches the log before the takeover counts.
+            await self._emit(finished, wait=False)
+        except Exception:
+            log.warning("could not record that call %s did not start", started.call_id)
 
     async def _cancelled_at_deadline(self, checked: ValidCall, iteration: int, after: tuple[ToolCall, ...]) -> None:
         call, tool = checked.call, checked.tool

@@ -154,12 +154,15 @@ def counts(
     turn_of = {i: c.turn_id for c in claims for i in c.input_ids}  # type: ignore[attr-defined]
     answered = {i for i in inputs if outcome_count.get(turn_of.get(i, ""), 0) >= 1}
     twice = {i for i in inputs if claim_count[i] > 1 or outcome_count.get(turn_of.get(i, ""), 0) > 1}
-    # Side-effecting calls started on the log: one run per call is the most there may be.
+    # Side-effecting calls started on the log: one run per call is the most there may be (a
+    # resumed attempt continues the turn in a new run, and may make new calls), except that
+    # an idempotent call runs again with its idempotency key.
     side_calls = [e for e in audit.raw() if isinstance(e, ToolCallStarted) and e.side_effect]
-    runs_per_turn: dict[str, set[str]] = {}
+    runs_per_call: dict[tuple[str, str], set[str]] = {}
     for e in side_calls:
-        runs_per_turn.setdefault(e.turn_id, set()).add(e.run_id)
-    replayed = sum(len(runs) - 1 for runs in runs_per_turn.values())
+        if e.idempotency_key is None:
+            runs_per_call.setdefault((e.turn_id, e.call_id), set()).add(e.run_id)
+    replayed = sum(len(runs) - 1 for runs in runs_per_call.values())
     if tool_runs is not None:
         replayed = max(replayed, tool_runs - len({(e.turn_id, e.call_id) for e in side_calls}))
     kinds = Counter(type(o).__name__.removeprefix("Turn").lower() for o in audit.of_type(OUTCOME_TYPES))

@@ -51,6 +51,7 @@ class World:
     transfers: list[Transfer] = field(default_factory=list)
     block: asyncio.Event | None = None  # set: transfers wait on it (a tool that hangs)
     seen_started: list[bool] = field(default_factory=list)
+    reconciled: list[str] = field(default_factory=list)  # calls a reconciler was asked about
     log: FileLog | None = None
 
     async def search(self, args: Query) -> str:

@@ -4,8 +4,9 @@ independent reader (fault_audit), never from a worker's memory.
 
 1. Killed in the middle of a model call: the new owner records AttemptFailed for the dead
    run and tries again -- same logical turn id, new run id, attempt 2 -- with one outcome.
-2. Killed after ToolCallStarted of a side-effecting tool and before ToolCallFinished: the
-   turn is not replayed; it fails with that operation `unknown`, and the tool body ran once.
+2. Killed after ToolCallStarted of a side-effecting tool (neither idempotent nor with a
+   reconciler) and before ToolCallFinished: the turn is not resumed; it fails with that
+   operation `unknown`, and the tool body ran once (case (d) of tests/test_faults_resume.py).
 """
 
 from __future__ import annotations
@@ -39,6 +40,8 @@ from turnstile.events import (
     decode,
     logical_turn_id,
 )
+from turnstile.projections.audit import audit as audit_log
+from turnstile.projections.audit import render
 from turnstile.streams.kafka_log import KafkaLog
 from turnstile.streams.kafka_reader import read_topic
 from turnstile.streams.log import Topics
@@ -202,6 +205,9 @@ async def test_worker_killed_inside_a_side_effecting_tool_is_not_replayed(
     assert audit.of_type(ToolCallFinished, accepted=False) == []
     assert len(audit.of_type(ModelResponded)) == 1
     assert len(server.requests) == 1  # the model was not asked again
+    assert "cannot be run again safely" in outcome.error  # type: ignore[attr-defined]
+    report = audit_log(await read_topic(fleet.bootstrap, fleet.topics.events))
+    assert report.ok, render(report)
     second.stop()
     assert fleet.tool_runs() == 1  # the side effect happened once, never replayed
     letters = await dead_letters(fleet.bootstrap, fleet.topics)

@@ -17,6 +17,7 @@ from loop_harness import (
     ATTEMPTS_ONLY,
     NOW,
     Query,
+    Transfer,
     World,
     config,
     inject,
@@ -27,14 +28,14 @@ from loop_harness import (
     settings,
 )
 from provider_server import Delay, Drop, ProviderServer, Raw, Reply
-from turnstile.events import Approval, InputInjected, ResumeRequested, encode
+from turnstile.events import Approval, InputInjected, ResumeRequested, ToolCall, encode
 from turnstile.handlers.budget import TurnBudget
 from turnstile.handlers.providers.anthropic_messages import AnthropicMessages
 from turnstile.handlers.providers.openai_chat import OpenAIChat
 from turnstile.handlers.tools import Tool, ToolRegistry
 from turnstile.streams.file_log import FileLog
 from turnstile.streams.provider_http import HttpProvider
-from turnstile.streams.turn_runner import Route
+from turnstile.streams.turn_runner import Route, TurnSettings
 from turnstile.streams.worker import Worker
 from worker_harness import events_of, running, until
 
@@ -404,14 +405,61 @@ async def test_a_side_effect_started_but_not_finished_when_the_worker_stopped_is
     turn = settings(world)
     async with running(world.log, openai, config(turn)):
         await say(world.log, "pay bob", "m1")
-        await until(lambda: bool(of_type(events_of(world.log, "c1"), "ToolCallStarted")))
+        await until(lambda: bool(world.seen_started))  # inside the tool's body
     assert world.transfers == []  # cancelled mid-tool, as a crash would leave it
     async with running(FileLog(tmp_path), openai, config(turn)):
         [outcome] = await outcomes(world.log, 1)
-    assert outcome.type == "TurnFailed"
+    assert outcome.type == "TurnFailed" and "cannot be run again safely" in outcome.error
     assert [(o.tool, o.status) for o in outcome.operations] == [("transfer", "unknown")]
     assert len(server.requests) == 1  # the model was not asked again
     assert len(of_type(events_of(world.log, "c1"), "AttemptStarted")) == 1
+
+
+def _reconciled(world: World, answer: str | None) -> TurnSettings:
+    """A transfer whose reconciler answers `answer` (None: it cannot tell)."""
+
+    async def reconcile(call: ToolCall) -> str | None:
+        world.reconciled.append(call.call_id)
+        return answer
+
+    transfer = Tool("transfer", "Send money.", Transfer, world.transfer, "side_effect", reconcile=reconcile)
+    return settings(world, tools=ToolRegistry([transfer]))
+
+
+async def test_a_takeover_inside_a_side_effect_with_a_reconciler_continues_with_its_answer(
+    server, openai, world, tmp_path
+):
+    world.block = asyncio.Event()  # the transfer hangs until the worker is gone
+    server.push(Reply(tool_calls=[("call_1", "transfer", '{"to": "bob", "amount": 5}')]), Reply(text="Paid bob."))
+    turn = _reconciled(world, "sent 5 to bob (found in the ledger)")
+    async with running(world.log, openai, config(turn)):
+        await say(world.log, "pay bob", "m1")
+        await until(lambda: bool(world.seen_started))
+    async with running(FileLog(tmp_path), openai, config(turn)):
+        [outcome] = await outcomes(world.log, 1)
+    events = events_of(world.log, "c1")
+    [finished] = of_type(events, "ToolCallFinished")
+    assert (finished.call_id, finished.ok, finished.reconciled) == ("call_1", True, True)
+    assert world.reconciled == ["call_1"] and world.transfers == []  # asked, not run again
+    assert outcome.type == "TurnCompleted" and outcome.reply == "Paid bob."
+    assert len(server.requests) == 2  # the first model step was not asked again
+    assert tool_messages(server.requests[1].body)[0]["content"] == "sent 5 to bob (found in the ledger)"
+    [_, resumed] = of_type(events, "AttemptStarted")
+    assert resumed.resumes_run_id == of_type(events, "AttemptFailed")[0].run_id
+
+
+async def test_a_takeover_whose_reconciler_cannot_tell_fails_the_turn_visibly(server, openai, world, tmp_path):
+    world.block = asyncio.Event()
+    server.push(Reply(tool_calls=[("call_1", "transfer", '{"to": "bob", "amount": 5}')]), Reply(text="x"))
+    turn = _reconciled(world, None)
+    async with running(world.log, openai, config(turn)):
+        await say(world.log, "pay bob", "m1")
+        await until(lambda: bool(world.seen_started))
+    async with running(FileLog(tmp_path), openai, config(turn)):
+        [outcome] = await outcomes(world.log, 1)
+    assert outcome.type == "TurnFailed" and "reconciler could not tell" in outcome.error
+    assert [(o.tool, o.status) for o in outcome.operations] == [("transfer", "unknown")]
+    assert world.reconciled == ["call_1"] and len(server.requests) == 1
 
 
 async def test_a_stopping_worker_lets_the_turn_in_flight_finish_before_it_returns(server, openai, world):

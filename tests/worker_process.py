@@ -6,7 +6,11 @@ As a script it builds a `Worker` over Kafka whose model is the loopback provider
 * `search` (read-only) answers at once;
 * `transfer` (side effect) appends one line to `<tool-dir>/transfer.count` -- so a test
   counts how often its body ran, across processes -- then waits until
-  `<tool-dir>/release` exists (a tool that hangs until the test lets it go).
+  `<tool-dir>/release` exists (a tool that hangs until the test lets it go);
+* `lookup` (read-only) counts its runs in `lookup.count` and waits for `release-lookup`;
+* `transfer_once` (side effect, idempotent) writes the idempotency key it got to
+  `idem.count` on every run and to `idem.effects` only the first time it sees that key
+  (the effect an idempotent API applies once), then waits for `release`.
 
 The API key comes from `TURNSTILE_API_KEY`, as in `turnstile run`. Logs go to stderr at
 DEBUG for turnstile and the HTTP client, so a test can grep every line for the key.
@@ -59,15 +63,38 @@ def tools(tool_dir: Path) -> ToolRegistry:
 
     async def transfer(args: Transfer) -> str:
         count_run(args)  # the side effect: counted before the tool blocks
-        release = tool_dir / "release"
-        while not release.exists():  # noqa: ASYNC110  (another process creates the file)
+        await wait_for("release")
+        return f"sent {args.amount} to {args.to}"
+
+    async def wait_for(name: str) -> None:
+        while not (tool_dir / name).exists():  # noqa: ASYNC110  (another process creates the file)
             await asyncio.sleep(0.05)
+
+    def append(name: str, line: str) -> None:
+        with open(tool_dir / name, "a") as fh:
+            fh.write(line + "\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+
+    async def lookup(args: Query) -> str:
+        append("lookup.count", f"{os.getpid()} {args.q}")
+        await wait_for("release-lookup")
+        return f"notes on {args.q}"
+
+    async def transfer_once(args: Transfer, key: str) -> str:
+        append("idem.count", key)
+        effects = tool_dir / "idem.effects"
+        if not effects.exists() or key not in effects.read_text().split():
+            append("idem.effects", key)
+        await wait_for("release")
         return f"sent {args.amount} to {args.to}"
 
     return ToolRegistry(
         [
             Tool("search", "Search the notes.", Query, search, "read_only"),
             Tool("transfer", "Send money.", Transfer, transfer, "side_effect"),
+            Tool("lookup", "Look up the notes.", Query, lookup, "read_only"),
+            Tool("transfer_once", "Send money, idempotently.", Transfer, transfer_once, "side_effect", idempotent=True),
         ]
     )
 
