@@ -16,4 +16,8 @@ def test_the_worked_example_of_the_budgets_page_runs(tmp_path):
     script.write_text(example)
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
-    assert "[call c52]" in done.stdout and done.stdout.strip().endswith("cost 0.0035900000000000003")
+    # The page states the last line it prints (cost rounded): the code and the page agree.
+    [stated] = re.findall(r"its pause reason and its cost: `(\[[\d, ]+\]) cost ([\d.]+)`", DOC.read_text())
+    allowances, reason, cost = done.stdout.strip().splitlines()[-1].rsplit(" ", 2)
+    assert "[call c52]" in done.stdout
+    assert (allowances, reason, round(float(cost), 5)) == (stated[0], "cost", float(stated[1]))
