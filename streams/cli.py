@@ -15,7 +15,7 @@ from turnstile.handlers.claim import DebouncePolicy, DoubleTextPolicy
 from turnstile.handlers.provider import Provider
 from turnstile.handlers.providers.scripted import ScriptedProvider
 from turnstile.handlers.schedule import Schedule, parse_schedules
-from turnstile.streams import audit_cli
+from turnstile.streams import audit_cli, log_format
 from turnstile.streams.cli_errors import (
     NOT_FOUND,
     UNAVAILABLE,
@@ -194,7 +194,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     parser = argparse.ArgumentParser(prog="turnstile", description=__doc__)
     parser.add_argument("--version", action="version", version=f"turnstile {__version__}")
-    parser.add_argument("-v", "--verbose", action="store_true")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO and show tracebacks of errors")
+    parser.add_argument("--log-format", choices=["text", "json"], default="text", help="logs as text or JSON lines")
     sub = parser.add_subparsers(dest="command", required=True)
 
     demo = sub.add_parser("demo", help="run the seed's double-text scenario on the embedded log")
@@ -308,6 +309,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_parsers(sub, _add_log_args)
     audit_cli.add_parser(sub)
+    for command in sub.choices.values():  # the global flags work after the subcommand too
+        command.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS, help="as above")
+        command.add_argument("--log-format", choices=["text", "json"], default=argparse.SUPPRESS, help="as above")
     return parser
 
 
@@ -316,8 +320,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command == "run" and not 6 <= args.session_timeout_s <= 300:
         parser.error(f"--session-timeout-s {args.session_timeout_s:g} is outside 6..300 s (the broker's bounds)")
-    level = logging.INFO if args.verbose else logging.WARNING
-    logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
+    log_format.configure(args.verbose, args.log_format)
     if args.command == "demo":
         from turnstile.streams.demo import main as demo_main
 

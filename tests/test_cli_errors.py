@@ -3,6 +3,8 @@ the exit code the README documents, and no traceback (unless -v)."""
 
 from __future__ import annotations
 
+import json
+import re
 import socket
 import subprocess
 import sys
@@ -98,3 +100,19 @@ def test_a_message_over_the_size_limit_is_refused_with_the_limit_named(tmp_path)
     assert result.returncode == 65
     assert "content: String should have at most 200000 characters" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_global_flags_work_after_the_subcommand_and_logs_carry_utc_timestamps(tmp_path):
+    result = turnstile("inspect", "nobody", "-v", cwd=tmp_path)  # -v after the subcommand
+    assert result.returncode == 1
+    assert "Traceback" in result.stderr  # -v shows it; the last line is still the sentence
+    assert re.match(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z ERROR ", result.stderr)
+    assert result.stderr.strip().splitlines()[-1].startswith("turnstile inspect: no event of conversation")
+
+
+def test_json_logs_are_one_object_per_line(tmp_path):
+    result = turnstile("inspect", "nobody", "--log-format", "json", "-v", cwd=tmp_path)
+    [logged, sentence] = result.stderr.strip().splitlines()
+    line = json.loads(logged)
+    assert (line["level"], line["logger"]) == ("ERROR", "root") and line["ts"].endswith("Z")
+    assert "CliError" in line["exception"] and sentence.startswith("turnstile inspect:")
