@@ -17,6 +17,8 @@ import tracemalloc
 from collections.abc import Callable
 
 import orjson
+
+from bench.common import NO_DEBOUNCE, T0_MS, Section, conversation_events, fmt, message
 from turnstile.events import DecodeError, Event, decode, encode
 from turnstile.handlers.claim import ClaimPlan, plan_claim
 from turnstile.handlers.context import build_context
@@ -25,8 +27,6 @@ from turnstile.handlers.providers.scripted import ScriptedProvider
 from turnstile.projections import ConversationState, apply_event, new_state
 from turnstile.streams.log import PartitionStart, Record, Topics
 from turnstile.streams.worker import Worker
-
-from bench.common import NO_DEBOUNCE, T0_MS, Section, conversation_events, fmt, message
 
 SIZES = (10, 1_000, 10_000)
 EVENTS_PER_MEASURE = 60_000  # each figure times at least this many events (or calls)

@@ -23,6 +23,9 @@ from pathlib import Path
 
 import httpx
 from aiohttp import web
+
+from bench.common import Section, fmt, percentile
+from bench.kafka import Broker
 from turnstile.handlers.claim import DebouncePolicy
 from turnstile.handlers.pricing import ModelPrice
 from turnstile.handlers.provider import ChatMessage, ModelRequest
@@ -36,9 +39,6 @@ from turnstile.streams.provider_http import HttpProvider
 from turnstile.streams.service import Service
 from turnstile.streams.turn_runner import TurnSettings
 from turnstile.streams.worker import Worker, WorkerConfig
-
-from bench.common import Section, fmt, percentile
-from bench.kafka import Broker
 
 TURNS = 40
 PIECES = ["The ", "9th ", "is ", "cheaper."]

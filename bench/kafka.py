@@ -25,6 +25,8 @@ from dataclasses import dataclass, field
 import orjson
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
+
+from bench.common import Section, fmt, message, percentile
 from turnstile.events import DecodeError, Event, ModelResponded, TurnClaimed, TurnCompleted, decode, encode
 from turnstile.handlers.claim import DebouncePolicy
 from turnstile.handlers.providers.scripted import ScriptedProvider
@@ -33,8 +35,6 @@ from turnstile.streams.kafka_reader import ensure_topics, read_topic
 from turnstile.streams.log import Acknowledged, PartitionStart, RebalanceListener, Record, Topics
 from turnstile.streams.runtime import SystemClock
 from turnstile.streams.worker import Worker, WorkerConfig
-
-from bench.common import Section, fmt, message, percentile
 
 PARTITIONS = 8
 THROUGHPUT_ROUNDS = 2

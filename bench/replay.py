@@ -34,15 +34,15 @@ from dataclasses import dataclass
 import orjson
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord, TopicPartition
 from aiokafka.partitioner import murmur2
+
+from bench.common import Section, conversation_events
+from bench.kafka import PARTITIONS, Broker
 from turnstile.events import DecodeError, decode, encode
 from turnstile.handlers.providers.scripted import ScriptedProvider
 from turnstile.projections import ConversationState, apply_event, new_state
 from turnstile.streams.log import PartitionStart, Record, Topics
 from turnstile.streams.replay_gc import ReplayGc
 from turnstile.streams.worker import Worker
-
-from bench.common import Section, conversation_events
-from bench.kafka import PARTITIONS, Broker
 
 MAX_MESSAGES = 40  # longest conversation in the mix
 CONCURRENT = 1_000  # conversations interleaved on the log at a time

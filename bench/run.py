@@ -22,10 +22,9 @@ import sys
 import time
 from pathlib import Path
 
-from turnstile.streams.kafka_reader import reachable
-
 from bench import core, deploy, faust_vs_aiokafka, first_delta, kafka, replay
 from bench.common import Section
+from turnstile.streams.kafka_reader import reachable
 
 ROOT = Path(__file__).resolve().parent.parent
 

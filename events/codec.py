@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 import orjson
 from pydantic import ValidationError
+
 from turnstile.events.union import EVENT_ADAPTER, Event
 from turnstile.events.upcast import UPCASTERS, UpcastError, Upcasters
 

@@ -14,6 +14,7 @@ from typing import Annotated, Literal
 
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
 from turnstile.events.base import MAX_INT, EpochMillis, Identifier
 
 Count = Annotated[int, Field(ge=0, lt=MAX_INT)]

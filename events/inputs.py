@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+
 from turnstile.events.base import Envelope, Identifier
 
 Content = Annotated[str, Field(min_length=1, max_length=200_000)]

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+
 from turnstile.events.base import MAX_INT, Identifier, TurnEnvelope
 
 NonNegative = Annotated[int, Field(ge=0, lt=MAX_INT)]

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+
 from turnstile.events.base import MAX_INT, Identifier, TurnEnvelope
 from turnstile.events.lifecycle import ToolCall
 

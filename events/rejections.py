@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
+
 from turnstile.events.base import Envelope, Identifier
 
 # turn_active: the double-text policy refused a message; resume_invalid: a ResumeRequested

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, Field, TypeAdapter
+
 from turnstile.events.base import SCHEMA_VERSION
 from turnstile.events.dead_letter import DeadLetter
 from turnstile.events.deltas import ReplyDelta

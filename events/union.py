@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Annotated
 
 from pydantic import Field, TypeAdapter
+
 from turnstile.events.inputs import InputInjected, MessageReceived, ResumeRequested
 from turnstile.events.lifecycle import (
     AttemptFailed,

@@ -16,6 +16,7 @@ from typing import Any, TypedDict, Unpack, get_type_hints, overload
 
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, create_model
+
 from turnstile.handlers.tools import Tool, ToolKind
 
 ToolCallable = Callable[..., Any]

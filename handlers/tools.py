@@ -29,6 +29,7 @@ from typing import Any, Literal
 
 import orjson
 from pydantic import BaseModel, SecretBytes, SecretStr, ValidationError
+
 from turnstile.events import ToolCall
 from turnstile.handlers.provider import ToolSpec
 from turnstile.handlers.resume import Recovery

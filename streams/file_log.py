@@ -22,6 +22,7 @@ from pathlib import Path
 
 import orjson
 from aiokafka.partitioner import murmur2
+
 from turnstile.streams.log import Acknowledged, Landed, PartitionStart, RebalanceListener, Record, Topics
 
 

@@ -44,6 +44,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 from aiohttp import web
 from pydantic import ValidationError
+
 from turnstile.events import content_fingerprint, encode
 from turnstile.streams.log import EventLog, Record
 from turnstile.streams.publisher import message_event

@@ -16,6 +16,7 @@ from rich.console import Console, Group
 from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
+
 from turnstile.streams.file_log import FileLog, partition_for
 from turnstile.streams.inert import printable
 from turnstile.streams.kafka_reader import group_less_consumer, read_to_end

@@ -27,6 +27,7 @@ from aiokafka.errors import (
     TopicAuthorizationFailedError,
 )
 from aiokafka.structs import OffsetAndMetadata
+
 from turnstile.streams.kafka_reader import record_of
 from turnstile.streams.log import Acknowledged, PartitionStart, RebalanceListener, Record, RecordRefused, Topics
 

@@ -12,6 +12,7 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import TopicAlreadyExistsError
+
 from turnstile.streams.log import Record, Topics
 
 DELTAS_RETENTION_MS = 3_600_000

@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
+
 from turnstile.events import OUTCOME_TYPES, Event, MessageRejected, ModelResponded, TurnClaimed
 from turnstile.handlers.provider import (
     ModelReply,

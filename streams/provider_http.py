@@ -22,6 +22,7 @@ from typing import Any
 
 import httpx
 import orjson
+
 from turnstile.handlers.provider import ModelReply, ModelRequest, ProtocolFamily, ProviderError, ReplyStream
 from turnstile.handlers.providers.sse import SseDecoder
 from turnstile.handlers.providers.wire import (

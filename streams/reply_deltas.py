@@ -16,6 +16,7 @@ from collections.abc import Callable
 from typing import Protocol
 
 from pydantic import ValidationError
+
 from turnstile.events.deltas import ReplyDelta, encode_delta
 from turnstile.handlers.provider import ReplyStream
 from turnstile.streams.log import Acknowledged, EventLog

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import orjson
+
 from turnstile.events import OUTCOME_TYPES, AttemptFailed, DecodeError, Event, decode
 from turnstile.events.deltas import ReplyDelta, decode_delta
 from turnstile.streams.log import Record

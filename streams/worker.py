@@ -50,6 +50,7 @@ from turnstile.streams.turn_runner import TurnRunner, TurnSettings
 
 if TYPE_CHECKING:
     from opentelemetry.trace import TracerProvider
+
     from turnstile.streams.metrics import Metrics
     from turnstile.streams.tracing import TurnTracer
 

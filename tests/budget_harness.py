@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from pydantic import BaseModel, ConfigDict
+
 from turnstile.events import Event, ResumeRequested, ToolCall, Usage
 from turnstile.handlers.budget import TurnBudget
 from turnstile.handlers.claim import ClaimPlan, DebouncePolicy, plan_claim

@@ -6,6 +6,7 @@ import os
 import uuid
 
 import pytest
+
 from turnstile.streams.kafka_reader import ensure_topics, reachable
 from turnstile.streams.log import Topics
 

@@ -9,6 +9,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
+from worker_harness import events_of, until
+
 from turnstile.events import OUTCOME_TYPES, Event, InputInjected, ResumeRequested, encode
 from turnstile.handlers.budget import TurnBudget
 from turnstile.handlers.claim import DebouncePolicy
@@ -21,7 +23,6 @@ from turnstile.streams.publisher import message_event, publish
 from turnstile.streams.runtime import SystemClock
 from turnstile.streams.turn_runner import Route, TurnSettings
 from turnstile.streams.worker import WorkerConfig
-from worker_harness import events_of, until
 
 NOW = SystemClock().now_ms
 PRICE = ModelPrice(input_per_mtok=1.0, output_per_mtok=2.0)

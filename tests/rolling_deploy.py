@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from loop_harness import Transfer
+from worker_harness import until
+
 from turnstile.events import (
     OUTCOME_TYPES,
     AttemptFailed,
@@ -43,7 +45,6 @@ from turnstile.streams.log import Topics
 from turnstile.streams.publisher import message_event, publish
 from turnstile.streams.turn_runner import TurnSettings
 from turnstile.streams.worker import Worker, WorkerConfig
-from worker_harness import until
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
+
 from turnstile.handlers.providers.sse import SseDecoder
 
 

@@ -12,11 +12,13 @@ import types
 from pathlib import Path
 
 import pytest
-import turnstile
 from kafka_fixtures import fresh_topics, kafka_bootstrap  # noqa: F401  (fixtures)
 from provider_server import ProviderServer, Reply
 from test_cli import run_worker_until
 from test_cli import turnstile as turnstile_cli
+from worker_harness import events_of
+
+import turnstile
 from turnstile import Agent, LogPlace, Model, TestModel
 from turnstile.events import Event, MessageReceived, ToolCallFinished, TurnCompleted, decode, encode
 from turnstile.streams.agent import load_agent
@@ -24,7 +26,6 @@ from turnstile.streams.file_log import FileLog
 from turnstile.streams.kafka_log import KafkaLog
 from turnstile.streams.log import Topics
 from turnstile.streams.publisher import KafkaPublisher, message_event
-from worker_harness import events_of
 
 ROOT = Path(__file__).parent.parent
 

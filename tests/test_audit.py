@@ -14,6 +14,7 @@ from pathlib import Path
 from builders import CONV, claim, message, started
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+
 from turnstile.events import (
     AttemptFailed,
     DeadLetter,

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 from kafka_fixtures import fresh_topics, kafka_bootstrap  # noqa: F401  (fixtures)
+
 from turnstile.events import OUTCOME_TYPES, DecodeError, TurnClaimed, decode, encode
 from turnstile.handlers.claim import DebouncePolicy
 from turnstile.handlers.provider import ModelRequest

@@ -11,13 +11,14 @@ from pathlib import Path
 import pytest
 from loop_harness import ATTEMPTS_ONLY, World, config, outcomes, say, settings
 from provider_server import ProviderServer, Raw, Reply, Step
+from worker_harness import running
+
 from turnstile.handlers.budget import TurnBudget
 from turnstile.handlers.providers.openai_chat import OpenAIChat
 from turnstile.projections.audit import AuditLimits, AuditReport, audit, render
 from turnstile.streams.file_log import FileLog
 from turnstile.streams.log import Topics
 from turnstile.streams.provider_http import HttpProvider
-from worker_harness import running
 
 
 @pytest.fixture

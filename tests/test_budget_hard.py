@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 from budget_harness import START, Harness, Step, conversation, of_type, resume
+
 from turnstile.events import Event, TurnPaused
 from turnstile.handlers.budget import (
     MIN_REPLY_TOKENS,
@@ -193,9 +194,10 @@ async def test_a_resume_of_a_completed_turn_is_refused_and_a_paused_one_accepted
 async def test_the_worker_refuses_a_bogus_resume_on_the_log_and_never_answers_it(tmp_path):
     from loop_harness import World as LoopWorld
     from loop_harness import config, inject, outcomes_of, settings
+    from worker_harness import events_of, running, until
+
     from turnstile.handlers.providers.scripted import ScriptedProvider
     from turnstile.streams.file_log import FileLog
-    from worker_harness import events_of, running, until
 
     world = LoopWorld(log=FileLog(tmp_path))
     assert world.log is not None

@@ -10,6 +10,7 @@ from budget_harness import CONV, START, Harness, Step
 from builders import message
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+
 from turnstile.events import OUTCOME_TYPES, encode
 from turnstile.handlers.budget import TurnBudget
 from turnstile.handlers.pricing import ModelPrice

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 from builders import CONV, claim, completed, message, started
+
 from turnstile.events import logical_turn_id
 from turnstile.handlers.claim import ClaimPlan, DebouncePolicy, WaitUntil, claim_event, plan_claim
 from turnstile.handlers.context import build_context, render_pending

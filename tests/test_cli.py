@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 from kafka_fixtures import fresh_topics, kafka_bootstrap  # noqa: F401  (fixtures)
+
 from turnstile.streams.log import Topics
 
 CLI = [sys.executable, "-m", "turnstile.streams.cli"]

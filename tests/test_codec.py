@@ -5,6 +5,7 @@ from __future__ import annotations
 import orjson
 import pytest
 from builders import claim, completed, message, started
+
 from turnstile.events import DeadLetter, DecodeError, decode, encode
 
 

@@ -10,6 +10,7 @@ import jsonschema
 import orjson
 import pytest
 import yaml
+
 from turnstile.events import SCHEMA_VERSION, DecodeError, MessageReceived, TurnClaimed, decode, encode, logical_turn_id
 from turnstile.events.deltas import decode_delta
 from turnstile.events.schema import ASYNCAPI_PATH, SCHEMA_DIR, drift, event_models, main

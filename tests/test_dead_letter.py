@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 
 import pytest
+
 from turnstile.events import DeadLetter
 
 VALUE = b"\xff not json " * 100  # not UTF-8, so carried as base64

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 from builders import claim, completed, eid, message, started
+from worker_harness import FAST, events_of, running, until
+
 from turnstile.events import MessageRejected, TurnClaimed, TurnCompleted, decode
 from turnstile.handlers.claim import DoubleTextPolicy, refusal_on_arrival, rejection_event, rejects_on_arrival
 from turnstile.handlers.providers.scripted import ScriptedProvider
@@ -19,7 +21,6 @@ from turnstile.streams.file_log import FileLog
 from turnstile.streams.publisher import message_event, publish
 from turnstile.streams.runtime import SystemClock
 from turnstile.streams.worker import WorkerConfig
-from worker_harness import FAST, events_of, running, until
 
 NOW = SystemClock().now_ms
 ROOT = Path(__file__).parent.parent

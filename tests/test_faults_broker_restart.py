@@ -21,6 +21,7 @@ from fault_audit import check_invariants, counts, dead_letters, record, until_se
 from kafka_fixtures import kafka_bootstrap  # noqa: F401  (the shared broker must be up: jars and java are there)
 from provider_server import Delay, ProviderServer, Reply
 from test_faults_crash import Fleet, check_no_secret, server, until  # noqa: F401  (fixtures)
+
 from turnstile.events import AttemptStarted
 from turnstile.streams.kafka_log import KafkaLog
 from turnstile.streams.kafka_reader import ensure_topics

@@ -27,6 +27,8 @@ from fault_audit import (
 )
 from kafka_fixtures import fresh_topics, kafka_bootstrap  # noqa: F401  (fixtures)
 from provider_server import Delay, ProviderServer, Raw, Reply
+from worker_process import WorkerProcess, worker_args, worker_env
+
 from turnstile.events import (
     OUTCOME_TYPES,
     AttemptFailed,
@@ -47,7 +49,6 @@ from turnstile.streams.kafka_reader import read_topic
 from turnstile.streams.log import Topics
 from turnstile.streams.publisher import message_event, publish
 from turnstile.streams.runtime import SystemClock
-from worker_process import WorkerProcess, worker_args, worker_env
 
 pytestmark = pytest.mark.kafka
 NOW = SystemClock().now_ms

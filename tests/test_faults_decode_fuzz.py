@@ -11,6 +11,7 @@ import orjson
 from builders import claim, completed, message, started
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+
 from turnstile.events import (
     Approval,
     AttemptFailed,

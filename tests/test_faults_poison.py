@@ -17,6 +17,7 @@ from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import KafkaConnectionError
 from fault_audit import check_invariants, counts, dead_letters, record, until_settled
 from kafka_fixtures import fresh_topics, kafka_bootstrap  # noqa: F401  (fixtures)
+
 from turnstile.events import encode
 from turnstile.handlers.claim import DebouncePolicy
 from turnstile.handlers.providers.scripted import ScriptedProvider

@@ -20,6 +20,7 @@ import pytest
 from builders import claim, message, started
 from fault_audit import LogAudit, check_invariants, counts, dead_letters, record, until_settled
 from kafka_fixtures import fresh_topics, kafka_bootstrap  # noqa: F401  (fixtures)
+
 from turnstile.events import ModelResponded, TurnClaimed, Usage, encode
 from turnstile.handlers.claim import DebouncePolicy
 from turnstile.handlers.providers.scripted import ScriptedProvider

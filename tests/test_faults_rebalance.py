@@ -18,6 +18,7 @@ from kafka_fixtures import fresh_topics, kafka_bootstrap  # noqa: F401  (fixture
 from loop_harness import World, config, settings
 from provider_server import Delay, ProviderServer, Reply
 from test_faults_crash import Fleet, check_no_secret, fleet, publisher, server, until  # noqa: F401  (fixtures)
+
 from turnstile.events import (
     OUTCOME_TYPES,
     AttemptFailed,

@@ -13,6 +13,7 @@ from collections.abc import Callable
 import pytest
 from fault_audit import audit_log, check_invariants, counts, dead_letters, record, until_settled
 from kafka_fixtures import fresh_topics, kafka_bootstrap  # noqa: F401  (fixtures)
+
 from turnstile.events import OUTCOME_TYPES
 from turnstile.handlers.claim import DebouncePolicy
 from turnstile.handlers.providers.scripted import ScriptedProvider

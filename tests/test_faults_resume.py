@@ -23,6 +23,7 @@ from fault_audit import check_invariants, until_settled
 from kafka_fixtures import fresh_topics, kafka_bootstrap  # noqa: F401  (fixtures)
 from provider_server import ProviderServer, Reply
 from test_faults_crash import NOW, TIMEOUT_S, Fleet, fleet, publisher, server, until  # noqa: F401
+
 from turnstile.events import AttemptStarted, ModelResponded, ToolCallFinished, TurnCompleted, decode
 from turnstile.projections.audit import audit, render
 from turnstile.streams.kafka_log import KafkaLog

@@ -26,6 +26,8 @@ from collections.abc import Mapping
 
 from builders import claim, completed, message, started
 from fault_audit import check_invariants, fold_records
+from worker_harness import FAST, events_of, running, until
+
 from turnstile.events import DeadLetter, TurnClaimed, TurnCompleted, decode, encode
 from turnstile.handlers.providers.scripted import ScriptedProvider
 from turnstile.streams.file_log import FileLog, _PartitionReader
@@ -33,7 +35,6 @@ from turnstile.streams.log import PartitionStart, RebalanceListener, RecordRefus
 from turnstile.streams.metrics import Metrics
 from turnstile.streams.runtime import SystemClock
 from turnstile.streams.worker import Worker
-from worker_harness import FAST, events_of, running, until
 
 NOW = SystemClock().now_ms
 

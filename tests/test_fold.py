@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from builders import CONV, claim, completed, eid, message, started
+
 from turnstile.events import AttemptFailed, decode, encode
 from turnstile.projections import apply_event, new_state
 

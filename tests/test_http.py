@@ -19,6 +19,8 @@ from pathlib import Path
 import httpx
 import pytest
 from kafka_fixtures import fresh_topics, kafka_bootstrap  # noqa: F401  (fixtures)
+from worker_harness import FAST, serving, until
+
 from turnstile.handlers.providers.scripted import ScriptedProvider
 from turnstile.handlers.schedule import Interval, Schedule
 from turnstile.streams.file_log import FileLog
@@ -26,7 +28,6 @@ from turnstile.streams.kafka_log import KafkaLog
 from turnstile.streams.log import Topics
 from turnstile.streams.service import Service
 from turnstile.streams.worker import Worker
-from worker_harness import FAST, serving, until
 
 ROOT = Path(__file__).parent.parent
 

@@ -14,13 +14,14 @@ from collections.abc import AsyncIterator
 
 import httpx
 import pytest
+from worker_harness import FAST, client_of, events_of, serving, until
+
 from turnstile.handlers.providers.scripted import ScriptedProvider
 from turnstile.streams.file_log import FileLog
 from turnstile.streams.http_api import HttpServer, InsecureBind, build_app, check_bind, read_token
 from turnstile.streams.publisher import message_event, publish
 from turnstile.streams.service import Service, conversation_reader
 from turnstile.streams.worker import Worker
-from worker_harness import FAST, client_of, events_of, serving, until
 
 TOKEN = "s3cret-token"
 

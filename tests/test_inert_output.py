@@ -11,6 +11,8 @@ import sys
 from pathlib import Path
 
 from rich.console import Console
+from worker_harness import events_of, running, until
+
 from turnstile.events import TurnCompleted
 from turnstile.handlers.providers.scripted import ScriptedProvider
 from turnstile.streams.file_log import FileLog
@@ -19,7 +21,6 @@ from turnstile.streams.inspect_cli import file_records, inspect
 from turnstile.streams.log import Topics
 from turnstile.streams.publisher import message_event, publish
 from turnstile.streams.views import build_view, turn_html
-from worker_harness import events_of, running, until
 
 ROOT = Path(__file__).parent.parent
 CONVERSATION = "[/]\x1b[31mred"  # a closing tag rich choked on, then an ANSI colour

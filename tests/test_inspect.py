@@ -13,6 +13,8 @@ import pytest
 from builders import claim, message, started
 from kafka_fixtures import fresh_topics, kafka_bootstrap  # noqa: F401  (fixtures)
 from rich.console import Console
+from worker_harness import FAST, events_of, running, until
+
 from turnstile.events import TurnCompleted, encode
 from turnstile.handlers.providers.scripted import ScriptedProvider
 from turnstile.streams.file_log import FileLog
@@ -23,7 +25,6 @@ from turnstile.streams.publisher import message_event, publish
 from turnstile.streams.runtime import SystemClock
 from turnstile.streams.views import build_view, state_json, turn_json
 from turnstile.streams.worker import Worker
-from worker_harness import FAST, events_of, running, until
 
 NOW = SystemClock().now_ms
 ROOT = Path(__file__).parent.parent

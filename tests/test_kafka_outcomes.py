@@ -12,6 +12,7 @@ import pytest
 from kafka_fixtures import fresh_topics, kafka_bootstrap  # noqa: F401  (fixtures)
 from loop_harness import ATTEMPTS_ONLY, NOW, World, config, settings
 from provider_server import ProviderServer, Raw, Reply, Step
+
 from turnstile.events import OUTCOME_TYPES, DecodeError, Event, decode
 from turnstile.handlers.budget import TurnBudget
 from turnstile.handlers.providers.openai_chat import OpenAIChat

@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 from kafka_fixtures import fresh_topics, kafka_bootstrap  # noqa: F401  (fixtures)
 from rolling_deploy import Shape, rolling_deploy
+
 from turnstile.streams.log import Topics
 
 pytestmark = pytest.mark.kafka

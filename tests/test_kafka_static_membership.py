@@ -8,6 +8,7 @@ import uuid
 
 import pytest
 from kafka_fixtures import fresh_topics, kafka_bootstrap  # noqa: F401  (fixtures)
+
 from turnstile.streams.kafka_log import KafkaLog, Membership
 from turnstile.streams.log import PartitionStart, Topics
 

@@ -10,6 +10,7 @@ from collections import Counter
 
 import pytest
 from kafka_fixtures import fresh_topics, kafka_bootstrap  # noqa: F401  (fixtures)
+
 from turnstile.events import OUTCOME_TYPES, DecodeError, MessageReceived, TurnClaimed, decode
 from turnstile.handlers.claim import DebouncePolicy
 from turnstile.handlers.provider import ModelRequest

@@ -19,6 +19,7 @@ from pathlib import Path
 import jsonschema
 import pytest
 from kafka_fixtures import fresh_topics, kafka_bootstrap  # noqa: F401  (fixtures)
+
 from turnstile.events import logical_turn_id
 from turnstile.streams.file_log import partition_for
 from turnstile.streams.log import Topics

@@ -11,6 +11,8 @@ import pytest
 from builders import claim, message, started
 from kafka_fixtures import fresh_topics, kafka_bootstrap  # noqa: F401  (fixtures)
 from prometheus_client.parser import text_string_to_metric_families
+from worker_harness import FAST, events_of, until
+
 from turnstile.events import TurnCompleted, encode
 from turnstile.handlers.claim import DoubleTextPolicy
 from turnstile.handlers.providers.scripted import ScriptedProvider
@@ -21,7 +23,6 @@ from turnstile.streams.metrics import Metrics, consumer_lag
 from turnstile.streams.publisher import message_event, publish
 from turnstile.streams.runtime import SystemClock
 from turnstile.streams.worker import Worker, WorkerConfig
-from worker_harness import FAST, events_of, until
 
 NOW = SystemClock().now_ms
 
@@ -122,6 +123,7 @@ async def test_metrics_of_a_worker_on_kafka(kafka_bootstrap: str, fresh_topics: 
 
 async def test_provider_requests_errors_and_tokens_by_kind(tmp_path):
     from provider_server import ProviderServer, Raw, Reply
+
     from turnstile.handlers.pricing import ModelPrice
     from turnstile.handlers.providers.openai_chat import OpenAIChat
     from turnstile.handlers.retry import RetryPolicy

@@ -9,6 +9,8 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+from worker_harness import events_of
+
 from turnstile import Agent, LogPlace, TestModel
 from turnstile.events import (
     Event,
@@ -29,7 +31,6 @@ from turnstile.projections import new_state
 from turnstile.projections.state import TurnRecord
 from turnstile.streams.file_log import FileLog
 from turnstile.streams.log import Topics
-from worker_harness import events_of
 
 ROOT = Path(__file__).parent.parent
 CALL = ToolCall(call_id="call-1", name="send_email", arguments='{"to": "a@b.c"}')

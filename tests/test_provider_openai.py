@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator, Iterator
 import httpx
 import pytest
 from provider_server import Delay, Drop, ProviderServer, Raw, Reply, Step
+
 from turnstile.events import Usage
 from turnstile.handlers.provider import ChatMessage, ModelRequest, ProviderError
 from turnstile.handlers.providers.openai_chat import OpenAIChat

@@ -10,13 +10,14 @@ from collections.abc import AsyncIterator, Callable
 
 import httpx
 import pytest
+from wire_harness import API_KEY, MockApi, fixture, reply
+
 from turnstile.handlers.failure_text import provider_failure
 from turnstile.handlers.provider import ChatMessage, ModelRequest, ProviderError
 from turnstile.handlers.providers.anthropic_messages import AnthropicMessages
 from turnstile.handlers.providers.openai_chat import OpenAIChat
 from turnstile.handlers.retry import GiveUp, Retry, RetryPolicy, backoff_s, next_retry, retryable_status, server_wait_s
 from turnstile.streams.provider_http import HttpProvider
-from wire_harness import API_KEY, MockApi, fixture, reply
 
 HELLO = ModelRequest(model="gpt-4.1", messages=(ChatMessage("user", "Hello"),))
 NOW_S = 1_767_225_600.0

@@ -10,6 +10,9 @@ import json
 from pathlib import Path
 
 from pydantic import BaseModel, SecretStr
+from wire_harness import API_KEY, Collected, MockApi, fixture, reply, stream_fixture, streamed
+from worker_harness import FAST, events_of, running, until
+
 from turnstile.events import ModelResponded, ToolCall, ToolCallStarted, TurnCompleted, TurnPaused
 from turnstile.handlers.pricing import ModelPrice
 from turnstile.handlers.provider import ChatMessage, ModelRequest
@@ -27,8 +30,6 @@ from turnstile.handlers.tools import (
 from turnstile.streams.file_log import FileLog
 from turnstile.streams.provider_http import HttpProvider
 from turnstile.streams.publisher import message_event, publish
-from wire_harness import API_KEY, Collected, MockApi, fixture, reply, stream_fixture, streamed
-from worker_harness import FAST, events_of, running, until
 
 FIXTURE_MODEL = "gpt-4.1-2025-04-14"  # the model the fixtures' replies name
 HELLO = ModelRequest(model="gpt-4.1", messages=(ChatMessage("user", "Hello"),))

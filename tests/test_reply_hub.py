@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 
 from builders import claim, completed
+
 from turnstile.events import AttemptFailed
 from turnstile.events.deltas import ReplyDelta
 from turnstile.streams.reply_hub import ReplyHub, StreamEvent

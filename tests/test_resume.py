@@ -8,6 +8,7 @@ import asyncio
 import pytest
 from builders import CONV, claim, eid, message, started
 from loop_harness import Transfer
+
 from turnstile.events import (
     AttemptFailed,
     AttemptStarted,

@@ -9,6 +9,8 @@ import datetime as dt
 
 import pytest
 from loop_harness import Query, Transfer
+from worker_harness import FAST, events_of, running, until
+
 from turnstile.events import (
     InputInjected,
     ProtocolFailure,
@@ -36,7 +38,6 @@ from turnstile.handlers.tools import Tool, ToolRegistry
 from turnstile.streams.file_log import FileLog
 from turnstile.streams.publisher import message_event, publish
 from turnstile.streams.scheduler import Scheduler
-from worker_harness import FAST, events_of, running, until
 
 
 def ms(text: str) -> int:

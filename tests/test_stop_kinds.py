@@ -11,14 +11,15 @@ from typing import Any
 import httpx
 import pytest
 from loop_harness import World, config, of_type, outcomes, say, settings
+from wire_harness import API_KEY, MockApi, anthropic_api, fixture, openai_api, reply
+from worker_harness import events_of, running
+
 from turnstile.handlers.pricing import ModelPrice
 from turnstile.handlers.providers.anthropic_messages import AnthropicMessages
 from turnstile.handlers.providers.openai_chat import OpenAIChat
 from turnstile.handlers.retry import RetryPolicy
 from turnstile.streams.file_log import FileLog
 from turnstile.streams.provider_http import HttpProvider
-from wire_harness import API_KEY, MockApi, anthropic_api, fixture, openai_api, reply
-from worker_harness import events_of, running
 
 MODELS = {"openai": "gpt-test", "anthropic": "claude-test"}
 

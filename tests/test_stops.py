@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from turnstile.events import ToolCall, Usage
 from turnstile.handlers.provider import ModelReply, StopKind
 from turnstile.handlers.stops import AskAgain, Complete, CutOff, Refused, RunTools, after_reply

@@ -17,6 +17,10 @@ from fault_audit import check_invariants, until_settled
 from kafka_fixtures import fresh_topics, kafka_bootstrap  # noqa: F401  (fixtures)
 from provider_server import ProviderServer, Raw, Streamed
 from stream_client import StreamReader
+from wire_harness import stream_fixture
+from worker_harness import FAST, client_of, events_of, serving
+from worker_process import WorkerProcess, worker_args, worker_env
+
 from turnstile.events import AttemptFailed, ModelResponded, TurnCompleted, decode
 from turnstile.events.deltas import decode_delta
 from turnstile.handlers.pricing import ModelPrice
@@ -34,9 +38,6 @@ from turnstile.streams.reply_hub import ReplyHub
 from turnstile.streams.runtime import SystemClock
 from turnstile.streams.service import conversation_reader, reply_hub_sources
 from turnstile.streams.worker import Worker
-from wire_harness import stream_fixture
-from worker_harness import FAST, client_of, events_of, serving
-from worker_process import WorkerProcess, worker_args, worker_env
 
 NOW = SystemClock().now_ms
 PIECES = ["The ", "9th ", "is ", "cheaper ", "by ", "40 ", "euros."]

@@ -6,6 +6,7 @@ import asyncio
 
 import pytest
 from pydantic import BaseModel
+
 from turnstile.events import ToolCall
 from turnstile.handlers.tool_functions import tool
 from turnstile.handlers.tools import ToolRegistry, ValidCall, validate_call

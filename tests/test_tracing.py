@@ -16,6 +16,8 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
 from provider_server import ProviderServer, Reply
+from worker_harness import FAST, running
+
 from turnstile.handlers.providers.openai_chat import OpenAIChat
 from turnstile.handlers.providers.scripted import ScriptedProvider
 from turnstile.streams.file_log import FileLog
@@ -26,7 +28,6 @@ from turnstile.streams.provider_http import HttpProvider
 from turnstile.streams.publisher import KafkaPublisher, message_event, publish
 from turnstile.streams.runtime import SystemClock
 from turnstile.streams.worker import Worker
-from worker_harness import FAST, running
 
 NOW = SystemClock().now_ms
 

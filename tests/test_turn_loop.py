@@ -28,6 +28,8 @@ from loop_harness import (
     settings,
 )
 from provider_server import Delay, Drop, ProviderServer, Raw, Reply
+from worker_harness import events_of, running, until
+
 from turnstile.events import Approval, InputInjected, ResumeRequested, ToolCall, encode
 from turnstile.handlers.budget import TurnBudget
 from turnstile.handlers.providers.anthropic_messages import AnthropicMessages
@@ -37,7 +39,6 @@ from turnstile.streams.file_log import FileLog
 from turnstile.streams.provider_http import HttpProvider
 from turnstile.streams.turn_runner import Route, TurnSettings
 from turnstile.streams.worker import Worker
-from worker_harness import events_of, running, until
 
 KEY = "test-key"
 

@@ -10,6 +10,8 @@ import copy
 
 from loop_harness import ATTEMPTS_ONLY, NOW, World, config, outcomes, say, settings
 from provider_server import ProviderServer, Raw, Reply
+from worker_harness import events_of, running, until
+
 from turnstile.events import Event, encode
 from turnstile.handlers.claim import ClaimPlan, DebouncePolicy, plan_claim
 from turnstile.handlers.providers.openai_chat import OpenAIChat
@@ -19,7 +21,6 @@ from turnstile.streams.provider_http import HttpProvider
 from turnstile.streams.publisher import message_event, publish
 from turnstile.streams.runtime import RandomIds, SystemClock
 from turnstile.streams.turn_runner import TurnRunner
-from worker_harness import events_of, running, until
 
 SCRIPT = (
     Reply(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 from builders import claim, message, started
 from pydantic import BaseModel
+
 from turnstile.events import Approval, InputInjected, ToolCall, TurnMetrics, TurnPaused, Usage
 from turnstile.handlers.budget import Spent, TurnBudget, hard_limit, soft_dimension, spending_limit
 from turnstile.handlers.compaction import compact_tool_exchanges

@@ -9,13 +9,14 @@ from typing import Any
 
 import pytest
 from anthropic_rules import violations
+from wire_harness import API_KEY, MockApi, anthropic_api, fixture, reply
+
 from turnstile.events import ToolCall, Usage
 from turnstile.handlers.pricing import ModelPrice, cost_usd
 from turnstile.handlers.provider import ChatMessage, ModelRequest, ProviderError, ToolSpec
 from turnstile.handlers.providers.anthropic_messages import EMPTY_MESSAGE, EMPTY_REPLY, AnthropicMessages
 from turnstile.handlers.providers.wire import MISSING_RESULT
 from turnstile.streams.provider_http import HttpProvider
-from wire_harness import API_KEY, MockApi, anthropic_api, fixture, reply
 
 BASE_URL = "https://api.anthropic.test"
 WIRE = AnthropicMessages()

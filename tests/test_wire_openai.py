@@ -8,12 +8,13 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
+from wire_harness import API_KEY, MockApi, fixture, openai_api, openai_violations, reply
+
 from turnstile.events import ToolCall, Usage
 from turnstile.handlers.provider import ChatMessage, ModelRequest, ProviderError, ToolSpec
 from turnstile.handlers.providers.openai_chat import OpenAIChat
 from turnstile.handlers.providers.wire import MISSING_RESULT
 from turnstile.streams.provider_http import HttpProvider
-from wire_harness import API_KEY, MockApi, fixture, openai_api, openai_violations, reply
 
 BASE_URL = "https://api.openai.test/v1"
 SEARCH = ToolSpec(

@@ -10,11 +10,6 @@ from collections.abc import AsyncIterator
 import httpx
 import pytest
 from anthropic_rules import violations
-from turnstile.events import ToolCall, Usage
-from turnstile.handlers.provider import ChatMessage, ModelRequest, ProviderError
-from turnstile.handlers.providers.anthropic_messages import AnthropicMessages
-from turnstile.handlers.providers.openai_chat import OpenAIChat
-from turnstile.streams.provider_http import HttpProvider
 from wire_harness import (
     API_KEY,
     Collected,
@@ -26,6 +21,12 @@ from wire_harness import (
     stream_fixture,
     streamed,
 )
+
+from turnstile.events import ToolCall, Usage
+from turnstile.handlers.provider import ChatMessage, ModelRequest, ProviderError
+from turnstile.handlers.providers.anthropic_messages import AnthropicMessages
+from turnstile.handlers.providers.openai_chat import OpenAIChat
+from turnstile.streams.provider_http import HttpProvider
 
 HELLO = ModelRequest(model="m", messages=(ChatMessage("user", "Compare the 9th and the 10th."),), max_output_tokens=64)
 WIRES = {"openai": OpenAIChat(), "anthropic": AnthropicMessages()}

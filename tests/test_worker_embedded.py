@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 
 from builders import claim, message, started
+from worker_harness import FAST, events_of, running, until
+
 from turnstile.events import (
     AttemptFailed,
     AttemptStarted,
@@ -21,7 +23,6 @@ from turnstile.streams.file_log import FileLog
 from turnstile.streams.publisher import message_event, publish
 from turnstile.streams.runtime import SystemClock
 from turnstile.streams.worker import Worker
-from worker_harness import FAST, events_of, running, until
 
 NOW = SystemClock().now_ms
 

@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import httpx
+
 from turnstile.events import DecodeError, Event, decode
 from turnstile.handlers.claim import DebouncePolicy
 from turnstile.handlers.provider import Provider

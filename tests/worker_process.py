@@ -36,6 +36,7 @@ if str(ROOT) not in sys.path:  # run as a script: the project packages live at t
     sys.path.insert(0, str(ROOT))
 
 from loop_harness import Query, Transfer  # noqa: E402
+
 from turnstile.handlers.claim import DebouncePolicy  # noqa: E402
 from turnstile.handlers.pricing import ModelPrice  # noqa: E402
 from turnstile.handlers.providers.openai_chat import OpenAIChat  # noqa: E402

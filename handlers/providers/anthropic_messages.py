@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import orjson
+
 from turnstile.events import ToolCall, Usage
 from turnstile.handlers.provider import ChatMessage, ModelReply, ModelRequest, ProtocolFamily, StopKind, ToolSpec
 from turnstile.handlers.providers.sse import SseEvent

@@ -12,6 +12,7 @@ from typing import Any, Protocol
 
 import orjson
 from pydantic import ValidationError
+
 from turnstile.events import ToolCall, Usage
 from turnstile.handlers.provider import (
     ChatMessage,
