@@ -8,7 +8,7 @@ that component has an unknown cost.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from turnstile.events import Usage
@@ -36,6 +36,26 @@ PriceTable = Mapping[str, ModelPrice]
 
 # The in-process scripted provider is free; every real model must be priced by the operator.
 DEFAULT_PRICES: PriceTable = {"scripted-1": ModelPrice(0.0, 0.0, 0.0, 0.0)}
+
+
+def unpriced(prices: PriceTable, models: Sequence[str]) -> tuple[str, ...]:
+    """The models a worker would run without a price: their cost is unknown, so a turn on
+    them pauses on its cost budget after the first reply (the budget fails closed)."""
+    return tuple(dict.fromkeys(m for m in models if m not in prices))
+
+
+def parse_price(text: str) -> tuple[str, ModelPrice]:
+    """`MODEL=INPUT,OUTPUT[,CACHED_INPUT[,CACHE_WRITE]]`, USD per million tokens."""
+    model, _, numbers = text.rpartition("=")
+    parts = numbers.split(",")
+    if not model or not 2 <= len(parts) <= 4:
+        shape = "MODEL=INPUT,OUTPUT[,CACHED_INPUT[,CACHE_WRITE]] (USD per million tokens)"
+        raise ValueError(f"expected {shape}, got {text!r}")
+    try:
+        values = [float(p) for p in parts]
+    except ValueError:
+        raise ValueError(f"the prices of {model!r} are not numbers: {numbers!r}") from None
+    return model, ModelPrice(*values)
 
 
 def cost_usd(prices: PriceTable, model: str, usage: Usage, requested_model: str | None = None) -> float | None:

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from turnstile.events import DecodeError, decode
 from turnstile.handlers.claim import DebouncePolicy, DoubleTextPolicy
+from turnstile.handlers.pricing import DEFAULT_PRICES, ModelPrice, parse_price
 from turnstile.handlers.provider import Provider
 from turnstile.handlers.providers.scripted import ScriptedProvider
 from turnstile.handlers.schedule import Schedule, parse_schedules
@@ -125,7 +126,7 @@ async def _run(args: argparse.Namespace) -> int:
     config = WorkerConfig(
         debounce=DebouncePolicy(args.quiet_ms, args.max_wait_ms, args.max_batch),
         double_text=DoubleTextPolicy(args.double_text, dict(args.double_text_for)),
-        turn=TurnSettings(model=args.model),
+        turn=TurnSettings(model=args.model, prices={**DEFAULT_PRICES, **dict(args.price)}),
         **_worker_options(args),
     )
     return await serve(_place(args), _provider(args), config, schedules=schedules, http=http, http_token=token)
@@ -182,6 +183,13 @@ async def _inspect(args: argparse.Namespace) -> int:
     return 0
 
 
+def _price(text: str) -> tuple[str, ModelPrice]:
+    try:
+        return parse_price(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def _conversation_policy(text: str) -> tuple[str, str]:
     conversation, _, policy = text.rpartition("=")
     if not conversation or policy not in ("enqueue", "reject"):
@@ -225,7 +233,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="how long the group waits for a silent worker before moving its partitions (default: 10; 6..300)",
     )
     run.add_argument("--provider", choices=["scripted", "openai", "anthropic"], default="scripted")
-    run.add_argument("--model", default="scripted-1")
+    run.add_argument("--model", default="scripted-1", help="the model the provider is asked for (default: scripted-1)")
+    run.add_argument(
+        "--price",
+        type=_price,
+        action="append",
+        default=[],
+        metavar="MODEL=INPUT,OUTPUT[,CACHED_INPUT[,CACHE_WRITE]]",
+        help="a model's price in USD per million tokens (repeatable); a model without one is warned about at start",
+    )
     run.add_argument("--base-url", default=None, help="provider endpoint; the key comes from TURNSTILE_API_KEY")
     run.add_argument(
         "--trace",

@@ -5,6 +5,7 @@ build their configuration anywhere (aiokafka clients need a running loop)."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import signal
 import sys
 from collections.abc import Sequence
@@ -12,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, TypedDict
 
+from turnstile.handlers.pricing import unpriced
 from turnstile.handlers.provider import Provider
 from turnstile.handlers.schedule import Schedule
 from turnstile.streams.file_log import FileLog, LogOwned
@@ -21,6 +23,7 @@ from turnstile.streams.worker import Worker, WorkerConfig
 if TYPE_CHECKING:
     from turnstile.streams.kafka_log import Membership
 
+log_ = logging.getLogger(__name__)  # `log` is the event log in this module
 DEFAULT_DATA = Path(".turnstile")
 
 
@@ -90,6 +93,14 @@ async def serve(
             print(f"turnstile run: {exc}", file=sys.stderr)
             await provider.aclose()
             return 3
+    turn = config.turn
+    for model in unpriced(turn.prices, [turn.model, *(route.model for route in turn.fallbacks)]):
+        log_.warning(
+            "model %s has no price: its cost is unknown, so each turn on it pauses on its cost budget after the"
+            " first reply; give it one (run --price %s=INPUT,OUTPUT, USD per million tokens, or the agent's prices)",
+            model,
+            model,
+        )
     # Process-wide: the cyclic GC is eased while partitions replay, and the replayed state frozen.
     worker = Worker(log, provider, config, replay_hooks=ReplayGc())
     service = Service(worker, schedules=schedules, http=http, bootstrap=place.bootstrap, http_token=http_token)
