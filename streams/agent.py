@@ -204,9 +204,6 @@ class Agent:
     def models(self) -> tuple[AnyModel, ...]:
         return (self.model, *self.fallbacks)
 
-    def unpriced(self) -> list[str]:
-        return [m.name for m in self.models() if m.price is None]
-
     def worker_config(self, providers: dict[str, Provider], options: WorkerOptions | None = None) -> WorkerConfig:
         """The worker's configuration, with `providers` (model name -> provider) serving
         the fallbacks."""
@@ -250,9 +247,7 @@ class Agent:
     ) -> int:
         """Runs the agent as a worker on `place` (default: the embedded log in .turnstile)
         until SIGINT/SIGTERM, or until `stop` (an `asyncio.Event`) is set."""
-        for name in self.unpriced():
-            print(f"warning: model {name!r} has no price: its turns pause on cost after the first request; "
-                  "give it Model(price=ModelPrice(...))", file=sys.stderr)
+        # serve() warns at start for each model without a price.
         providers = self.providers()
         config = self.worker_config(providers, worker)
         return await serve(

@@ -97,7 +97,8 @@ async def serve(
     for model in unpriced(turn.prices, [turn.model, *(route.model for route in turn.fallbacks)]):
         log_.warning(
             "model %s has no price: its cost is unknown, so each turn on it pauses on its cost budget after the"
-            " first reply; give it one (run --price %s=INPUT,OUTPUT, USD per million tokens, or the agent's prices)",
+            " first reply; give it one: Model(price=ModelPrice(...)) in an Agent, or run --price %s=INPUT,OUTPUT"
+            " (USD per million tokens)",
             model,
             model,
         )
