@@ -3,6 +3,7 @@ that has none (its turns would pause on cost after their first reply)."""
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -45,6 +46,8 @@ def start_worker(tmp_path, *flags: str) -> tuple[str, int]:
         [sys.executable, "-m", "turnstile.streams.cli", "run", "--data", str(tmp_path / "log"), *flags],
         stderr=subprocess.PIPE,
         text=True,
+        cwd=tmp_path,
+        env={**os.environ, "TURNSTILE_API_KEY": "sk-test"},
     )
     assert worker.stderr is not None
     seen = []
@@ -65,4 +68,14 @@ def test_a_worker_warns_at_start_for_a_model_without_a_price(tmp_path):
 def test_a_priced_model_starts_without_the_warning(tmp_path):
     said, code = start_worker(tmp_path, "--model", "gpt-4.1", "--price", "gpt-4.1=2,8")
     assert "worker running" in said and "has no price" not in said  # the warning comes before this line
+    assert code == 0
+
+
+def test_an_agent_with_an_unpriced_fallback_is_warned_about_once(tmp_path):
+    (tmp_path / "shop.py").write_text(
+        "from turnstile import Agent, Model, ModelPrice\n"
+        "agent = Agent('shop', model=Model('gpt-4.1', price=ModelPrice(2, 8)), fallbacks=[Model('gpt-4.1-mini')])\n"
+    )
+    said, code = start_worker(tmp_path, "shop:agent")
+    assert said.count("has no price") == 1 and "model gpt-4.1-mini has no price" in said
     assert code == 0
