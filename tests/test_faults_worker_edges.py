@@ -101,8 +101,11 @@ class OutcomeTopicDown(FileLog):
     ) -> tuple[int, int]:
         if topic == self.topics.outcomes and not self.up:
             self.refused += 1
-            raise TimeoutError("outcomes topic unreachable")
+            raise self.refusal()
         return await super().append(topic, key, value, partition, headers)
+
+    def refusal(self) -> Exception:
+        return TimeoutError("outcomes topic unreachable")
 
 
 async def test_an_effect_that_cannot_be_written_for_a_while_is_retried_and_never_committed_as_done(tmp_path) -> None:
@@ -129,21 +132,12 @@ async def test_an_effect_that_cannot_be_written_for_a_while_is_retried_and_never
     assert sorted(o.conversation_id for o in outcomes if isinstance(o, TurnCompleted)) == ["c1", "c2"]
 
 
-class OutcomeTooLarge(FileLog):
+class OutcomeTooLarge(OutcomeTopicDown):
     """The outcomes topic refuses every record for good, as Kafka refuses one over its
     max.message.bytes."""
 
-    async def append(
-        self,
-        topic: str,
-        key: str | None,
-        value: bytes,
-        partition: int | None = None,
-        headers: Mapping[str, str] | None = None,
-    ) -> tuple[int, int]:
-        if topic == self.topics.outcomes:
-            raise RecordRefused("MessageSizeTooLargeError: larger than max.message.bytes")
-        return await super().append(topic, key, value, partition, headers)
+    def refusal(self) -> Exception:
+        return RecordRefused("MessageSizeTooLargeError: larger than max.message.bytes")
 
 
 async def test_an_effect_the_log_refuses_for_good_is_marked_on_the_dlq_counted_and_skipped(tmp_path) -> None:
