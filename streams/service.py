@@ -4,28 +4,34 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from turnstile.handlers.schedule import Schedule
-from turnstile.streams.file_log import FileLog
-from turnstile.streams.http_api import HttpServer, ReadConversation, build_app
+from turnstile.streams.file_log import FileLog, partition_for
+from turnstile.streams.http_api import HttpServer, build_app
+from turnstile.streams.http_reads import BOUNDED_READ_RECORDS, ReadConversation
 from turnstile.streams.inspect_cli import file_records, kafka_records
+from turnstile.streams.kafka_log import KafkaLog
 from turnstile.streams.kafka_reader import follow_topic
 from turnstile.streams.log import EventLog, Record
 from turnstile.streams.metrics import Metrics
+from turnstile.streams.read_model import WorkerReadModel
 from turnstile.streams.reply_hub import Follow, ReplyHub
 from turnstile.streams.scheduler import Scheduler
 from turnstile.streams.worker import Worker
 
 
-def conversation_reader(log: EventLog, bootstrap: str | None = None) -> ReadConversation:
-    """How the HTTP views read one conversation from the log, independent of the worker."""
+def conversation_reader(
+    log: EventLog, bootstrap: str | None = None, max_records: int | None = BOUNDED_READ_RECORDS
+) -> ReadConversation:
+    """How the HTTP views read one conversation from the log, independent of the worker:
+    its partition, refused (`ReadTooLarge`) when it holds more than `max_records`."""
     if isinstance(log, FileLog):
         directory, topics, partitions = log.directory, log.topics, log.partitions
 
         async def read_file(conversation: str) -> list[Record]:
             # Reading the files is blocking I/O: in a thread, so the loop keeps serving.
-            return await asyncio.to_thread(file_records, directory, topics, conversation, partitions)
+            return await asyncio.to_thread(file_records, directory, topics, conversation, partitions, max_records)
 
         return read_file
     if bootstrap is None:
@@ -33,9 +39,26 @@ def conversation_reader(log: EventLog, bootstrap: str | None = None) -> ReadConv
     topic = log.topics.events
 
     async def read_kafka(conversation: str) -> list[Record]:
-        return await kafka_records(bootstrap, topic, conversation)
+        return await kafka_records(bootstrap, topic, conversation, max_records=max_records)
 
     return read_kafka
+
+
+def partition_finder(log: EventLog) -> Callable[[str], int | None]:
+    """A conversation's partition of the events topic, as its producers chose it (murmur2 of
+    the key over the topic's partitions); None while the count is not known yet."""
+    if isinstance(log, FileLog):
+        count = log.partitions
+        return lambda conversation: partition_for(conversation, count)
+    if isinstance(log, KafkaLog):
+        kafka, topic = log, log.topics.events
+
+        def on_kafka(conversation: str) -> int | None:
+            known = kafka.consumer.partitions_for_topic(topic)  # the consumer's metadata, no request
+            return partition_for(conversation, len(known)) if known else None
+
+        return on_kafka
+    return lambda _conversation: None  # another log: every read is a bounded one
 
 
 # How far back a freshly started reply hub reads both topics on Kafka: replies that began
@@ -84,7 +107,9 @@ class Service:
         if http is not None and worker.config.stream_replies:
             self.hub = ReplyHub()
             self._hub_sources = reply_hub_sources(worker.log, bootstrap, worker.clock.now_ms())
+        self.read_model: WorkerReadModel | None = None
         if http is not None:
+            self.read_model = WorkerReadModel(worker, partition_finder(worker.log))
             app = build_app(
                 worker.log,
                 conversation_reader(worker.log, bootstrap),
@@ -93,6 +118,7 @@ class Service:
                 clock=worker.clock,
                 hub=self.hub,
                 token=http_token,
+                read_model=self.read_model,
             )
             self.http = HttpServer(app, *http, token=http_token)
 
