@@ -12,10 +12,11 @@ from turnstile.streams.worker import Worker
 
 
 def mail_agent(sent: list[str], *, delay_s: float = 0.0) -> Agent:
-    """Asked anything, it calls `send_email` (which needs approval), then answers "Sent.";
-    every later turn quotes its input back."""
-    model = TestModel(replies=[TestModel.calls("send_email", '{"to": "a@b.c", "api_key": "k-123"}'), "Sent."],
-                      delay_s=delay_s)
+    """Asked anything, it calls `send_email` (which needs approval): the turn pauses. The
+    turn the decision starts makes the same call again (an approval lets exactly that call
+    run), then answers "Sent."; every later turn quotes its input back."""
+    call = TestModel.calls("send_email", '{"to": "a@b.c", "api_key": "k-123"}')
+    model = TestModel(replies=[call, call, "Sent."], delay_s=delay_s)
     agent = Agent("mail", model=model, debounce=DebouncePolicy(quiet_ms=50, max_wait_ms=100))
 
     @agent.tool(side_effect=True, needs_approval=True)
