@@ -73,7 +73,7 @@ async def _at(broker: Broker, events: int) -> dict[str, list[float] | float]:
     conversations = [f"conv-{c:07d}" for c in range(filled.conversations)]
     log = KafkaLog(broker.bootstrap, group, topics)
     worker = Worker(log, ScriptedProvider(), WorkerConfig(), replay_hooks=ReplayGc())
-    service = Service(worker, http=("127.0.0.1", 0), bootstrap=broker.bootstrap)
+    service = Service(worker, http=("127.0.0.1", 0))
     stop, ready = asyncio.Event(), asyncio.Event()
     running = asyncio.create_task(service.run(stop, ready))
     try:
@@ -100,7 +100,7 @@ async def _at(broker: Broker, events: int) -> dict[str, list[float] | float]:
                 "list": await _timed(client, ["/conversations?limit=50"] * (SAMPLES // 4)),
                 "list walked": await _timed(client, ["/conversations?status=paused"] * 10),
             }
-        read = conversation_reader(log, broker.bootstrap, max_records=None)
+        read = conversation_reader(log, max_records=None)
         baseline = []
         for conversation in picked[:BASELINE_SAMPLES]:
             started = time.perf_counter()

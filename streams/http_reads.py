@@ -14,14 +14,38 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from turnstile.streams.kafka_reader import ReadTooLarge
-from turnstile.streams.log import Record
+from turnstile.streams.kafka_reader import KafkaReader, ReadTooLarge, read_conversation
+from turnstile.streams.log import LogReader, Record
 from turnstile.streams.read_model import NotOwned, ReadModel, Replaying
 from turnstile.streams.views import ConversationView, TurnView, build_view
 
 ReadConversation = Callable[[str], Awaitable[list[Record]]]
 # The default bound of a read of a partition this worker does not own.
 BOUNDED_READ_RECORDS = 200_000
+
+
+def bounded_reader(reader: LogReader, max_records: int | None) -> ReadConversation:
+    """`reader.conversation`, refused (`ReadTooLarge`) past `max_records`: on Kafka before a
+    record is fetched (the partition's offsets say its size). The embedded log is one
+    process's, whose worker holds every partition: its reads (no worker beside the port, an
+    old turn's page) are checked after the read."""
+    if max_records is None:
+        return reader.conversation
+    if isinstance(reader, KafkaReader):
+        kafka = reader
+
+        async def on_kafka(conversation: str) -> list[Record]:
+            return await read_conversation(kafka.bootstrap, kafka.topics.events, conversation, max_records=max_records)
+
+        return on_kafka
+
+    async def checked(conversation: str) -> list[Record]:
+        records = await reader.conversation(conversation)
+        if len(records) > max_records:
+            raise ReadTooLarge([records[0].partition], len(records), max_records)
+        return records
+
+    return checked
 
 
 @dataclass(frozen=True, slots=True)

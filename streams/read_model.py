@@ -20,7 +20,6 @@ from __future__ import annotations
 import asyncio
 import itertools
 from collections import OrderedDict
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
@@ -99,13 +98,8 @@ class ReadModel(Protocol):
 
 
 class WorkerReadModel:
-    """`partition_of(conversation)`: its partition of the events topic, None while unknown."""
-
-    def __init__(
-        self, worker: Worker, partition_of: Callable[[str], int | None], turn_details_kept: int = TURN_DETAILS_KEPT
-    ) -> None:
+    def __init__(self, worker: Worker, turn_details_kept: int = TURN_DETAILS_KEPT) -> None:
         self._worker = worker
-        self._partition_of = partition_of
         self.turn_details_kept = turn_details_kept
         self._views: dict[str, ConversationView] = {}
         # conversation -> its last fold's sequence number, most recent last: all of them, and
@@ -163,12 +157,12 @@ class WorkerReadModel:
 
     # -- the readers' side ----------------------------------------------------------------
     def lookup(self, conversation: str) -> Lookup:
-        partition = self._partition_of(conversation)
-        part = self._worker.partitions.get(partition) if partition is not None else None
-        if part is None:
+        partition = self._worker.log.partition_for(conversation)
+        live = self._worker.partition_liveness().get(partition) if partition is not None else None
+        if live is None or partition is None:
             return NotOwned(partition)
-        if not part.live:
-            return Replaying(partition)  # type: ignore[arg-type]  # not None: it is owned
+        if not live:
+            return Replaying(partition)
         return self._views.get(conversation)
 
     def page(

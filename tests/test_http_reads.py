@@ -18,7 +18,7 @@ from turnstile.streams.file_log import FileLog
 from turnstile.streams.http_api import HttpServer, build_app
 from turnstile.streams.log import PartitionStart, Record
 from turnstile.streams.read_model import Folded, NotOwned, Replaying, WorkerReadModel
-from turnstile.streams.service import conversation_reader, partition_finder
+from turnstile.streams.service import conversation_reader
 from turnstile.streams.worker import Worker
 
 
@@ -44,13 +44,13 @@ async def test_gets_of_owned_conversations_never_read_the_log_and_the_list_pages
     for i in range(5):
         await log.append(log.topics.events, f"c{i}", encode(message(f"m{i}", 1_000 + i, conv=f"c{i}")))
     worker = Worker(log, ScriptedProvider(), FAST)
-    model = WorkerReadModel(worker, partition_finder(log))
+    model = WorkerReadModel(worker)
     server = HttpServer(build_app(log, no_log_read, worker=worker, read_model=model), "127.0.0.1", 0)
     stop = asyncio.Event()
     running = asyncio.create_task(worker.run(stop))
     try:
         async with client_of(server) as client:
-            await until(lambda: all(s.turns for s in worker.states.values()) and len(worker.states) == 5)
+            await until(lambda: all((s := worker.state_of(f"c{i}")) is not None and s.turns for i in range(5)))
             state = (await client.get("/conversations/c3")).json()
             assert [h["content"] for h in state["history"]] == ["text of m3", "(scripted reply to) text of m3"]
             [turn] = state["turns"]
@@ -79,7 +79,7 @@ async def test_gets_of_owned_conversations_never_read_the_log_and_the_list_pages
 async def test_a_partition_still_replaying_is_a_503_with_retry_after(tmp_path: Path) -> None:
     log = FileLog(tmp_path)
     worker = Worker(log, ScriptedProvider(), FAST)
-    model = WorkerReadModel(worker, partition_finder(log))
+    model = WorkerReadModel(worker)
     # Assigned, and nothing of it folded yet: the state is not the log's present.
     await worker.on_assigned({p: PartitionStart(end_offset=10, committed=0) for p in range(log.partitions)})
     async with client_of(HttpServer(build_app(log, no_log_read, worker=worker, read_model=model), "127.0.0.1", 0)) as c:
@@ -114,7 +114,7 @@ async def test_old_turns_timelines_leave_memory_and_are_read_from_the_log_on_dem
             await client.post("/conversations/c1/messages", json={"message_id": f"m{i}", "content": f"q{i}"})
 
             def answered(i: int = i) -> bool:
-                state = worker.states.get("c1")
+                state = worker.state_of("c1")
                 return state is not None and len(state.turns) == i + 1 and state.active is None
 
             await until(answered)
@@ -130,7 +130,7 @@ async def test_old_turns_timelines_leave_memory_and_are_read_from_the_log_on_dem
 
 async def test_a_follower_is_told_each_folded_event_and_a_slow_one_to_re_read(tmp_path: Path) -> None:
     worker = Worker(FileLog(tmp_path), ScriptedProvider(), FAST)
-    model = WorkerReadModel(worker, lambda _c: 0)
+    model = WorkerReadModel(worker)
     queue = model.follow("c1")
     state = new_state("c1")
     record = Record(0, 7, b"c1", b"")
@@ -146,7 +146,7 @@ async def test_a_follower_is_told_each_folded_event_and_a_slow_one_to_re_read(tm
 
 async def test_a_client_can_page_a_hundred_thousand_conversations(tmp_path: Path) -> None:
     worker = Worker(FileLog(tmp_path), ScriptedProvider(), FAST)
-    model = WorkerReadModel(worker, lambda _c: 0)
+    model = WorkerReadModel(worker)
     for i in range(100_000):
         conversation = f"conv-{i:06d}"
         model.folded(Record(0, i, conversation.encode(), b""), message("m", i, conv=conversation),
