@@ -74,7 +74,8 @@ MAX_ID_CHARS = 200
 # has folded them: a conflicting re-use is a 409 before the fold as after it. Bounded: the
 # oldest are forgotten first (by then the worker has folded them, or another owner has).
 PUBLISHED_IDS_KEPT = 100_000
-OPEN_PATHS = frozenset({"/healthz", "/readyz"})  # probes carry no credentials
+OPEN_PATHS = frozenset({"/healthz", "/readyz", "/ui/login"})  # probes carry no credentials
+OPEN_PREFIXES = ("/ui/assets/",)  # the console's stylesheet and script, for the sign-in page
 
 
 class InsecureBind(ValueError):
@@ -135,17 +136,29 @@ async def _json_errors(request: web.Request, handler: Handler) -> web.StreamResp
 
 
 def _bearer(token: str) -> Middleware:
+    """The token as `Authorization: Bearer`, or as the console's sign-in cookie (with the
+    console's header on a POST: a cross-site form can send the cookie's name, never the
+    header). A browser asking for a console page without either is sent to sign in."""
+    from turnstile.streams.console.routes import CONSOLE_HEADER, COOKIE
+
     expected = f"Bearer {token}".encode()
 
     @web.middleware
     async def auth(request: web.Request, handler: Handler) -> web.StreamResponse:
-        if request.path not in OPEN_PATHS:
-            given = request.headers.get("Authorization", "").encode()
-            if not hmac.compare_digest(given, expected):
-                response = _error(401, "a bearer token is required")
-                response.headers["WWW-Authenticate"] = "Bearer"
-                return response
-        return await handler(request)
+        path = request.path
+        if path in OPEN_PATHS or path.startswith(OPEN_PREFIXES):
+            return await handler(request)
+        if hmac.compare_digest(request.headers.get("Authorization", "").encode(), expected):
+            return await handler(request)
+        cookie = request.cookies.get(COOKIE, "").encode()
+        from_console = request.method == "GET" or CONSOLE_HEADER in request.headers
+        if from_console and hmac.compare_digest(cookie, token.encode()):
+            return await handler(request)
+        if path == "/ui" or path.startswith("/ui/"):
+            raise web.HTTPSeeOther("/ui/login")
+        response = _error(401, "a bearer token is required")
+        response.headers["WWW-Authenticate"] = "Bearer"
+        return response
 
     return auth
 
@@ -381,6 +394,9 @@ def build_app(
     app.router.add_post("/conversations/{conversation}/{verb}", operate)
     app.router.add_get("/conversations/{conversation}/turns/{turn_id}", get_turn)
     app.router.add_get("/conversations/{conversation}/stream", stream_reply)
+    from turnstile.streams.console.routes import add_console
+
+    add_console(app, reads, token)
     app.router.add_get("/metrics", get_metrics)
     app.router.add_get("/healthz", health)
     app.router.add_get("/readyz", ready)
