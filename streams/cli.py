@@ -153,6 +153,12 @@ async def _operate(args: argparse.Namespace) -> int:
     return await operate(args, _place(args))
 
 
+async def _export_turn(args: argparse.Namespace) -> int:
+    from turnstile.streams.console.export_cli import export_turn
+
+    return await export_turn(args, _place(args))
+
+
 async def _tail(args: argparse.Namespace) -> int:
     records = await _place(args).open().reader().read(args.events_topic)
     for record in records:
@@ -317,6 +323,9 @@ def build_parser() -> argparse.ArgumentParser:
     from turnstile.streams.operations_cli import add_parsers
 
     add_parsers(sub, _add_log_args)
+    from turnstile.streams.console import export_cli
+
+    export_cli.add_parser(sub, _add_log_args)
     audit_cli.add_parser(sub)
     for command in sub.choices.values():  # the global flags work after the subcommand too
         command.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS, help="as above")
@@ -335,7 +344,7 @@ def main(argv: list[str] | None = None) -> int:
 
         return demo_main(args.data)
     handler = {"run": _run, "send": _send, "tail": _tail, "inspect": _inspect, "audit": audit_cli.run,
-               "approve": _operate, "deny": _operate, "resume": _operate}[args.command]
+               "approve": _operate, "deny": _operate, "resume": _operate, "export-turn": _export_turn}[args.command]
 
     async def checked() -> int:
         if getattr(args, "broker", None):
