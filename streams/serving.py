@@ -77,11 +77,13 @@ async def serve(
     http_token: str | None = None,
     stop: asyncio.Event | None = None,
     signals: bool = True,
+    effective_config: str | None = None,
 ) -> int:
     """Runs the worker (with its scheduler and HTTP port) until `stop` is set or SIGINT/
     SIGTERM: the first signal drains, a second stops at once (exit code 130). An embedded
-    log another process owns is refused before anything starts (exit code 3). Closes the
-    provider and every fallback's provider on the way out."""
+    log another process owns is refused before anything starts (exit code 3). Logs
+    `effective_config` (one line, secrets masked: `streams/run_config.py`) once it runs.
+    Closes the provider and every fallback's provider on the way out."""
     from turnstile.streams.replay_gc import ReplayGc
     from turnstile.streams.service import Service
 
@@ -93,12 +95,15 @@ async def serve(
             print(f"turnstile run: {exc}", file=sys.stderr)
             await provider.aclose()
             return 3
+    if effective_config is not None:
+        log_.info("%s", effective_config)
     turn = config.turn
     for model in unpriced(turn.prices, [turn.model, *(route.model for route in turn.fallbacks)]):
         log_.warning(
             "model %s has no price: its cost is unknown, so each turn on it pauses on its cost budget after the"
-            " first reply; give it one: Model(price=ModelPrice(...)) in an Agent, or run --price %s=INPUT,OUTPUT"
-            " (USD per million tokens)",
+            " first reply; give it one: Model(price=ModelPrice(...)) in an Agent, [prices.\"%s\"] in"
+            " turnstile.toml, or run --price %s=INPUT,OUTPUT (USD per million tokens)",
+            model,
             model,
             model,
         )
