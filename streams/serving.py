@@ -85,6 +85,8 @@ async def serve(
     `effective_config` (one line, secrets masked: `streams/run_config.py`) once it runs.
     Closes the provider and every fallback's provider on the way out."""
     from turnstile.streams.replay_gc import ReplayGc
+    from turnstile.streams.replay_progress import ReplayReporter
+    from turnstile.streams.replay_progress import report as report_replay
     from turnstile.streams.service import Service
 
     log = place.open()
@@ -111,6 +113,9 @@ async def serve(
     worker = Worker(log, provider, config, replay_hooks=ReplayGc())
     service = Service(worker, schedules=schedules, http=http, bootstrap=place.bootstrap, http_token=http_token)
     stop = stop or asyncio.Event()
+    loop = asyncio.get_running_loop()
+    reporter = ReplayReporter(lambda line: print(f"turnstile: {line}", file=sys.stderr, flush=True))
+    progress = asyncio.create_task(report_replay(worker, reporter, loop.time))
     ready = asyncio.Event()
     waiting = asyncio.create_task(ready.wait())
     running = asyncio.create_task(service.run(stop, ready))
@@ -120,7 +125,6 @@ async def serve(
             running.cancel()  # the second signal: stop now, the next owner resumes the turns
         stop.set()
 
-    loop = asyncio.get_running_loop()
     handled = (signal.SIGINT, signal.SIGTERM) if signals else ()
     for sig in handled:
         loop.add_signal_handler(sig, on_signal)
@@ -140,6 +144,7 @@ async def serve(
         for sig in handled:
             loop.remove_signal_handler(sig)
         waiting.cancel()
+        progress.cancel()
         providers = {id(p): p for p in (provider, *(r.provider for r in config.turn.fallbacks))}
         for each in providers.values():
             await each.aclose()
