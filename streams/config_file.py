@@ -210,12 +210,12 @@ def _is_table(annotation: Any) -> bool:
     return typing.get_origin(annotation) is dict
 
 
-def keys(model: type[_Strict] = Config, prefix: KeyPath = ()) -> Iterator[KeyPath]:
+def key_paths(model: type[_Strict] = Config, prefix: KeyPath = ()) -> Iterator[KeyPath]:
     """Every key of the configuration, as its path."""
     for name, info in model.model_fields.items():
         sub = _submodel(info.annotation)
         if sub is not None:
-            yield from keys(sub, (*prefix, name))
+            yield from key_paths(sub, (*prefix, name))
         else:
             yield (*prefix, name)
 
@@ -280,7 +280,7 @@ def from_env(environ: Mapping[str, str]) -> tuple[dict[KeyPath, Any], dict[KeyPa
     `TURNSTILE_DOUBLE_TEXT_PER_CONVERSATION` is `CONVERSATION=POLICY,...`."""
     values: dict[KeyPath, Any] = {}
     names: dict[KeyPath, str] = {}
-    for path in keys():
+    for path in key_paths():
         name = env_name(path)
         text = environ.get(name, "").strip()
         source = f"env {name}"

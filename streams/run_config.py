@@ -20,7 +20,7 @@ from turnstile.streams.config_file import (
     ModelConfig,
     Resolved,
     dotted,
-    keys,
+    key_paths,
     shipped_prices,
 )
 from turnstile.streams.serving import WorkerOptions
@@ -106,7 +106,7 @@ def configure_agent(agent: Agent, resolved: Resolved) -> tuple[Agent, list[str]]
     ignored = [
         f"{resolved.source(path)} ({dotted(path)}) is ignored: agent {agent.name!r} names its models in code "
         "(Agent(model=..., fallbacks=...)); budget, debounce, double-text and price keys do apply to it"
-        for path in keys()
+        for path in key_paths()
         if path[0] == "model" and resolved.source(path) is not None
     ]
     return configured, ignored
@@ -126,7 +126,7 @@ def agent_view(agent: Agent, resolved: Resolved) -> Resolved:
                                                 per_conversation=dict(double_text.per_conversation)),
     })
     sources = dict(resolved.sources)
-    for path in keys():
+    for path in key_paths():
         # The model keys are the agent's whatever was configured (configure_agent ignores them).
         if path[0] == "model" or (path[0] in ("budget", "debounce", "double_text") and path not in sources):
             sources[path] = f"agent {agent.name}"
@@ -141,7 +141,7 @@ def effective(resolved: Resolved, secrets: Mapping[str, str | None], table: Pric
     of the models that run, and each secret as set (masked) or unset."""
     config = resolved.config
     parts = []
-    for path in keys():
+    for path in key_paths():
         if path == ("prices",):
             continue
         value: Any = config

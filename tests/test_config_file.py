@@ -151,7 +151,7 @@ def test_the_shipped_price_table_is_dated_and_prices_openai_and_anthropic_models
 def test_every_key_has_an_env_name_and_a_run_flag():
     run = dict(parsers(build_parser()))["turnstile run"]
     run_flags = {flag for action in actions(run) for flag in action.option_strings}
-    for path in list(config_file.keys()):
+    for path in config_file.key_paths():
         assert config_file.env_name(path).startswith("TURNSTILE_")
         assert config_file.FLAGS[path] in run_flags, path
 
@@ -174,3 +174,16 @@ def test_a_bad_configuration_file_is_one_line_and_exit_code(tmp_path, text, argv
     result = turnstile("run", *argv, cwd=tmp_path)
     assert result.returncode == code
     assert result.stderr.startswith(says) and len(result.stderr.strip().splitlines()) == 1
+
+
+def test_run_of_an_agent_names_the_model_flag_it_ignores_and_applies_the_rest(tmp_path):
+    from test_prices import start_worker
+
+    (tmp_path / "shop.py").write_text(
+        "from turnstile import Agent, Model, ModelPrice\n"
+        "agent = Agent('shop', model=Model('acme-7b', price=ModelPrice(2, 8)))\n"
+    )
+    said, code = start_worker(tmp_path, "shop:agent", "--model", "gpt-4.1", "--quiet-ms", "5")
+    assert "--model (model.name) is ignored: agent 'shop' names its models in code" in said
+    assert "model.name=acme-7b [agent shop]" in said and "debounce.quiet_ms=5 [--quiet-ms]" in said
+    assert code == 0
