@@ -29,12 +29,13 @@ from turnstile.handlers.claim import DebouncePolicy, DoubleTextPolicy
 from turnstile.handlers.pricing import ModelPrice, PriceTable, parse_price
 from turnstile.streams.cli_errors import CONFIG, NO_INPUT, USAGE, CliError, broker_url, http_address
 from turnstile.streams.log import Topics
+from turnstile.streams.worker import WorkerConfig
 
 KeyPath = tuple[str, ...]
 DoubleText = Literal["enqueue", "reject"]
 DEFAULT_FILE = Path("turnstile.toml")
 ENV_PREFIX = "TURNSTILE_"
-_BUDGET, _DEBOUNCE, _TOPICS = TurnBudget(), DebouncePolicy(), Topics()
+_BUDGET, _DEBOUNCE, _TOPICS, _WORKER = TurnBudget(), DebouncePolicy(), Topics(), WorkerConfig()
 
 
 class _Strict(BaseModel):
@@ -121,10 +122,10 @@ class Config(_Strict):
     group: str = "turnstile-worker"
     instance_id: str | None = None
     session_timeout_s: float = 10.0
-    drain_grace_s: NonNegativeFloat = 30.0
+    drain_grace_s: NonNegativeFloat = _WORKER.drain_grace_s
     connect_timeout_s: NonNegativeFloat = 60.0
-    stream: bool = True
-    trace: bool = False
+    stream: bool = True  # unlike WorkerConfig's default: a served worker streams unless told not to
+    trace: bool = _WORKER.tracing
     schedules: Path | None = None
     log_format: Literal["text", "json"] = "text"
     topics: TopicsConfig = TopicsConfig()

@@ -12,6 +12,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from test_schemas_ajv import broken_value
 
 ROOT = Path(__file__).parent.parent
 PROGRAM = ROOT / "tests" / "go_validate"
@@ -51,11 +52,7 @@ def test_a_go_validator_loads_every_schema_and_accepts_every_golden_event(valida
 
 
 def test_the_go_validator_refuses_a_value_that_breaks_its_schema(validator: Path, tmp_path: Path) -> None:
-    broken = tmp_path / "TurnPaused.json"
-    text = (ROOT / "tests" / "golden" / "v1" / "TurnPaused.json").read_text()
-    broken.write_text(text.replace('"reason": "approval"', '"reason": "bored"'))
-    assert '"reason": "bored"' in broken.read_text()
-    result = validate(validator, broken)
+    result = validate(validator, broken_value(tmp_path))
     assert result.returncode == 1
     assert "against TurnPaused.schema.json: " in result.stdout and "against outcome.schema.json: " in result.stdout
     assert "value must be one of 'tool_calls', 'cost', 'deadline', 'approval'" in result.stdout
