@@ -24,9 +24,7 @@ from turnstile.streams.cli_errors import (
     non_empty,
     schedules_error,
 )
-from turnstile.streams.file_log import FileLog
 from turnstile.streams.inert import printable
-from turnstile.streams.log import Topics
 from turnstile.streams.publisher import message_event
 from turnstile.streams.runtime import SystemClock
 from turnstile.streams.serving import LogPlace, serve
@@ -141,14 +139,7 @@ async def _operate(args: argparse.Namespace) -> int:
 
 async def _tail(args: argparse.Namespace) -> int:
     config: config_file.Config = args.resolved.config
-    topic = config.topics.events
-    if config.broker:
-        from turnstile.streams.kafka_log import bootstrap_of
-        from turnstile.streams.kafka_reader import read_topic
-
-        records = await read_topic(bootstrap_of(config.broker), topic)
-    else:
-        records = FileLog(config.data, Topics(topic)).read_all(topic)
+    records = await _place(config, args.command).open().reader().read(config.topics.events)
     for record in records:
         event = decode(record.value)
         if isinstance(event, DecodeError):

@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING, TypedDict
 from turnstile.handlers.pricing import unpriced
 from turnstile.handlers.provider import Provider
 from turnstile.handlers.schedule import Schedule
-from turnstile.streams.file_log import FileLog, LogOwned
-from turnstile.streams.log import EventLog, Topics
+from turnstile.streams.file_log import FileLog
+from turnstile.streams.log import EventLog, LogOwned, Topics
 from turnstile.streams.worker import Worker, WorkerConfig
 
 if TYPE_CHECKING:
@@ -90,13 +90,12 @@ async def serve(
     from turnstile.streams.service import Service
 
     log = place.open()
-    if isinstance(log, FileLog):
-        try:
-            log.own()  # before anything starts: a second worker on one folder must not run at all
-        except LogOwned as exc:
-            print(f"turnstile run: {exc}", file=sys.stderr)
-            await provider.aclose()
-            return 3
+    try:
+        log.own()  # before anything starts: a second worker on one embedded log must not run at all
+    except LogOwned as exc:
+        print(f"turnstile run: {exc}", file=sys.stderr)
+        await provider.aclose()
+        return 3
     if effective_config is not None:
         log_.info("%s", effective_config)
     turn = config.turn
@@ -111,7 +110,7 @@ async def serve(
         )
     # Process-wide: the cyclic GC is eased while partitions replay, and the replayed state frozen.
     worker = Worker(log, provider, config, replay_hooks=ReplayGc())
-    service = Service(worker, schedules=schedules, http=http, bootstrap=place.bootstrap, http_token=http_token)
+    service = Service(worker, schedules=schedules, http=http, http_token=http_token)
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
     reporter = ReplayReporter(lambda line: print(f"turnstile: {line}", file=sys.stderr, flush=True))

@@ -68,5 +68,5 @@ async def test_the_worker_tells_how_far_its_partitions_are_replayed(tmp_path):
     assert worker.replay_progress() == ReplayProgress(1, 1, 0, 6)
 
     async with running(log, ScriptedProvider()) as live:
-        await until(lambda: live.partitions and live.replay_progress().replaying == 0)
+        await until(lambda: live.replay_progress().partitions == 1 and live.replay_progress().replaying == 0)
         assert live.replay_progress() == ReplayProgress(1, 0, 6, 6)  # its own turns' events are not replay
