@@ -50,10 +50,10 @@ def add_parsers(
     for verb, says in (("approve", "let the paused tool call run"), ("deny", "refuse the paused tool call")):
         parser = sub.add_parser(verb, help=f"{says}: its turn continues in a new logical turn")
         add_log_args(parser)
-        parser.add_argument("conversation")
+        parser.add_argument("conversation", help="the conversation whose turn is paused")
         parser.add_argument("call_id", help="the call the turn paused on (turnstile inspect shows it)")
         parser.add_argument("--note", default=None, help="a sentence for the model, e.g. why it was denied")
     resume = sub.add_parser("resume", help="continue a turn paused on its budget, failed or exhausted, in a new turn")
     add_log_args(resume)
-    resume.add_argument("conversation")
+    resume.add_argument("conversation", help="the conversation whose last turn paused, failed or was exhausted")
     resume.add_argument("--note", default=None, help="what the model reads instead of 'Continue.'")

@@ -107,6 +107,16 @@ class WorkerConfig:
     tracing: bool = False
 
 
+@dataclass(frozen=True, slots=True)
+class ReplayProgress:
+    """How far the assigned partitions are replayed (`Worker.replay_progress`)."""
+
+    partitions: int  # assigned
+    replaying: int  # of them, not live yet
+    events_done: int  # records read, up to each partition's replay end
+    events_total: int  # records to read before every assigned partition is live
+
+
 @dataclass(slots=True)
 class _Partition:
     end_offset: int  # replay runs to here before any decision
@@ -252,6 +262,16 @@ class Worker:
                 observer.forgotten(part.conversations)
         log.info("revoked partitions %s", sorted(partitions))
         self._note_replay()
+
+    def replay_progress(self) -> ReplayProgress:
+        """Read-only, for progress reports (`streams/replay_progress.py`)."""
+        parts = list(self._partitions.values())
+        return ReplayProgress(
+            len(parts),
+            sum(not part.live for part in parts),
+            sum(min(part.position, part.end_offset) for part in parts),
+            sum(part.end_offset for part in parts),
+        )
 
     def _note_replay(self) -> None:
         """Tell the replay hooks when replaying starts and when every partition is live."""
