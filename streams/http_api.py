@@ -4,7 +4,7 @@
   `MessageReceived` and answers 202 with the message id. Idempotent by id: the same id and
   content again is 202 again and answered once (`duplicate: true` and `status` accepted or
   rejected once the worker has folded the first); the same id with other content is 409.
-* `GET /conversations/{id}`: the conversation's state, folded from the log (history,
+* `GET /conversations/{id}`: the conversation's state as the worker folded it (history,
   pending, rejected, active turn, a summary per turn); 404 if the log has nothing of it.
 * `GET /conversations/{id}/turns/{turn_id}`: the turn's timeline as JSON, or as a small
   HTML page with `Accept: text/html` or `?format=html`.
@@ -23,11 +23,14 @@ refused without one. Every error, the framework's 404/405/413 included, is a JSO
 `{"error": ..., "status": ...}`. Ids in paths and bodies are 1-200 characters with no
 control character (400 otherwise).
 
-Reads come from the log itself (the conversation's partition, read by an independent
-reader), not from the worker's memory: they are right whichever worker of the group owns
-the conversation. Reading and folding run in a thread, so the event loop (and the probes)
-stay answered meanwhile. Writes are appends to the events topic keyed by conversation id,
-like any other producer's.
+Reads are served from the worker's state (`streams/read_model.py`) for the conversations
+it owns, without reading the log; for another worker's partition, from one bounded read
+of it (`streams/http_reads.py`); 503 while the partition replays. `GET /conversations`
+lists the worker's conversations (`?q=`, `status=`, `limit=`, `before=`). `POST
+/conversations/{id}/approve|deny|resume` are the CLI's operations. The console
+(`streams/console`) is served at `/ui` with the same authentication (or its sign-in
+cookie). Writes are appends to the events topic keyed by conversation id, like any other
+producer's.
 """
 
 from __future__ import annotations

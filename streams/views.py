@@ -1,6 +1,7 @@
-"""Read models of one conversation, built from the log alone: its folded state and a
-timeline per turn. `turnstile inspect` renders them with rich; the HTTP service returns
-them as JSON (or a small HTML page).
+"""Read models of one conversation: its folded state and a timeline per turn, built from
+the log (`build_view`) or kept beside a worker's fold (`ConversationView.add`, through
+`streams.read_model`). `turnstile inspect` renders them with rich; the HTTP service returns
+them as JSON (or a small HTML page), the console as its pages.
 
 Every event is folded with the same `apply_event` the worker uses, so the view agrees with
 the engine; events the fold ignores (a stale run's, a duplicate input) are kept in the
@@ -11,7 +12,7 @@ from __future__ import annotations
 
 import html
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from turnstile.events import (
     OUTCOME_TYPES,
@@ -34,11 +35,11 @@ from turnstile.streams.log import Record
 from turnstile.streams.timeline import describe
 
 
-@dataclass(slots=True)
-class TimelineEntry:
+class TimelineEntry(NamedTuple):
     """One event of a turn. It keeps the record's bytes, not a rendering: a worker's read
     model adds an entry per folded event, and decoding and describing it again is paid by
-    the page that shows it, not by the fold."""
+    the page that shows it, not by the fold. A tuple of plain values, so the cyclic GC
+    stops tracking it (a dataclass per folded event made the GC the fold's main cost)."""
 
     partition: int
     offset: int
