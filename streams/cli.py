@@ -34,7 +34,7 @@ log = logging.getLogger("turnstile.run")
 
 DEFAULTS = config_file.Config()
 # Configured commands: their flags, the environment and turnstile.toml are merged (config_file).
-CONFIGURED = ("run", "send", "tail", "inspect", "approve", "deny", "resume")
+CONFIGURED = ("run", "send", "tail", "inspect", "approve", "deny", "resume", "export-turn")
 
 
 def _add_log_args(parser: argparse.ArgumentParser) -> None:
@@ -140,7 +140,7 @@ async def _operate(args: argparse.Namespace) -> int:
 async def _export_turn(args: argparse.Namespace) -> int:
     from turnstile.streams.console.export_cli import export_turn
 
-    return await export_turn(args, _place(args))
+    return await export_turn(args, _place(args.resolved.config, args.command))
 
 
 async def _tail(args: argparse.Namespace) -> int:

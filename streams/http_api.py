@@ -6,8 +6,8 @@
   rejected once the worker has folded the first); the same id with other content is 409.
 * `GET /conversations/{id}`: the conversation's state as the worker folded it (history,
   pending, rejected, active turn, a summary per turn); 404 if the log has nothing of it.
-* `GET /conversations/{id}/turns/{turn_id}`: the turn's timeline as JSON, or as a small
-  HTML page with `Accept: text/html` or `?format=html`.
+* `GET /conversations/{id}/turns/{turn_id}`: the turn's timeline as JSON, or as the
+  console's page of it with `Accept: text/html` or `?format=html`.
 * `GET /conversations/{id}/stream`: server-sent events of the conversation's reply in
   progress (or its next one): the text so far, then `delta`s as they arrive, `restart` and
   `interrupted` when an attempt starts over, and the `outcome`, which ends the stream (see
@@ -59,7 +59,7 @@ from turnstile.streams.log import EventLog
 from turnstile.streams.publisher import message_event
 from turnstile.streams.read_model import ReadModel
 from turnstile.streams.runtime import Clock, SystemClock
-from turnstile.streams.views import state_json, turn_html, turn_json
+from turnstile.streams.views import state_json, turn_json
 
 if TYPE_CHECKING:
     from turnstile.streams.metrics import Metrics
@@ -302,9 +302,11 @@ def build_app(
         found = await reads.turn(conversation, turn_id)
         if isinstance(found, Unavailable):
             return unavailable(found)
-        _view, turn = found
-        if _wants_html(request):
-            return web.Response(text=turn_html(conversation, turn), content_type="text/html")
+        view, turn = found
+        if _wants_html(request):  # the console's page of the turn
+            from turnstile.streams.console.pages import turn_page
+
+            return web.Response(text=turn_page(view, turn), content_type="text/html")
         return _json(turn_json(conversation, turn))
 
     async def list_conversations(request: web.Request) -> web.Response:
