@@ -10,7 +10,7 @@ import uuid
 from collections.abc import Callable
 
 from turnstile.events import InputEvent
-from turnstile.handlers.operations import Operation, Refused, decide_approval, decide_resume
+from turnstile.handlers.operations import Refused, decide_operation
 from turnstile.streams.cli_errors import NOT_FOUND, CliError
 from turnstile.streams.publisher import publish
 from turnstile.streams.runtime import SystemClock
@@ -33,12 +33,8 @@ async def operate(args: argparse.Namespace, place: LogPlace) -> int:
     records = await place.open().reader().conversation(args.conversation)
     state = build_view(args.conversation, records).state
     event_id, now_ms = uuid.uuid4().hex, SystemClock().now_ms()
-    decided: Operation | Refused
-    if args.command == "resume":
-        decided = decide_resume(state, args.note, event_id=event_id, now_ms=now_ms)
-    else:
-        approved = args.command == "approve"
-        decided = decide_approval(state, args.call_id, approved, args.note, event_id=event_id, now_ms=now_ms)
+    call_id = None if args.command == "resume" else args.call_id
+    decided = decide_operation(state, args.command, call_id, args.note, event_id=event_id, now_ms=now_ms)
     if isinstance(decided, Refused):
         raise CliError(NOT_FOUND, decided.reason)  # nothing to act on, as an unknown conversation
     partition, offset = await publish_input(place, decided.event)

@@ -76,6 +76,16 @@ class ReplayHooks(Protocol):
     def replayed(self) -> None: ...
 
 
+class FoldObserver(Protocol):
+    """Told of every event the worker folds (after its fold; `ignored`: why the fold
+    refused it) and of the conversations it forgets when their partition is revoked;
+    e.g. `streams.read_model.WorkerReadModel`, which serves HTTP reads from this state."""
+
+    def folded(self, record: Record, event: Event, state: ConversationState, ignored: str | None) -> None: ...
+
+    def forgotten(self, conversations: set[str]) -> None: ...
+
+
 @dataclass(frozen=True, slots=True)
 class WorkerConfig:
     debounce: DebouncePolicy = DebouncePolicy()
@@ -181,6 +191,7 @@ class Worker:
         # Per conversation, its history rendered as prompt messages, kept across its turns
         # (history is append-only): a turn start then does not re-render all of it.
         self._rendered: dict[str, list[ChatMessage]] = {}
+        self.fold_observers: list[FoldObserver] = []
 
     # -- what others may ask -----------------------------------------------------------
     def measure(self, metrics: Metrics) -> None:
@@ -247,6 +258,8 @@ class Worker:
                 self._to_reject.pop(conversation, None)
                 self._refusing.pop(conversation, None)
                 self._rendered.pop(conversation, None)
+            for observer in self.fold_observers:
+                observer.forgotten(part.conversations)
         log.info("revoked partitions %s", sorted(partitions))
         self._note_replay()
 
@@ -378,6 +391,8 @@ class Worker:
             self._partition_of[conversation] = record.partition
             part.conversations.add(conversation)
         rejection = apply_event(state, event)
+        for observer in self.fold_observers:
+            observer.folded(record, event, state, None if rejection is None else rejection.reason)
         self._read_back(conversation, event, rejection is None)
         if rejection is not None:
             if rejection.conflict:
