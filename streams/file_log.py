@@ -112,6 +112,16 @@ class _PartitionReader:
         self.position = 0
         self._byte_pos = 0
 
+    def seek(self, offset: int) -> None:
+        """Read on from record `offset` (or the end, if the file holds fewer)."""
+        self.position = self._byte_pos = 0
+        with open(self.path, "rb") as fh:
+            for line in fh:
+                if self.position >= offset or not line.endswith(b"\n"):
+                    break
+                self.position += 1
+                self._byte_pos += len(line)
+
     def read(self, partition: int, limit: int) -> list[Record]:
         with open(self.path, "rb") as fh:
             fh.seek(self._byte_pos)
@@ -202,7 +212,12 @@ class FileLog:
         for p in range(self.partitions):
             self._readers[p] = _PartitionReader(self._file(self.topics.events, p).path)
             starts[p] = PartitionStart(self._file(self.topics.events, p).end_offset(), committed.get(p, 0))
-        await listener.on_assigned(starts)
+        for p, offset in (await listener.on_assigned(starts)).items():
+            self.seek(p, offset)
+
+    def seek(self, partition: int, offset: int) -> None:
+        """Where `poll` reads the events partition from next (as Kafka's consumer seek)."""
+        self._readers[partition].seek(offset)
 
     async def poll(self, timeout_s: float) -> list[Record]:
         deadline = asyncio.get_running_loop().time() + timeout_s
@@ -300,6 +315,10 @@ class FileReader:
 
     async def conversation(self, conversation_id: str, timeout_s: float = 30.0) -> list[Record]:
         return await asyncio.to_thread(self._log.conversation_records, conversation_id)
+
+    async def span(self, topic: str, partition: int, start: int, end: int, timeout_s: float = 30.0) -> list[Record]:
+        records = await asyncio.to_thread(self._log.read_all, topic, partition)
+        return [r for r in records if start <= r.offset < end]
 
     def follow(self, topic: str, since_ms: int) -> AsyncIterator[Record]:
         # One process, no record times: nothing it follows was written before it started.

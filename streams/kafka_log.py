@@ -75,16 +75,18 @@ class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]
             await self.listener.on_revoked({tp.partition for tp in revoked})
 
     async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
-        if not assigned:
-            return
+        # Called with nothing too: the listener learns that what it held moved away.
         consumer = self.owner.consumer
-        ends = await consumer.end_offsets(list(assigned))
+        ends = await consumer.end_offsets(list(assigned)) if assigned else {}
         starts = {}
         for tp in assigned:
             committed = await consumer.committed(tp)
             starts[tp.partition] = PartitionStart(ends[tp], committed or 0)
-        await consumer.seek_to_beginning(*assigned)
-        await self.listener.on_assigned(starts)
+        positions = await self.listener.on_assigned(starts)
+        # At once (seek does not await): the listener reads nothing of these partitions
+        # until it returns, and nothing from elsewhere must reach it after.
+        for tp in assigned:
+            consumer.seek(tp, positions.get(tp.partition, 0))
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,6 +16,7 @@ import copy
 import dataclasses
 import heapq
 import logging
+from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
@@ -27,7 +28,6 @@ from turnstile.events import (
     MessageReceived,
     MessageRejected,
     ResumeRequested,
-    ToolCallStarted,
     decode,
     encode,
 )
@@ -46,6 +46,7 @@ from turnstile.projections import ConversationState, apply_event, new_state
 from turnstile.streams.log import Acknowledged, EventLog, PartitionStart, Record, RecordRefused
 from turnstile.streams.metrics import Metrics
 from turnstile.streams.reply_deltas import DeltaPublisher
+from turnstile.streams.runner_slot import RunnerSlot
 from turnstile.streams.runtime import Clock, Ids, RandomIds, SystemClock
 from turnstile.streams.turn_runner import TurnRunner, TurnSettings
 
@@ -61,6 +62,8 @@ log = logging.getLogger(__name__)
 _EFFECT_BACKOFF_S = 0.1
 _EFFECT_BACKOFF_MAX_S = 5.0
 _EFFECT_FLUSH_S = 5.0
+# On a revoke the group waits: effects in flight get only this long before the commit.
+_REVOKE_FLUSH_S = 1.0
 
 
 # The longest the consumer folds without letting the rest of the loop run.
@@ -89,6 +92,11 @@ class WorkerConfig:
     # On stop (SIGTERM, SIGINT): how long turns in flight may take to end before they are
     # cancelled and left to the next owner. 0 stops at once, as a crash would.
     drain_grace_s: float = 30.0
+    # On a revoke: how long the steps in progress may take to finish before the group moves
+    # on. It holds up the whole group's rebalance, so it must stay well inside the group's
+    # rebalance timeout (aiokafka's default: the session timeout, 10 s), or the member is
+    # dropped and its partitions move anyway: half of it leaves the join round trips room.
+    revoke_grace_s: float = 5.0
     # Stream the text of replies to the deltas topic as it arrives (providers then ask
     # for server-sent events); the events topic records each reply whole either way.
     stream_replies: bool = False
@@ -103,23 +111,14 @@ class _Partition:
     committed: int  # below this, one-time effects were already done by some owner
     position: int = 0
     conversations: set[str] = field(default_factory=set)
+    # Revoked, and not yet known to be ours again: nothing is decided or claimed for it.
+    suspended: bool = False
+    # Records are folded only from where the log was told to read it (after an assignment).
+    reading: bool = True
 
     @property
     def live(self) -> bool:
         return self.position >= self.end_offset
-
-
-@dataclass(slots=True)
-class _Runner:
-    task: asyncio.Task[None]
-    partition: int
-    last_offset: int = -1  # offset of the last event this runner appended
-    # event id -> how the fold judged it when the consumer read it back (True: accepted).
-    verdicts: dict[str, asyncio.Future[bool]] = field(default_factory=dict)
-
-    def released(self, partition: _Partition) -> bool:
-        """Done, and everything it wrote has been folded by the consumer."""
-        return self.task.done() and partition.position > self.last_offset
 
 
 class Worker:
@@ -150,7 +149,7 @@ class Worker:
         self.tracer = self._tracer(tracer_provider) if self.config.tracing else None
         self.states: dict[str, ConversationState] = {}
         self._partitions: dict[int, _Partition] = {}
-        self.runners: dict[str, _Runner] = {}
+        self.runners: dict[str, RunnerSlot] = {}
         self._partition_of: dict[str, int] = {}
         self._dirty: set[str] = set()
         self._timers: list[tuple[int, str]] = []
@@ -204,31 +203,100 @@ class Worker:
         return out
 
     # -- rebalance -------------------------------------------------------------------
-    async def on_assigned(self, partitions: dict[int, PartitionStart]) -> None:
+    async def on_assigned(self, partitions: dict[int, PartitionStart]) -> dict[int, int]:
+        """Take the partitions the group gives us; returns the offset to read each from.
+        A partition we held until the revoke just before stays as folded (read on from its
+        position) and its suspended turns go on once it is live again; a partition that
+        moved away drops its turns (at rest at a step boundary) and its state; a new one is
+        replayed from offset 0."""
         self._rebalances += 1
+        moved = [p for p, part in self._partitions.items() if part.suspended and p not in partitions]
+        await self._hand_over(moved)
+        # Nothing awaits from here to the return: the log seeks to the returned offsets before
+        # the consumer loop runs again, so no record read from elsewhere is folded.
+        kept = []
         for p, start in partitions.items():
-            self._partitions[p] = _Partition(start.end_offset, start.committed)
-        log.info("assigned partitions %s; replaying them from the beginning", sorted(partitions))
+            part = self._partitions.get(p)
+            if part is not None and part.suspended:
+                part.end_offset, part.committed, part.reading = start.end_offset, start.committed, True
+                kept.append(p)
+            else:
+                self._partitions[p] = _Partition(start.end_offset, start.committed)
+        for p in kept:
+            if self._partitions[p].live:
+                self._continue_kept(p)
+        fresh = sorted(set(partitions) - set(kept))
+        log.info("assigned partitions %s: kept %s, replaying %s from the beginning", sorted(partitions), kept, fresh)
         self._note_replay()
+        return {p: self._partitions[p].position for p in partitions}
 
     async def on_revoked(self, partitions: set[int]) -> None:
-        """Stop our turns on partitions we lose before the group moves them: the new
-        owner rebuilds them from the log and takes over any attempt left open."""
+        """Before the group moves partitions: let the step in progress of each turn on them
+        finish (a model reply recorded, a tool call and its ToolCallFinished), hold each turn
+        at its next step boundary, write the effects due and commit. Whether a partition
+        really moves is known only at the assignment that follows (aiokafka's rebalances are
+        eager: every member revokes everything), so nothing is dropped here."""
         self._rebalances += 1
-        # Forget the partitions first: while we await below, the consumer loop must neither
-        # fold their records nor decide for them -- a runner started now (e.g. to take over
-        # the turns we are cancelling) would outlive the revoke and write to a partition
-        # another worker owns.
-        leaving = [part for p in partitions if (part := self._partitions.pop(p, None)) is not None]
-        stopping = [r.task for c, r in self.runners.items() if r.partition in partitions]
+        revoked = {p: part for p in partitions if (part := self._partitions.get(p)) is not None}
+        for part in revoked.values():
+            # From here no decision is taken for them: a runner started now would outlive the
+            # revoke and might write to a partition another worker owns.
+            part.suspended, part.reading = True, False
+        slots = [slot for slot in self.runners.values() if slot.partition in revoked]
+        for slot in slots:
+            slot.suspend()
+        deadline = asyncio.get_running_loop().time() + self.config.revoke_grace_s
+        await self._read_back_now(slots, deadline)
+        refusals = [t for c, t in self._rejecting.items() if self._partition_of.get(c) in revoked]
+        waits = [asyncio.ensure_future(slot.until_at_rest()) for slot in slots] + refusals
+        if waits:
+            left = max(0.0, deadline - asyncio.get_running_loop().time())
+            _done, late = await asyncio.wait(waits, timeout=left)
+            busy = [slot for slot in slots if not slot.at_rest]
+            for task in [*late, *(slot.task for slot in busy if slot.task is not None)]:
+                task.cancel()  # outlasted the grace: left to whoever owns the partition next
+            if busy:
+                grace = self.config.revoke_grace_s
+                log.warning("revoke: %d steps outlasted %.1f s; the next owner resumes them", len(busy), grace)
+            await asyncio.gather(*late, *(slot.task for slot in busy if slot.task is not None), return_exceptions=True)
+        # A cancelled append may still be in the producer's buffer: let it land now, before
+        # the next owner replays, rather than after it has taken the conversation over.
+        await self.log.flush()
+        await self._commit_now(set(revoked))
+        log.info("revoked partitions %s", sorted(partitions))
+
+    async def _read_back_now(self, slots: list[RunnerSlot], deadline: float) -> None:
+        """The consumer reads nothing while the group rebalances, so a side-effecting call
+        waiting for its read-back would wait out the revoke and be cut off before its body.
+        Read those records here instead, as the consumer would have: the fold's verdict
+        decides whether the call runs (it is the step in progress), exactly as it would."""
+        ends: dict[int, int] = {}
+        for slot in slots:
+            if slot.awaiting_read_back:
+                ends[slot.partition] = max(ends.get(slot.partition, 0), slot.last_offset + 1)
+        reader = self.log.reader()
+        try:
+            async with asyncio.timeout_at(deadline):
+                for p, end in ends.items():
+                    part = self._partitions[p]
+                    for record in await reader.span(self.log.topics.events, p, part.position, end):
+                        self._fold(record, part)
+        except Exception as exc:  # cut off at the grace like the call itself (did not start)
+            log.warning("revoke: the read-back of started calls failed: %r", exc)
+
+    async def _hand_over(self, partitions: list[int]) -> None:
+        """Drop partitions that moved to another member: their turns, at rest at a step
+        boundary, are cancelled there (the new owner resumes them from the journal)."""
+        if not partitions:
+            return
+        stopping = [s.task for s in self.runners.values() if s.partition in partitions and s.task is not None]
         stopping += [t for c, t in self._rejecting.items() if self._partition_of.get(c) in partitions]
         for task in stopping:
             task.cancel()
         await asyncio.gather(*stopping, return_exceptions=True)
-        # A cancelled append may still be in the producer's buffer: let it land now, before
-        # the next owner replays, rather than after it has taken the conversation over.
         await self.log.flush()
-        for part in leaving:
+        for p in partitions:
+            part = self._partitions.pop(p)
             for conversation in part.conversations:
                 self.states.pop(conversation, None)
                 self.runners.pop(conversation, None)
@@ -237,8 +305,25 @@ class Worker:
                 self._to_reject.pop(conversation, None)
                 self._refusing.pop(conversation, None)
                 self._rendered.pop(conversation, None)
-        log.info("revoked partitions %s", sorted(partitions))
-        self._note_replay()
+        log.info("handed over partitions %s", sorted(partitions))
+
+    def _continue_kept(self, partition: int) -> None:
+        """A partition that stayed ours is live again: its suspended turns go on where they
+        stopped -- unless the log now shows another run (another owner took over while this
+        member was out of the group), then they stop and the fold's present decides. A run
+        closed meanwhile but still current goes on too: every reader refuses what it writes
+        next, and its read-back stops it."""
+        part = self._partitions[partition]
+        part.suspended = False
+        for conversation, slot in list(self.runners.items()):
+            if slot.partition != partition or not slot.suspended:
+                continue
+            active = self.states[conversation].active
+            if active is not None and active.run_id == slot.run_id:
+                slot.resume()
+            elif slot.task is not None:
+                slot.task.cancel()
+        self._dirty.update(part.conversations)
 
     def _note_replay(self) -> None:
         """Tell the replay hooks when replaying starts and when every partition is live."""
@@ -262,7 +347,7 @@ class Worker:
             await self._drain()
             stopped_cleanly = True
         finally:
-            tasks = [r.task for r in self.runners.values()] + list(self._rejecting.values())
+            tasks = [r.task for r in self.runners.values() if r.task is not None] + list(self._rejecting.values())
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
@@ -332,14 +417,20 @@ class Worker:
 
     async def _consume(self, record: Record) -> None:
         part = self._partitions.get(record.partition)
-        if part is None:
-            return  # a record of a partition revoked while this batch was in flight
+        if part is not None and part.reading:  # else revoked while this batch was in flight
+            self._fold(record, part)
+
+    def _fold(self, record: Record, part: _Partition) -> None:
+        if record.offset < part.position:
+            return  # folded already (read back while the partition was being revoked)
         was_live = part.live
         part.position = record.offset + 1
         if not was_live and part.live:
             # Decisions were held while replaying: every conversation of the partition is
             # due one now, not only those a later event happens to touch.
             self._dirty.update(part.conversations)
+            if part.suspended:
+                self._continue_kept(record.partition)
             self._note_replay()
         effects = record.offset >= part.committed
         event = decode(record.value, self.config.max_value_bytes)
@@ -446,13 +537,13 @@ class Worker:
         if state is None or partition is None:
             return
         part = self._partitions.get(partition)
-        if part is None or not part.live:
+        if part is None or not part.live or part.suspended:
             return  # being revoked, or still replaying: the state is not the log's present yet
         if self._refusals_pending(conversation, state, partition):
             return  # refused messages leave the pending set before anything is claimed
         runner = self.runners.get(conversation)
         if runner is not None:
-            if not runner.released(part):
+            if not runner.released(part.position):
                 return
             del self.runners[conversation]
         if self.draining:
@@ -514,57 +605,41 @@ class Worker:
             self._to_reject.get(conversation, {}).pop(message_id, None)
 
     def _read_back(self, conversation: str, event: Event, accepted: bool) -> None:
-        """A runner's own event, read back from the log. If the fold refused it, another owner
-        took the turn over (or won the claim) first: every reader ignores this run from here
-        on, so the runner stops instead of calling the model or tools for nothing."""
+        """A runner's own event, read back from the log: its slot learns the verdict."""
         runner = self.runners.get(conversation)
-        verdict = runner.verdicts.pop(event.event_id, None) if runner is not None else None
-        if runner is None or verdict is None:
-            return
-        if not verdict.done():
-            verdict.set_result(accepted)
-        if not accepted and not runner.task.done():
-            log.warning("%s of %s refused on the log: its run was superseded; stopping it", event.type, conversation)
-            runner.task.cancel()
+        if runner is not None:
+            runner.judged(event.event_id, accepted)
 
     def _start(self, conversation: str, partition: int, plan: ClaimPlan | None = None, recover: bool = False) -> None:
         state = self.states[conversation]
         private = _private_copy(state, plan)
-        slot: _Runner
 
-        unacked: list[asyncio.Future[Acknowledged]] = []
+        def send(value: bytes) -> Awaitable[asyncio.Future[Acknowledged]]:
+            return self.log.send(self.log.topics.events, conversation, value, partition)
 
-        async def append(event: Event, wait: bool = True) -> None:
-            """`wait=False` returns once the event is in the log's order; the next append
-            that waits also waits for its acknowledgement (one round trip for both)."""
-            verdict = slot.verdicts[event.event_id] = asyncio.get_running_loop().create_future()
-            unacked.append(await self.log.send(self.log.topics.events, conversation, encode(event), partition))
-            if not wait:
-                return
-            acks = unacked[:]
-            unacked.clear()
-            for ack in acks:
-                slot.last_offset = max(slot.last_offset, (await ack).offset)
-            # Fencing a side effect: the tool runs only once its ToolCallStarted is read back
-            # as accepted. Written after another owner's takeover, it is ignored by every
-            # reader -- and the tool must not run either (the zombie case).
-            if isinstance(event, ToolCallStarted) and event.side_effect and not await verdict:
-                raise asyncio.CancelledError(f"run {event.run_id} was superseded before its side effect")
-
+        slot = self.runners[conversation] = RunnerSlot(conversation, partition, send)
         rendered = self._rendered.setdefault(conversation, [])
-        runner = TurnRunner(
-            private, append, self.provider, self.config.turn, self.clock.now_ms, self.ids.new, rendered, self.replies
-        )
+        turn, ids = self.config.turn, self.ids.new
+        runner = TurnRunner(private, slot.append, self.provider, turn, self.clock.now_ms, ids, rendered, self.replies)
         work = runner.recover() if recover else runner.claim_and_run(plan)  # type: ignore[arg-type]
-        task = asyncio.create_task(work, name=f"turn:{conversation}")
-        slot = self.runners[conversation] = _Runner(task, partition)
-        task.add_done_callback(lambda _t: self._dirty.add(conversation))
+        slot.start(work).add_done_callback(lambda _t: self._dirty.add(conversation))
 
     async def _maybe_commit(self, force: bool = False) -> None:
         loop_time = asyncio.get_running_loop().time()
         if not force and loop_time - self._last_commit < self.config.commit_interval_s:
             return
         self._last_commit = loop_time
+        await self._commit({p for p, part in self._partitions.items() if not part.suspended})
+
+    async def _commit_now(self, partitions: set[int]) -> None:
+        """On a revoke: the effects of these partitions in flight get a moment to land, then
+        their offsets are committed, so the next owner repeats none of them."""
+        writes = [e[2] for e in self._effects if e[0] in partitions and not e[2].done()]
+        if writes:
+            await asyncio.wait(writes, timeout=_REVOKE_FLUSH_S)
+        await self._commit(partitions)
+
+    async def _commit(self, partitions: set[int]) -> None:
         # A record's one-time effects must be on the log before an offset past it is
         # committed: else nobody would redo one that never got written.
         unwritten: dict[int, int] = {}
@@ -574,7 +649,7 @@ class Worker:
         offsets = {
             p: min(part.position, unwritten.get(p, part.position))
             for p, part in self._partitions.items()
-            if part.live and part.position > 0
+            if p in partitions and part.live and part.position > 0
         }
         if offsets:
             await self.log.commit(offsets)
