@@ -251,6 +251,7 @@ class FileLog:
 
     async def commit(self, offsets: dict[int, int]) -> None:
         merged = self.committed_offsets() | offsets
+        self._committed_path.parent.mkdir(parents=True, exist_ok=True)
         tmp = self._committed_path.with_suffix(".tmp")
         tmp.write_bytes(orjson.dumps({str(k): v for k, v in merged.items()}))
         tmp.replace(self._committed_path)

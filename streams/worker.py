@@ -11,7 +11,6 @@ turn run per conversation (rule 5).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import copy
 import dataclasses
 import heapq
@@ -22,12 +21,9 @@ from typing import TYPE_CHECKING, Protocol
 
 from turnstile.events import (
     OUTCOME_TYPES,
-    DeadLetter,
     DecodeError,
     Event,
-    MessageReceived,
     MessageRejected,
-    ResumeRequested,
     decode,
     encode,
 )
@@ -38,13 +34,14 @@ from turnstile.handlers.claim import (
     Refusal,
     WaitUntil,
     plan_claim,
-    refusal_on_arrival,
     rejection_event,
 )
 from turnstile.handlers.provider import ChatMessage, Provider
 from turnstile.projections import ConversationState, apply_event, new_state
-from turnstile.streams.log import Acknowledged, EventLog, PartitionStart, Record, RecordRefused
+from turnstile.streams.checkpoint import Checkpoint, Position
+from turnstile.streams.log import Acknowledged, EventLog, PartitionStart, Record
 from turnstile.streams.metrics import Metrics
+from turnstile.streams.refusals import Refusals
 from turnstile.streams.reply_deltas import DeltaPublisher
 from turnstile.streams.runner_slot import RunnerSlot
 from turnstile.streams.runtime import Clock, Ids, RandomIds, SystemClock
@@ -56,15 +53,6 @@ if TYPE_CHECKING:
     from turnstile.streams.tracing import TurnTracer
 
 log = logging.getLogger(__name__)
-
-# A one-time write the log does not take is tried again after this, doubling up to the
-# ceiling; on stop, writes in flight get the flush time to land before the last commit.
-_EFFECT_BACKOFF_S = 0.1
-_EFFECT_BACKOFF_MAX_S = 5.0
-_EFFECT_FLUSH_S = 5.0
-# On a revoke the group waits: effects in flight get only this long before the commit.
-_REVOKE_FLUSH_S = 1.0
-
 
 # The longest the consumer folds without letting the rest of the loop run.
 YIELD_AFTER_S = 0.02
@@ -107,9 +95,7 @@ class WorkerConfig:
 
 @dataclass(slots=True)
 class _Partition:
-    end_offset: int  # replay runs to here before any decision
-    committed: int  # below this, one-time effects were already done by some owner
-    position: int = 0
+    at: Position  # the checkpoint's: where its fold stands
     conversations: set[str] = field(default_factory=set)
     # Revoked, and not yet known to be ours again: nothing is decided or claimed for it.
     suspended: bool = False
@@ -118,7 +104,7 @@ class _Partition:
 
     @property
     def live(self) -> bool:
-        return self.position >= self.end_offset
+        return self.at.live
 
 
 class Worker:
@@ -153,20 +139,15 @@ class Worker:
         self._partition_of: dict[str, int] = {}
         self._dirty: set[str] = set()
         self._timers: list[tuple[int, str]] = []
-        self._last_commit = 0.0
         self._held_since = 0.0  # loop time the consumer last let the loop run
-        # One-time writes in flight: (partition, offset of their record, the write).
-        self._effects: list[tuple[int, int, asyncio.Future[None]]] = []
+        self.checkpoint = Checkpoint(log_, self.config.commit_interval_s, self._effect_skipped)
         self.dead_letters = 0
         self.effects_skipped = 0  # one-time writes the log refused for good
         # Bumped by every rebalance callback: a batch polled before one is stale.
         self._rebalances = 0
         self.draining = False  # set once stop is asked: no new claims from then on
-        # Refusals (double text, resumes of no paused turn): input id -> the refusal still
-        # to write; and the ids refused but not yet folded back, which block the next claim.
-        self._to_reject: dict[str, dict[str, Refusal]] = {}
-        self._refusing: dict[str, set[str]] = {}
-        self._rejecting: dict[str, asyncio.Task[None]] = {}
+        # Refusals (double text, resumes of no paused turn) owed and not yet folded back.
+        self.refusals = Refusals(self.config.double_text, self._write_refusal, self._retry_soon, self._due)
         # Per conversation, its history rendered as prompt messages, kept across its turns
         # (history is append-only): a turn start then does not re-render all of it.
         self._rendered: dict[str, list[ChatMessage]] = {}
@@ -199,7 +180,7 @@ class Worker:
         for partition, part in list(self._partitions.items()):
             end = self.log.end_offset(partition)
             if end is not None:
-                out[partition] = max(0, end - part.position)
+                out[partition] = max(0, end - part.at.position)
         return out
 
     # -- rebalance -------------------------------------------------------------------
@@ -218,17 +199,18 @@ class Worker:
         for p, start in partitions.items():
             part = self._partitions.get(p)
             if part is not None and part.suspended:
-                part.end_offset, part.committed, part.reading = start.end_offset, start.committed, True
+                self.checkpoint.assign(p, start, keep=True)
+                part.reading = True
                 kept.append(p)
             else:
-                self._partitions[p] = _Partition(start.end_offset, start.committed)
+                self._partitions[p] = _Partition(self.checkpoint.assign(p, start))
         for p in kept:
             if self._partitions[p].live:
                 self._continue_kept(p)
         fresh = sorted(set(partitions) - set(kept))
         log.info("assigned partitions %s: kept %s, replaying %s from the beginning", sorted(partitions), kept, fresh)
         self._note_replay()
-        return {p: self._partitions[p].position for p in partitions}
+        return {p: self._partitions[p].at.position for p in partitions}
 
     async def on_revoked(self, partitions: set[int]) -> None:
         """Before the group moves partitions: let the step in progress of each turn on them
@@ -247,7 +229,7 @@ class Worker:
             slot.suspend()
         deadline = asyncio.get_running_loop().time() + self.config.revoke_grace_s
         await self._read_back_now(slots, deadline)
-        refusals = [t for c, t in self._rejecting.items() if self._partition_of.get(c) in revoked]
+        refusals = self.refusals.writers(c for part in revoked.values() for c in part.conversations)
         waits = [asyncio.ensure_future(slot.until_at_rest()) for slot in slots] + refusals
         if waits:
             left = max(0.0, deadline - asyncio.get_running_loop().time())
@@ -262,7 +244,7 @@ class Worker:
         # A cancelled append may still be in the producer's buffer: let it land now, before
         # the next owner replays, rather than after it has taken the conversation over.
         await self.log.flush()
-        await self._commit_now(set(revoked))
+        await self.checkpoint.commit_revoked(revoked)
         log.info("revoked partitions %s", sorted(partitions))
 
     async def _read_back_now(self, slots: list[RunnerSlot], deadline: float) -> None:
@@ -279,7 +261,7 @@ class Worker:
             async with asyncio.timeout_at(deadline):
                 for p, end in ends.items():
                     part = self._partitions[p]
-                    for record in await reader.span(self.log.topics.events, p, part.position, end):
+                    for record in await reader.span(self.log.topics.events, p, part.at.position, end):
                         self._fold(record, part)
         except Exception as exc:  # cut off at the grace like the call itself (did not start)
             log.warning("revoke: the read-back of started calls failed: %r", exc)
@@ -290,20 +272,20 @@ class Worker:
         if not partitions:
             return
         stopping = [s.task for s in self.runners.values() if s.partition in partitions and s.task is not None]
-        stopping += [t for c, t in self._rejecting.items() if self._partition_of.get(c) in partitions]
+        stopping += self.refusals.writers(c for p in partitions for c in self._partitions[p].conversations)
         for task in stopping:
             task.cancel()
         await asyncio.gather(*stopping, return_exceptions=True)
         await self.log.flush()
         for p in partitions:
             part = self._partitions.pop(p)
+            self.checkpoint.drop(p)
             for conversation in part.conversations:
                 self.states.pop(conversation, None)
                 self.runners.pop(conversation, None)
                 self._partition_of.pop(conversation, None)
                 self._dirty.discard(conversation)
-                self._to_reject.pop(conversation, None)
-                self._refusing.pop(conversation, None)
+                self.refusals.forget(conversation)
                 self._rendered.pop(conversation, None)
         log.info("handed over partitions %s", sorted(partitions))
 
@@ -347,20 +329,11 @@ class Worker:
             await self._drain()
             stopped_cleanly = True
         finally:
-            tasks = [r.task for r in self.runners.values() if r.task is not None] + list(self._rejecting.values())
+            tasks = [r.task for r in self.runners.values() if r.task is not None] + self.refusals.writers()
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
-            # Positions run ahead of a record's one-time effects while they are written: after
-            # an error (an append that failed mid-record) committing them would mark an effect
-            # done that never happened. Then the next owner redoes it (at least once).
-            if stopped_cleanly:
-                with contextlib.suppress(Exception):
-                    if self._effects:  # let the writes in flight land, for a little while
-                        await asyncio.wait([e[2] for e in self._effects], timeout=_EFFECT_FLUSH_S)
-                    await self._maybe_commit(force=True)
-            for _p, _offset, effect in self._effects:
-                effect.cancel()  # not committed past: the next owner redoes them
+            await self.checkpoint.close(clean=stopped_cleanly)
             if self.replies is not None:
                 await self.replies.aclose()
             await self.log.stop()
@@ -377,7 +350,7 @@ class Worker:
             await self._consume(record)
             await self._let_the_loop_run()
         self._decide()
-        await self._maybe_commit()
+        await self.checkpoint.commit_due(p for p, part in self._partitions.items() if not part.suspended)
 
     async def _let_the_loop_run(self) -> None:
         """Folding awaits nothing real, and neither does a poll with records at hand: a
@@ -421,10 +394,10 @@ class Worker:
             self._fold(record, part)
 
     def _fold(self, record: Record, part: _Partition) -> None:
-        if record.offset < part.position:
+        if record.offset < part.at.position:
             return  # folded already (read back while the partition was being revoked)
         was_live = part.live
-        part.position = record.offset + 1
+        effects = self.checkpoint.advance(record)
         if not was_live and part.live:
             # Decisions were held while replaying: every conversation of the partition is
             # due one now, not only those a later event happens to touch.
@@ -432,7 +405,6 @@ class Worker:
             if part.suspended:
                 self._continue_kept(record.partition)
             self._note_replay()
-        effects = record.offset >= part.committed
         event = decode(record.value, self.config.max_value_bytes)
         if isinstance(event, DecodeError):
             self._dead_letter(record, event, effects)
@@ -456,7 +428,7 @@ class Worker:
             else:
                 log.debug("ignored %s at %s/%s: %s", event.type, record.partition, record.offset, rejection.reason)
             return
-        self._note_double_text(state, event)
+        self.refusals.note(state, event)
         if effects and self.metrics is not None:
             self.metrics.on_event(state, event)
         if self.tracer is not None:
@@ -464,7 +436,7 @@ class Worker:
             if effects:
                 self.tracer.on_event(state, event)
         if effects and isinstance(event, (*OUTCOME_TYPES, MessageRejected)):
-            self._effect(self.log.topics.outcomes, record, encode(event))
+            self.checkpoint.effect(self.log.topics.outcomes, record, encode(event))
         self._dirty.add(conversation)
 
     def _dead_letter(self, record: Record, error: DecodeError, effects: bool) -> None:
@@ -473,54 +445,12 @@ class Worker:
             self.metrics.on_dead_letter(error.reason)
         log.warning("dead-lettered %s/%s: %s", record.partition, record.offset, error.reason)
         if effects:
-            self._effect(self.log.topics.dead_letters, record, record.value or b"", error)
+            self.checkpoint.effect(self.log.topics.dead_letters, record, record.value or b"", error)
 
-    def _letter(self, record: Record, value: bytes, error: DecodeError) -> tuple[str | None, bytes]:
-        """The dead letter of `record` (key, value), sized for the dead-letter topic."""
-        key = None if record.key is None else record.key.decode("utf-8", "backslashreplace")
-        limit = self.log.max_value_bytes(self.log.topics.dead_letters, key)
-        where = (self.log.topics.events, record.partition, record.offset)
-        letter = DeadLetter.of(*where, record.key, value, error.reason, error.detail, limit)
-        return key, letter.encode()
-
-    def _effect(self, topic: str, record: Record, value: bytes, error: DecodeError | None = None) -> None:
-        """Start a one-time write for `record` (its outcome record; its dead letter when
-        `error` is given) without holding up the consumer loop; `_maybe_commit` commits
-        no offset past a record whose effect is not written yet."""
-        task = asyncio.ensure_future(self._write_effect(topic, record, value, error))
-        self._effects.append((record.partition, record.offset, task))
-
-    async def _write_effect(self, topic: str, record: Record, value: bytes, error: DecodeError | None) -> None:
-        """Write until the log acknowledges, backing off while it is away. A record the log
-        will never accept is recorded (metric, log line, a marker on the dead-letter topic)
-        and skipped: one record must not stop its partition, or the worker."""
-        if error is not None:
-            key, value = self._letter(record, value, error)
-        else:
-            key = None if record.key is None else record.key.decode("utf-8", "replace")
-        delay = _EFFECT_BACKOFF_S
-        while True:
-            try:
-                await self.log.append(topic, key, value)
-                return
-            except RecordRefused as exc:
-                self._effect_refused(topic, record, value, exc)
-                return
-            except Exception as exc:
-                where = f"{record.partition}@{record.offset}"
-                log.warning("writing to %s for the record at %s failed, again in %.1f s: %r", topic, where, delay, exc)
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, _EFFECT_BACKOFF_MAX_S)
-
-    def _effect_refused(self, topic: str, record: Record, value: bytes, exc: RecordRefused) -> None:
+    def _effect_skipped(self, topic: str) -> None:
         self.effects_skipped += 1
         if self.metrics is not None:
             self.metrics.on_effect_skipped(topic)
-        where = f"{record.partition}@{record.offset}"
-        log.error("skipped the write to %s for the record at %s, which the log refuses: %s", topic, where, exc)
-        if topic != self.log.topics.dead_letters:  # else the marker would be refused alike
-            detail = f"its record for {topic} ({len(value)} bytes) was refused: {exc}"
-            self._effect(self.log.topics.dead_letters, record, value, DecodeError("effect_skipped", detail))
 
     # -- decisions -------------------------------------------------------------------
     def _decide(self) -> None:
@@ -539,11 +469,11 @@ class Worker:
         part = self._partitions.get(partition)
         if part is None or not part.live or part.suspended:
             return  # being revoked, or still replaying: the state is not the log's present yet
-        if self._refusals_pending(conversation, state, partition):
+        if self.refusals.holds_back(state):
             return  # refused messages leave the pending set before anything is claimed
         runner = self.runners.get(conversation)
         if runner is not None:
-            if not runner.released(part.position):
+            if not runner.released(part.at.position):
                 return
             del self.runners[conversation]
         if self.draining:
@@ -558,51 +488,16 @@ class Worker:
         elif isinstance(decision, ClaimPlan):
             self._start(conversation, partition, plan=decision)
 
-    # -- double text -------------------------------------------------------------------
-    def _note_double_text(self, state: ConversationState, event: Event) -> None:
+    async def _write_refusal(self, state: ConversationState, input_id: str, refusal: Refusal) -> None:
         conversation = state.conversation_id
-        refusal = refusal_on_arrival(self.config.double_text, state, event)
-        if refusal is not None:
-            assert isinstance(event, (MessageReceived, ResumeRequested))
-            input_id = event.message_id if isinstance(event, MessageReceived) else event.request_id
-            self._to_reject.setdefault(conversation, {})[input_id] = refusal
-            self._refusing.setdefault(conversation, set()).add(input_id)
-        elif isinstance(event, MessageRejected):
-            self._to_reject.get(conversation, {}).pop(event.message_id, None)
-            self._refusing.get(conversation, set()).discard(event.message_id)
+        event = rejection_event(state, input_id, refusal, event_id=self.ids.new(), now_ms=self.clock.now_ms())
+        await self.log.append(self.log.topics.events, conversation, encode(event), self._partition_of[conversation])
 
-    def _refusals_pending(self, conversation: str, state: ConversationState, partition: int) -> bool:
-        """Writes the refusals still owed and says whether any is not yet folded back."""
-        refusing = self._refusing.get(conversation)
-        if refusing:
-            refusing.intersection_update(state.pending)  # claimed or refused by an earlier owner
-        if not refusing:
-            self._to_reject.pop(conversation, None)
-            self._refusing.pop(conversation, None)
-            return False
-        owed = {m: t for m, t in self._to_reject.get(conversation, {}).items() if m in refusing}
-        if owed and conversation not in self._rejecting:
-            work = self._write_refusals(conversation, partition, owed)
-            task = asyncio.create_task(work, name=f"reject:{conversation}")
-            self._rejecting[conversation] = task
+    def _due(self, conversation: str) -> None:
+        self._dirty.add(conversation)  # (`_decide` swaps the set: never bind its `add`)
 
-            def done(t: asyncio.Task[None]) -> None:
-                self._rejecting.pop(conversation, None)
-                if not t.cancelled() and t.exception() is not None:
-                    log.warning("writing refusals for %s failed (tried again soon): %r", conversation, t.exception())
-                    heapq.heappush(self._timers, (self.clock.now_ms() + 500, conversation))
-                else:
-                    self._dirty.add(conversation)
-
-            task.add_done_callback(done)
-        return True
-
-    async def _write_refusals(self, conversation: str, partition: int, owed: dict[str, Refusal]) -> None:
-        state = self.states[conversation]
-        for message_id, refusal in owed.items():
-            event = rejection_event(state, message_id, refusal, event_id=self.ids.new(), now_ms=self.clock.now_ms())
-            await self.log.append(self.log.topics.events, conversation, encode(event), partition)
-            self._to_reject.get(conversation, {}).pop(message_id, None)
+    def _retry_soon(self, conversation: str) -> None:
+        heapq.heappush(self._timers, (self.clock.now_ms() + 500, conversation))
 
     def _read_back(self, conversation: str, event: Event, accepted: bool) -> None:
         """A runner's own event, read back from the log: its slot learns the verdict."""
@@ -624,35 +519,6 @@ class Worker:
         work = runner.recover() if recover else runner.claim_and_run(plan)  # type: ignore[arg-type]
         slot.start(work).add_done_callback(lambda _t: self._dirty.add(conversation))
 
-    async def _maybe_commit(self, force: bool = False) -> None:
-        loop_time = asyncio.get_running_loop().time()
-        if not force and loop_time - self._last_commit < self.config.commit_interval_s:
-            return
-        self._last_commit = loop_time
-        await self._commit({p for p, part in self._partitions.items() if not part.suspended})
-
-    async def _commit_now(self, partitions: set[int]) -> None:
-        """On a revoke: the effects of these partitions in flight get a moment to land, then
-        their offsets are committed, so the next owner repeats none of them."""
-        writes = [e[2] for e in self._effects if e[0] in partitions and not e[2].done()]
-        if writes:
-            await asyncio.wait(writes, timeout=_REVOKE_FLUSH_S)
-        await self._commit(partitions)
-
-    async def _commit(self, partitions: set[int]) -> None:
-        # A record's one-time effects must be on the log before an offset past it is
-        # committed: else nobody would redo one that never got written.
-        unwritten: dict[int, int] = {}
-        self._effects = [e for e in self._effects if not e[2].done()]
-        for p, offset, _write in self._effects:
-            unwritten[p] = min(unwritten.get(p, offset), offset)
-        offsets = {
-            p: min(part.position, unwritten.get(p, part.position))
-            for p, part in self._partitions.items()
-            if p in partitions and part.live and part.position > 0
-        }
-        if offsets:
-            await self.log.commit(offsets)
 
 def _private_copy(state: ConversationState, plan: ClaimPlan | None) -> ConversationState:
     """What a runner needs of the conversation: the history its turn may see and the
