@@ -35,6 +35,11 @@ from turnstile.streams.log import (
 
 __all__ = ["FileLog", "FileReader", "LogOwned", "partition_for"]
 
+# Records one poll returns at most, over all partitions (each is decoded before the worker
+# can yield), and the bytes a partition reader reads at a time.
+POLL_RECORDS = 256
+_READ_BYTES = 256 << 10
+
 
 class _OwnerLock:
     """`owner.lock` in the log's folder, held (flock) by the one process that owns the log.
@@ -125,9 +130,9 @@ class _PartitionReader:
     def read(self, partition: int, limit: int) -> list[Record]:
         with open(self.path, "rb") as fh:
             fh.seek(self._byte_pos)
-            chunk = fh.read(4 << 20)
+            chunk = fh.read(_READ_BYTES)
             while chunk and b"\n" not in chunk:  # one record longer than the read size
-                more = fh.read(4 << 20)
+                more = fh.read(_READ_BYTES)
                 if not more:
                     break
                 chunk += more
@@ -222,7 +227,9 @@ class FileLog:
     async def poll(self, timeout_s: float) -> list[Record]:
         deadline = asyncio.get_running_loop().time() + timeout_s
         while True:
-            records = [r for p, reader in self._readers.items() for r in reader.read(p, 500)]
+            # A poll is not a yield point of the consumer loop: decoding is bounded per poll.
+            share = max(1, POLL_RECORDS // max(1, len(self._readers)))
+            records = [r for p, reader in self._readers.items() for r in reader.read(p, share)]
             if records or asyncio.get_running_loop().time() >= deadline:
                 return records
             await asyncio.sleep(min(0.02, max(0.0, deadline - asyncio.get_running_loop().time())))

@@ -59,10 +59,13 @@ YIELD_AFTER_S = 0.02
 
 
 class ReplayHooks(Protocol):
-    """Told when the worker starts replaying (some assigned partition is not live yet) and
-    when every assigned partition has turned live; e.g. `streams.replay_gc.ReplayGc`."""
+    """Told when the worker starts replaying (some assigned partition is not live yet),
+    between slices of a replay (each time it lets the loop run), and when every assigned
+    partition has turned live; e.g. `streams.replay_gc.ReplayGc`."""
 
     def replaying(self) -> None: ...
+
+    def replay_slice(self) -> None: ...
 
     def replayed(self) -> None: ...
 
@@ -391,6 +394,8 @@ class Worker:
         lasts. Past the budget, across steps, let the loop run once."""
         now = asyncio.get_running_loop().time()
         if now - self._held_since > YIELD_AFTER_S:
+            if self._replaying and self.replay_hooks is not None:
+                self.replay_hooks.replay_slice()
             await asyncio.sleep(0)
             self._held_since = asyncio.get_running_loop().time()
 
@@ -492,9 +497,13 @@ class Worker:
         now = self.clock.now_ms()
         while self._timers and self._timers[0][0] <= now:
             self._dirty.add(heapq.heappop(self._timers)[1])
-        dirty, self._dirty = self._dirty, set()
-        for conversation in dirty:
-            self._decide_one(conversation, now)
+        # Within the same budget as the fold (a partition turning live makes every one of its
+        # conversations due at once): what is left stays due for the next step.
+        started = asyncio.get_running_loop().time()
+        while self._dirty:
+            self._decide_one(self._dirty.pop(), now)
+            if asyncio.get_running_loop().time() - started > YIELD_AFTER_S:
+                break
 
     def _decide_one(self, conversation: str, now: int) -> None:
         state = self.states.get(conversation)
