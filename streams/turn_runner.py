@@ -137,7 +137,11 @@ class TurnRunner:
     async def _stopped_before_tool(self) -> None:
         """The run was stopped (revoke, drain, superseded) while a tool's start was being
         acknowledged: what the machine records for that is written, best effort."""
-        for command in decide(self.machine, ToolNotStarted(self._now_ms())):
+        seen = ToolNotStarted(self._now_ms())
+        commands = decide(self.machine, seen)
+        if self._on_step is not None:
+            self._on_step(seen, commands)
+        for command in commands:
             if isinstance(command, Append):
                 try:
                     await self._append(command.event, wait=False)
