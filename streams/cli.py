@@ -27,7 +27,6 @@ from turnstile.streams.cli_errors import (
     non_empty,
     schedules_error,
 )
-from turnstile.streams.file_log import FileLog
 from turnstile.streams.inert import printable
 from turnstile.streams.log import Topics
 from turnstile.streams.publisher import message_event
@@ -155,13 +154,7 @@ async def _operate(args: argparse.Namespace) -> int:
 
 
 async def _tail(args: argparse.Namespace) -> int:
-    if args.broker:
-        from turnstile.streams.kafka_log import bootstrap_of
-        from turnstile.streams.kafka_reader import read_topic
-
-        records = await read_topic(bootstrap_of(args.broker), args.events_topic)
-    else:
-        records = FileLog(args.data, Topics(args.events_topic)).read_all(args.events_topic)
+    records = await _place(args).open().reader().read(args.events_topic)
     for record in records:
         event = decode(record.value)
         if isinstance(event, DecodeError):

@@ -171,7 +171,7 @@ def build_app(
     def known_fingerprint(conversation: str, message_id: str) -> str | None:
         """The content fingerprint a message id was first used with, as far as this process
         knows: folded by its worker, or published by this port and not folded yet."""
-        state = worker.states.get(conversation) if worker is not None else None
+        state = worker.state_of(conversation) if worker is not None else None
         if state is not None and (seen := state.seen_inputs.get(message_id)) is not None:
             published.pop((conversation, message_id), None)  # folded: the state knows it now
             return seen
@@ -204,7 +204,7 @@ def build_app(
         if seen is not None:
             if seen != fingerprint:
                 return _error(409, f"message id {event.message_id!r} was already used for other content")
-            state = worker.states.get(conversation) if worker is not None else None
+            state = worker.state_of(conversation) if worker is not None else None
             status = "pending"  # published by this port, not folded yet
             if state is not None and event.message_id in state.seen_inputs:
                 status = "rejected" if event.message_id in state.rejected else "accepted"
@@ -287,8 +287,8 @@ def build_app(
         return _json({"ok": True})
 
     async def ready(_request: web.Request) -> web.Response:
-        owned = worker.partitions if worker is not None else {}
-        replaying = sorted(p for p, part in owned.items() if not part.live)
+        owned = worker.partition_liveness() if worker is not None else {}
+        replaying = sorted(p for p, live in owned.items() if not live)
         body = {"ready": not replaying, "partitions": sorted(owned), "replaying": replaying}
         return _json(body, 503 if replaying else 200)
 

@@ -13,7 +13,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import TopicAlreadyExistsError
 
-from turnstile.streams.log import Record, Topics
+from turnstile.streams.log import Record, Topics, partition_for
 
 DELTAS_RETENTION_MS = 3_600_000
 
@@ -79,6 +79,32 @@ async def read_topic(bootstrap: str, topic: str, timeout_s: float = 30.0) -> lis
     """Every record of `topic` up to its end at the time of the call, in partition order."""
     async with group_less_consumer(bootstrap, topic, timeout_s) as (consumer, partitions):
         return await read_to_end(consumer, partitions, timeout_s)
+
+
+async def read_conversation(bootstrap: str, topic: str, conversation_id: str, timeout_s: float = 30.0) -> list[Record]:
+    """The records of the conversation's partition, up to its end at the time of the call.
+    Kafka's default partitioner (murmur2 of the key) says which partition that is."""
+    async with group_less_consumer(bootstrap, topic, timeout_s) as (consumer, assigned):
+        tp = next(p for p in assigned if p.partition == partition_for(conversation_id, len(assigned)))
+        consumer.pause(*(p for p in assigned if p != tp))
+        return await read_to_end(consumer, [tp], timeout_s)
+
+
+class KafkaReader:
+    """The Kafka log's `LogReader`: a consumer in no group per read."""
+
+    def __init__(self, bootstrap: str, topics: Topics) -> None:
+        self.bootstrap = bootstrap
+        self.topics = topics
+
+    async def read(self, topic: str, timeout_s: float = 30.0) -> list[Record]:
+        return await read_topic(self.bootstrap, topic, timeout_s)
+
+    async def conversation(self, conversation_id: str, timeout_s: float = 30.0) -> list[Record]:
+        return await read_conversation(self.bootstrap, self.topics.events, conversation_id, timeout_s)
+
+    def follow(self, topic: str, since_ms: int) -> AsyncIterator[Record]:
+        return follow_topic(self.bootstrap, topic, since_ms)
 
 
 async def ensure_topics(bootstrap: str, topics: Topics, partitions: int) -> None:

@@ -12,23 +12,25 @@ from collections.abc import Callable
 from turnstile.events import InputEvent
 from turnstile.handlers.operations import Operation, Refused, decide_approval, decide_resume
 from turnstile.streams.cli_errors import NOT_FOUND, CliError
-from turnstile.streams.inspect_cli import conversation_records
-from turnstile.streams.publisher import KafkaPublisher, publish
+from turnstile.streams.publisher import publish
 from turnstile.streams.runtime import SystemClock
 from turnstile.streams.serving import LogPlace
 from turnstile.streams.views import build_view
 
 
 async def publish_input(place: LogPlace, event: InputEvent) -> tuple[int, int]:
-    """(partition, offset) of `event` once the log has it: one idempotent producer on Kafka."""
-    if place.bootstrap is not None:
-        async with KafkaPublisher(place.bootstrap, place.topics) as publisher:
-            return await publisher.publish(event)
-    return await publish(place.open(), event)
+    """(partition, offset) of `event` once the log has it, through a producer-only open of
+    the log (no consumer, no group)."""
+    log = place.open()
+    await log.start_producer()
+    try:
+        return await publish(log, event)
+    finally:
+        await log.stop()
 
 
 async def operate(args: argparse.Namespace, place: LogPlace) -> int:
-    records = await conversation_records(args.conversation, broker=place.broker, data=place.data, topics=place.topics)
+    records = await place.open().reader().conversation(args.conversation)
     state = build_view(args.conversation, records).state
     event_id, now_ms = uuid.uuid4().hex, SystemClock().now_ms()
     decided: Operation | Refused

@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING, TypedDict
 from turnstile.handlers.pricing import unpriced
 from turnstile.handlers.provider import Provider
 from turnstile.handlers.schedule import Schedule
-from turnstile.streams.file_log import FileLog, LogOwned
-from turnstile.streams.log import EventLog, Topics
+from turnstile.streams.file_log import FileLog
+from turnstile.streams.log import EventLog, LogOwned, Topics
 from turnstile.streams.worker import Worker, WorkerConfig
 
 if TYPE_CHECKING:
@@ -86,13 +86,12 @@ async def serve(
     from turnstile.streams.service import Service
 
     log = place.open()
-    if isinstance(log, FileLog):
-        try:
-            log.own()  # before anything starts: a second worker on one folder must not run at all
-        except LogOwned as exc:
-            print(f"turnstile run: {exc}", file=sys.stderr)
-            await provider.aclose()
-            return 3
+    try:
+        log.own()  # before anything starts: a second worker on one embedded log must not run at all
+    except LogOwned as exc:
+        print(f"turnstile run: {exc}", file=sys.stderr)
+        await provider.aclose()
+        return 3
     turn = config.turn
     for model in unpriced(turn.prices, [turn.model, *(route.model for route in turn.fallbacks)]):
         log_.warning(
@@ -104,7 +103,7 @@ async def serve(
         )
     # Process-wide: the cyclic GC is eased while partitions replay, and the replayed state frozen.
     worker = Worker(log, provider, config, replay_hooks=ReplayGc())
-    service = Service(worker, schedules=schedules, http=http, bootstrap=place.bootstrap, http_token=http_token)
+    service = Service(worker, schedules=schedules, http=http, http_token=http_token)
     stop = stop or asyncio.Event()
     ready = asyncio.Event()
     waiting = asyncio.create_task(ready.wait())

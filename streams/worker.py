@@ -44,6 +44,7 @@ from turnstile.handlers.claim import (
 from turnstile.handlers.provider import ChatMessage, Provider
 from turnstile.projections import ConversationState, apply_event, new_state
 from turnstile.streams.log import Acknowledged, EventLog, PartitionStart, Record, RecordRefused
+from turnstile.streams.metrics import Metrics
 from turnstile.streams.reply_deltas import DeltaPublisher
 from turnstile.streams.runtime import Clock, Ids, RandomIds, SystemClock
 from turnstile.streams.turn_runner import TurnRunner, TurnSettings
@@ -51,7 +52,6 @@ from turnstile.streams.turn_runner import TurnRunner, TurnSettings
 if TYPE_CHECKING:
     from opentelemetry.trace import TracerProvider
 
-    from turnstile.streams.metrics import Metrics
     from turnstile.streams.tracing import TurnTracer
 
 log = logging.getLogger(__name__)
@@ -137,10 +137,10 @@ class Worker:
         self.log = log_
         self.replay_hooks = replay_hooks
         self._replaying = False
-        self.metrics = metrics
+        self.metrics: Metrics | None = None
         self.provider = provider
         if metrics is not None:
-            metrics.attach(self)  # after the provider: it times the provider's requests
+            self.measure(metrics)
         self.config = config
         self.clock = clock or SystemClock()
         self.ids = ids or RandomIds()
@@ -149,7 +149,7 @@ class Worker:
         )
         self.tracer = self._tracer(tracer_provider) if self.config.tracing else None
         self.states: dict[str, ConversationState] = {}
-        self.partitions: dict[int, _Partition] = {}
+        self._partitions: dict[int, _Partition] = {}
         self.runners: dict[str, _Runner] = {}
         self._partition_of: dict[str, int] = {}
         self._dirty: set[str] = set()
@@ -172,11 +172,42 @@ class Worker:
         # (history is append-only): a turn start then does not re-render all of it.
         self._rendered: dict[str, list[ChatMessage]] = {}
 
+    # -- what others may ask -----------------------------------------------------------
+    def measure(self, metrics: Metrics) -> None:
+        """Report to `metrics` from now on: what is folded as new, this worker's consumer lag,
+        and the provider's requests (timed from here on)."""
+        self.metrics = metrics
+        self.provider = metrics.measured(self.provider)
+        metrics.report_lag(self.consumer_lag)
+
+    def state_of(self, conversation_id: str) -> ConversationState | None:
+        """The conversation as this worker has folded it (None: not on a partition it owns)."""
+        return self.states.get(conversation_id)
+
+    def live_here(self, conversation_id: str) -> bool:
+        """Whether the conversation's partition is assigned here and replayed to its present."""
+        partition = self.log.partition_for(conversation_id)
+        part = self._partitions.get(partition) if partition is not None else None
+        return part is not None and part.live
+
+    def partition_liveness(self) -> dict[int, bool]:
+        """Each partition assigned here: True once replayed to the end it had when assigned."""
+        return {p: part.live for p, part in self._partitions.items()}
+
+    def consumer_lag(self) -> dict[int, int]:
+        """End offset minus position for each owned partition whose end the log knows."""
+        out: dict[int, int] = {}
+        for partition, part in list(self._partitions.items()):
+            end = self.log.end_offset(partition)
+            if end is not None:
+                out[partition] = max(0, end - part.position)
+        return out
+
     # -- rebalance -------------------------------------------------------------------
     async def on_assigned(self, partitions: dict[int, PartitionStart]) -> None:
         self._rebalances += 1
         for p, start in partitions.items():
-            self.partitions[p] = _Partition(start.end_offset, start.committed)
+            self._partitions[p] = _Partition(start.end_offset, start.committed)
         log.info("assigned partitions %s; replaying them from the beginning", sorted(partitions))
         self._note_replay()
 
@@ -188,7 +219,7 @@ class Worker:
         # fold their records nor decide for them -- a runner started now (e.g. to take over
         # the turns we are cancelling) would outlive the revoke and write to a partition
         # another worker owns.
-        leaving = [part for p in partitions if (part := self.partitions.pop(p, None)) is not None]
+        leaving = [part for p in partitions if (part := self._partitions.pop(p, None)) is not None]
         stopping = [r.task for c, r in self.runners.items() if r.partition in partitions]
         stopping += [t for c, t in self._rejecting.items() if self._partition_of.get(c) in partitions]
         for task in stopping:
@@ -211,7 +242,7 @@ class Worker:
 
     def _note_replay(self) -> None:
         """Tell the replay hooks when replaying starts and when every partition is live."""
-        replaying = any(not part.live for part in self.partitions.values())
+        replaying = any(not part.live for part in self._partitions.values())
         if replaying == self._replaying:
             return
         self._replaying = replaying
@@ -300,7 +331,7 @@ class Worker:
         return 0.0 if self._dirty else wait
 
     async def _consume(self, record: Record) -> None:
-        part = self.partitions.get(record.partition)
+        part = self._partitions.get(record.partition)
         if part is None:
             return  # a record of a partition revoked while this batch was in flight
         was_live = part.live
@@ -414,7 +445,7 @@ class Worker:
         partition = self._partition_of.get(conversation)
         if state is None or partition is None:
             return
-        part = self.partitions.get(partition)
+        part = self._partitions.get(partition)
         if part is None or not part.live:
             return  # being revoked, or still replaying: the state is not the log's present yet
         if self._refusals_pending(conversation, state, partition):
@@ -542,7 +573,7 @@ class Worker:
             unwritten[p] = min(unwritten.get(p, offset), offset)
         offsets = {
             p: min(part.position, unwritten.get(p, part.position))
-            for p, part in self.partitions.items()
+            for p, part in self._partitions.items()
             if part.live and part.position > 0
         }
         if offsets:
