@@ -20,7 +20,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from turnstile.events import EVENT_ADAPTER, Event, ToolCall, Usage
+from turnstile.events import EVENT_ADAPTER, Event, MessageReceived, ToolCall, Usage
 from turnstile.handlers.claim import ClaimPlan
 from turnstile.handlers.provider import ChatMessage, ModelReply, ProtocolFamily, ProviderError
 from turnstile.handlers.turn_machine import decide, machine_for
@@ -32,6 +32,7 @@ from turnstile.handlers.turn_steps import (
     Command,
     Crashed,
     Finish,
+    Interrupted,
     ModelAnswered,
     ModelCutOff,
     ModelFailed,
@@ -78,6 +79,8 @@ def observation_json(seen: Observation) -> JSON:
             return {"type": kind, "now_ms": seen.now_ms, "plan": body}
         case ModelAnswered(reply=reply):
             return {"type": kind, "now_ms": seen.now_ms, "reply": _reply_json(reply)}
+        case Interrupted(message=message):
+            return {"type": kind, "now_ms": seen.now_ms, "message": message.model_dump(mode="json")}
         case ModelFailed(error=e):
             error = {
                 "kind": e.kind,
@@ -100,6 +103,8 @@ def observation_of(data: Mapping[str, Any]) -> Observation:
             return Claimed(ClaimPlan(plan["turn_id"], inputs, plan["history_boundary"]), fields["now_ms"])
         case "ModelAnswered":
             return ModelAnswered(_reply_of(fields["reply"]), fields["now_ms"])
+        case "Interrupted":
+            return Interrupted(MessageReceived.model_validate(fields["message"]), fields["now_ms"])
         case "ModelFailed":
             e = dict(fields["error"])
             return ModelFailed(ProviderError(e.pop("kind"), e.pop("message"), **e), fields["now_ms"])

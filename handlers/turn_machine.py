@@ -30,11 +30,13 @@ from turnstile.events import (
     ContextCompacted,
     Event,
     FallbackEngaged,
+    MessageReceived,
     ModelResponded,
     ProtocolFailure,
     ToolCall,
     ToolCallFinished,
     ToolCallStarted,
+    TurnInterrupted,
 )
 from turnstile.events.lifecycle import ProtocolFailureKind
 from turnstile.events.outcomes import PauseReason
@@ -87,6 +89,7 @@ from turnstile.handlers.turn_steps import (
     Command,
     Crashed,
     Finish,
+    Interrupted,
     ModelAnswered,
     ModelCutOff,
     ModelFailed,
@@ -231,6 +234,8 @@ def _dispatch(m: TurnMachine, seen: Observation, out: _Out) -> None:
             _reconciled(m, out, seen.result)
         case Woke():
             _start_attempt(m, out, first=False)
+        case Interrupted():
+            _interrupted(m, out, seen.message)
         case Crashed():
             _crashed(m, out, seen.error)
 
@@ -595,6 +600,28 @@ def _cancelled_at_deadline(m: TurnMachine, out: _Out, item: CallToSettle, starte
     m.done[started.call_id] = DoneCall(started.tool, started.arguments, False, status)
     why = deadline_reached(m.settings.budget.deadline_ms, f"while {started.tool} ran")
     _pause(m, out, "deadline", why, item.calls[1:])
+
+
+# -- interrupt-and-merge -------------------------------------------------------------
+def interruptible(m: TurnMachine) -> bool:
+    """Whether a message arriving now may withdraw the turn (the `interrupt` double-text
+    policy): its attempt is running and no side-effecting call has started -- judged on the
+    machine's own state, which is ahead of the log by the step being written, so a
+    `ToolCallStarted` decided but not yet acknowledged already rules it out."""
+    turn = m.state.active
+    return turn is not None and turn.attempt_state == "open" and not turn.side_effect_started
+
+
+def _interrupted(m: TurnMachine, out: _Out, message: MessageReceived) -> None:
+    if not interruptible(m):
+        raise ValueError("an interruption of a turn that cannot be interrupted")
+    m.settling = m.running = None
+    m.queue.clear()
+    # The message is on the log before anything this run writes next: fold it as every
+    # reader will (the machine's state stays the log's), then withdraw the turn for it.
+    apply_event(m.state, message)
+    out.emit(TurnInterrupted(**_stamp(m), message_id=message.message_id))
+    out.then(Finish())
 
 
 # -- outcomes ------------------------------------------------------------------------

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from pydantic import BaseModel
 
-from turnstile.events import Event, ToolCall, ToolCallStarted
+from turnstile.events import Event, MessageReceived, ToolCall, ToolCallStarted
 from turnstile.handlers.claim import ClaimPlan
 from turnstile.handlers.provider import ModelReply, ModelRequest, ProviderError
 
@@ -161,6 +161,16 @@ class Woke:
 
 
 @dataclass(frozen=True, slots=True)
+class Interrupted:
+    """`message` arrived mid-turn (it is on the log) under the `interrupt` double-text
+    policy, while the turn could still be withdrawn (`interruptible`); the effect in
+    flight, if any, was cancelled."""
+
+    message: MessageReceived
+    now_ms: int
+
+
+@dataclass(frozen=True, slots=True)
 class Crashed:
     """Carrying out a command failed unexpectedly (a bug, the log gone)."""
 
@@ -180,5 +190,6 @@ Observation = (
     | ToolNotStarted
     | Reconciled
     | Woke
+    | Interrupted
     | Crashed
 )

@@ -19,7 +19,7 @@ from typing import Literal, Unpack, overload
 
 from turnstile.events import ToolCall, Usage
 from turnstile.handlers.budget import TurnBudget
-from turnstile.handlers.claim import DebouncePolicy, DoubleTextPolicy
+from turnstile.handlers.claim import DebouncePolicy, DoubleText, DoubleTextPolicy
 from turnstile.handlers.pricing import ModelPrice
 from turnstile.handlers.provider import ModelReply, ModelRequest, ProtocolFamily, Provider
 from turnstile.handlers.providers.scripted import Scripted, ScriptedProvider, echo_reply
@@ -142,7 +142,7 @@ class Agent:
         tools: Iterable[Tool] = (),
         budget: TurnBudget = TurnBudget(),
         debounce: DebouncePolicy = DebouncePolicy(),
-        double_text: Literal["enqueue", "reject"] = "enqueue",
+        double_text: DoubleText = "enqueue",
         max_attempts: int = 3,
         max_output_tokens: int = 1024,
     ) -> None:
@@ -160,7 +160,7 @@ class Agent:
         self.fallbacks = tuple(fallbacks)
         self.budget = budget
         self.debounce = debounce
-        self.double_text = double_text
+        self.double_text = DoubleTextPolicy(double_text).default  # an unknown policy fails here
         self.max_attempts = max_attempts
         self.max_output_tokens = max_output_tokens
         self.tools: list[Tool] = []

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 from turnstile.events import DecodeError, decode
-from turnstile.handlers.claim import DebouncePolicy, DoubleTextPolicy
+from turnstile.handlers.claim import DOUBLE_TEXT_POLICIES, DebouncePolicy, DoubleTextPolicy
 from turnstile.handlers.pricing import DEFAULT_PRICES, ModelPrice, parse_price
 from turnstile.handlers.provider import Provider
 from turnstile.handlers.providers.scripted import ScriptedProvider
@@ -185,8 +185,8 @@ def _price(text: str) -> tuple[str, ModelPrice]:
 
 def _conversation_policy(text: str) -> tuple[str, str]:
     conversation, _, policy = text.rpartition("=")
-    if not conversation or policy not in ("enqueue", "reject"):
-        raise argparse.ArgumentTypeError(f"expected CONVERSATION=enqueue|reject, got {text!r}")
+    if not conversation or policy not in DOUBLE_TEXT_POLICIES:
+        raise argparse.ArgumentTypeError(f"expected CONVERSATION=enqueue|reject|interrupt, got {text!r}")
     return conversation, policy
 
 
@@ -287,16 +287,19 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--schedules", type=Path, default=None, metavar="FILE", help="JSON list of schedules")
     run.add_argument(
         "--double-text",
-        choices=["enqueue", "reject"],
+        choices=DOUBLE_TEXT_POLICIES,
         default="enqueue",
-        help="a message that arrives during a turn: queue it for the next turn (default) or refuse it",
+        help=(
+            "a message that arrives during a turn: queue it for the next turn (default), refuse it, or "
+            "interrupt the turn if no side-effecting tool has started and answer old and new together"
+        ),
     )
     run.add_argument(
         "--double-text-for",
         type=_conversation_policy,
         action="append",
         default=[],
-        metavar="CONVERSATION=enqueue|reject",
+        metavar="CONVERSATION=enqueue|reject|interrupt",
         help="the policy of one conversation (repeatable)",
     )
 

@@ -17,10 +17,10 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Protocol
 
-from turnstile.events import Event, ToolCallStarted
+from turnstile.events import Event, MessageReceived, ToolCallStarted
 from turnstile.handlers.claim import ClaimPlan
 from turnstile.handlers.provider import ChatMessage, Provider, ProviderError
-from turnstile.handlers.turn_machine import TurnMachine, decide, machine_for
+from turnstile.handlers.turn_machine import TurnMachine, decide, interruptible, machine_for
 from turnstile.handlers.turn_settings import Route, TurnSettings
 from turnstile.handlers.turn_steps import (
     Append,
@@ -30,6 +30,7 @@ from turnstile.handlers.turn_steps import (
     Crashed,
     Effect,
     Finish,
+    Interrupted,
     ModelAnswered,
     ModelCutOff,
     ModelFailed,
@@ -86,6 +87,11 @@ class TurnRunner:
         # Where the text of each reply streams to while it arrives (None: not streamed).
         self._replies = replies
         self._on_step = on_step
+        # Interrupt-and-merge: the task running the turn, whether it is inside an effect
+        # (a model call, a tool, a backoff), and the message that asked the turn to stop.
+        self._task: asyncio.Task[None] | None = None
+        self._in_effect = False
+        self._interrupt: MessageReceived | None = None
 
     @property
     def state(self) -> ConversationState:
@@ -98,7 +104,22 @@ class TurnRunner:
         """Take over a turn whose owner stopped mid-attempt (crash, lost partition)."""
         await self._run(TakenOver(self._now_ms()))
 
+    def interrupt(self, message: MessageReceived) -> bool:
+        """`message` arrived under the `interrupt` double-text policy. True when the turn
+        will be withdrawn (the effect in flight, if any, is cancelled; `TurnInterrupted`
+        follows); False when it runs on, the message waiting for the next turn as under
+        `enqueue`, because a side-effecting call has started (or the turn is ending)."""
+        if self._interrupt is not None:
+            return True
+        if not interruptible(self.machine):
+            return False
+        self._interrupt = message
+        if self._in_effect and self._task is not None:
+            self._task.cancel()
+        return True
+
     async def _run(self, seen: Observation) -> None:
+        self._task = asyncio.current_task()
         while True:
             commands = decide(self.machine, seen)
             try:
@@ -113,7 +134,24 @@ class TurnRunner:
                 self._on_step(seen, commands)
             if effect is None:
                 return
-            seen = await self._carry_out(effect)
+            if self._interrupt is not None:
+                seen = Interrupted(self._interrupt, self._now_ms())  # asked while the step was written
+                continue
+            seen = await self._interruptible(effect)
+
+    async def _interruptible(self, effect: Effect) -> Observation:
+        self._in_effect = True
+        try:
+            return await self._carry_out(effect)
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            # Only our own cancel is an interruption; a revoke or drain (as well) stops the run.
+            if self._interrupt is None or task is None or task.cancelling() > 1:
+                raise
+            task.uncancel()
+            return Interrupted(self._interrupt, self._now_ms())
+        finally:
+            self._in_effect = False
 
     async def _append_all(self, commands: tuple[Command, ...]) -> Effect | None:
         """Appends the step's events in order; the effect to carry out next, if any."""

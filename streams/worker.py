@@ -16,6 +16,7 @@ import copy
 import dataclasses
 import heapq
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
@@ -37,6 +38,7 @@ from turnstile.handlers.claim import (
     DoubleTextPolicy,
     Refusal,
     WaitUntil,
+    interrupts_on_arrival,
     plan_claim,
     refusal_on_arrival,
     rejection_event,
@@ -113,6 +115,8 @@ class _Partition:
 class _Runner:
     task: asyncio.Task[None]
     partition: int
+    # Asks the turn to stop for a message (interrupt-and-merge); False: it runs on.
+    interrupt: Callable[[MessageReceived], bool]
     last_offset: int = -1  # offset of the last event this runner appended
     # event id -> how the fold judged it when the consumer read it back (True: accepted).
     verdicts: dict[str, asyncio.Future[bool]] = field(default_factory=dict)
@@ -479,6 +483,10 @@ class Worker:
         elif isinstance(event, MessageRejected):
             self._to_reject.get(conversation, {}).pop(event.message_id, None)
             self._refusing.get(conversation, set()).discard(event.message_id)
+        interrupting = interrupts_on_arrival(self.config.double_text, state, event)
+        runner = self.runners.get(conversation)
+        if interrupting is not None and runner is not None and not runner.task.done():
+            runner.interrupt(interrupting)  # else (a side effect started) it waits, as under enqueue
 
     def _refusals_pending(self, conversation: str, state: ConversationState, partition: int) -> bool:
         """Writes the refusals still owed and says whether any is not yet folded back."""
@@ -557,7 +565,7 @@ class Worker:
         )
         work = runner.recover() if recover else runner.claim_and_run(plan)  # type: ignore[arg-type]
         task = asyncio.create_task(work, name=f"turn:{conversation}")
-        slot = self.runners[conversation] = _Runner(task, partition)
+        slot = self.runners[conversation] = _Runner(task, partition, runner.interrupt)
         task.add_done_callback(lambda _t: self._dirty.add(conversation))
 
     async def _maybe_commit(self, force: bool = False) -> None:
