@@ -9,11 +9,12 @@ unchanged engine writes the same files."""
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import orjson
 from pydantic import BaseModel, ConfigDict
@@ -68,16 +69,26 @@ class Fail:
     ms: int = 50
 
 
+@dataclass(frozen=True)
+class Hold:
+    """A request that never ends by itself (the test interrupts it)."""
+
+
 @dataclass
 class Model:
     """A Provider of family `openai` that answers from a script, advancing the clock."""
 
     clock: Clock
-    script: list[Say | Fail]
+    script: list[Say | Fail | Hold]
     family: ProtocolFamily = FAMILY
+    held: asyncio.Event = field(default_factory=asyncio.Event)
 
     async def complete(self, request: ModelRequest, stream: ReplyStream | None = None) -> ModelReply:
         step = self.script.pop(0) if self.script else Say("Nothing more to add.")
+        if isinstance(step, Hold):
+            self.held.set()
+            await asyncio.Event().wait()
+        assert not isinstance(step, Hold)
         self.clock.now += step.ms
         if isinstance(step, Fail):
             raise step.error
@@ -118,7 +129,7 @@ PRICES = {"m": ModelPrice(1.0, 4.0), "m-backup": ModelPrice(1.0, 4.0)}
 @dataclass(frozen=True)
 class Scenario:
     name: str
-    script: tuple[Say | Fail, ...]
+    script: tuple[Say | Fail | Hold, ...]
     text: str = "Please help."
     budget: TurnBudget = field(default_factory=TurnBudget)
     fallback: bool = False
@@ -127,6 +138,9 @@ class Scenario:
     die_after: tuple[str, int] | None = None
     # Approved: the turn recorded is the one after a pause for approval, approved.
     approved: bool = False
+    # Interrupt-and-merge: a second message arrives during the first request. "recorded":
+    # the interrupted turn is the history; "before": the merged turn after it is.
+    interrupted: Literal["recorded", "before"] | None = None
 
     def settings(self, clock: Clock, model: Model | None = None) -> TurnSettings:
         backup = (Route("m-backup", model or Model(clock, [])),) if self.fallback else ()
@@ -209,6 +223,8 @@ SCENARIOS = {
             (Say("Booking.", (("c1", "book", '{"q": "table for 2"}'),)), Say("Booked.")),
             die_after=("ToolCallStarted", 1),
         ),
+        Scenario("interrupted", (Hold(),), interrupted="recorded"),
+        Scenario("merged", (Hold(), Say("Both answered.")), interrupted="before"),
         Scenario(
             "takeover_unresumable",
             (Say("Emailing.", (("c1", "send_email", '{"q": "bob"}'),)),),
@@ -265,6 +281,18 @@ async def record(scenario: Scenario, directory: Path) -> list[dict[str, Any]]:
     drawn: list[str] = []
     steps: list[dict[str, Any]] = []
 
+    async def interrupted_turn(prefix: str, on_step: StepHook | None) -> None:
+        """The turn's first request is held; a second message arrives and interrupts it."""
+        turn = runner(prefix, on_step, False)
+        task = asyncio.create_task(turn.claim_and_run(_plan(events_on(log), clock)))
+        await model.held.wait()
+        clock.now += 500
+        second = _message("And the refund rules?", clock.now, "m2", "in-2")
+        await _put(log, second)
+        assert turn.interrupt(second), "the turn could not be interrupted"
+        await task
+        clock.now += 2_000
+
     def on_step(seen: Observation, commands: tuple[Command, ...]) -> None:
         steps.append(step_json(seen, drawn, commands))
         drawn.clear()
@@ -277,7 +305,13 @@ async def record(scenario: Scenario, directory: Path) -> list[dict[str, Any]]:
         approval = Approval(turn_id=turn_id, call_id=record_.pending_call.call_id, approved=True)
         await _put(log, _approval(approval, clock.now))
         clock.now += 2_000
-    if scenario.die_after is not None:
+    if scenario.interrupted == "before":
+        await interrupted_turn("cut", None)
+    if scenario.interrupted == "recorded":
+        before = events_on(log)
+        drawn.clear()
+        await interrupted_turn("own", on_step)
+    elif scenario.die_after is not None:
         try:
             await runner("dead", None, True).claim_and_run(_plan(events_on(log), clock))
         except Died:
@@ -302,8 +336,8 @@ def _plan(events: list[Event], clock: Clock) -> ClaimPlan:
     return plan
 
 
-def _message(text: str, at: int) -> MessageReceived:
-    return MessageReceived(event_id="in-1", conversation_id=CONV, occurred_at=at, message_id="m1", content=text)
+def _message(text: str, at: int, message_id: str = "m1", event_id: str = "in-1") -> MessageReceived:
+    return MessageReceived(event_id=event_id, conversation_id=CONV, occurred_at=at, message_id=message_id, content=text)
 
 
 def _approval(approval: Approval, at: int) -> InputInjected:
