@@ -39,7 +39,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     where = audit.add_mutually_exclusive_group()
     where.add_argument("--broker", help="kafka://HOST:PORT[,HOST:PORT] (default: the embedded file log)")
     where.add_argument("--data", type=Path, default=Path(".turnstile"), help="embedded log folder")
-    audit.add_argument("--events-topic", default=Topics().events)
+    audit.add_argument("--events-topic", default=Topics().events, help=f"the topic audited (default {Topics().events})")
     audit.add_argument("--dlq-topic", default=Topics().dead_letters, help="its letters are reported too")
     audit.add_argument(
         "--from-beginning",

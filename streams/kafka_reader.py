@@ -55,11 +55,27 @@ async def group_less_consumer(
         await consumer.stop()
 
 
-async def read_to_end(consumer: AIOKafkaConsumer, partitions: list[TopicPartition], timeout_s: float) -> list[Record]:
+class ReadTooLarge(LookupError):
+    """A bounded read would take more records than it may."""
+
+    def __init__(self, partitions: list[int], records: int, limit: int) -> None:
+        super().__init__(f"partitions {partitions} hold {records} records, more than a bounded read takes ({limit})")
+        self.partitions, self.records, self.limit = partitions, records, limit
+
+
+async def read_to_end(
+    consumer: AIOKafkaConsumer, partitions: list[TopicPartition], timeout_s: float, max_records: int | None = None
+) -> list[Record]:
     """Every record of `partitions` from the beginning up to their end at the time of the
-    call, in partition order."""
+    call, in partition order. `max_records`: refuse (`ReadTooLarge`) before reading any
+    when they hold more."""
     await consumer.seek_to_beginning(*partitions)
     ends = await consumer.end_offsets(partitions)
+    if max_records is not None:
+        starts = await consumer.beginning_offsets(partitions)
+        held = sum(ends[tp] - starts[tp] for tp in partitions)
+        if held > max_records:
+            raise ReadTooLarge([tp.partition for tp in partitions], held, max_records)
     out: list[Record] = []
     remaining = {tp for tp in partitions if ends[tp] > 0}
     deadline = asyncio.get_running_loop().time() + timeout_s
@@ -81,13 +97,16 @@ async def read_topic(bootstrap: str, topic: str, timeout_s: float = 30.0) -> lis
         return await read_to_end(consumer, partitions, timeout_s)
 
 
-async def read_conversation(bootstrap: str, topic: str, conversation_id: str, timeout_s: float = 30.0) -> list[Record]:
-    """The records of the conversation's partition, up to its end at the time of the call.
-    Kafka's default partitioner (murmur2 of the key) says which partition that is."""
+async def read_conversation(
+    bootstrap: str, topic: str, conversation_id: str, timeout_s: float = 30.0, max_records: int | None = None
+) -> list[Record]:
+    """The records of the conversation's partition, up to its end at the time of the call
+    (`ReadTooLarge`, before reading, past `max_records`). Kafka's default partitioner
+    (murmur2 of the key) says which partition that is."""
     async with group_less_consumer(bootstrap, topic, timeout_s) as (consumer, assigned):
         tp = next(p for p in assigned if p.partition == partition_for(conversation_id, len(assigned)))
         consumer.pause(*(p for p in assigned if p != tp))
-        return await read_to_end(consumer, [tp], timeout_s)
+        return await read_to_end(consumer, [tp], timeout_s, max_records)
 
 
 class KafkaReader:

@@ -7,17 +7,20 @@ import contextlib
 from collections.abc import Sequence
 
 from turnstile.handlers.schedule import Schedule
-from turnstile.streams.http_api import HttpServer, ReadConversation, build_app
+from turnstile.streams.http_api import HttpServer, build_app
+from turnstile.streams.http_reads import BOUNDED_READ_RECORDS, ReadConversation, bounded_reader
 from turnstile.streams.log import EventLog
 from turnstile.streams.metrics import Metrics
+from turnstile.streams.read_model import WorkerReadModel
 from turnstile.streams.reply_hub import Follow, ReplyHub
 from turnstile.streams.scheduler import Scheduler
 from turnstile.streams.worker import Worker
 
 
-def conversation_reader(log: EventLog) -> ReadConversation:
-    """How the HTTP views read one conversation from the log, independent of the worker."""
-    return log.reader().conversation
+def conversation_reader(log: EventLog, max_records: int | None = BOUNDED_READ_RECORDS) -> ReadConversation:
+    """How the HTTP views read one conversation from the log, independent of the worker:
+    its partition, refused (`ReadTooLarge`) when it holds more than `max_records`."""
+    return bounded_reader(log.reader(), max_records)
 
 
 # How far back a freshly started reply hub reads both topics: replies that began earlier
@@ -55,7 +58,9 @@ class Service:
         if http is not None and worker.config.stream_replies:
             self.hub = ReplyHub()
             self._hub_sources = reply_hub_sources(worker.log, worker.clock.now_ms())
+        self.read_model: WorkerReadModel | None = None
         if http is not None:
+            self.read_model = WorkerReadModel(worker)
             app = build_app(
                 worker.log,
                 conversation_reader(worker.log),
@@ -64,6 +69,7 @@ class Service:
                 clock=worker.clock,
                 hub=self.hub,
                 token=http_token,
+                read_model=self.read_model,
             )
             self.http = HttpServer(app, *http, token=http_token)
 

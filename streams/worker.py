@@ -78,6 +78,16 @@ class ReplayHooks(Protocol):
     def replayed(self) -> None: ...
 
 
+class FoldObserver(Protocol):
+    """Told of every event the worker folds (after its fold; `ignored`: why the fold
+    refused it) and of the conversations it forgets when their partition is revoked;
+    e.g. `streams.read_model.WorkerReadModel`, which serves HTTP reads from this state."""
+
+    def folded(self, record: Record, event: Event, state: ConversationState, ignored: str | None) -> None: ...
+
+    def forgotten(self, conversations: set[str]) -> None: ...
+
+
 @dataclass(frozen=True, slots=True)
 class WorkerConfig:
     debounce: DebouncePolicy = DebouncePolicy()
@@ -97,6 +107,16 @@ class WorkerConfig:
     # OpenTelemetry spans of turns, attempts, model and tool calls (`streams/tracing.py`),
     # to the global tracer provider unless the worker is given one.
     tracing: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class ReplayProgress:
+    """How far the assigned partitions are replayed (`Worker.replay_progress`)."""
+
+    partitions: int  # assigned
+    replaying: int  # of them, not live yet
+    events_done: int  # records read, up to each partition's replay end
+    events_total: int  # records to read before every assigned partition is live
 
 
 @dataclass(slots=True)
@@ -175,6 +195,7 @@ class Worker:
         # Per conversation, its history rendered as prompt messages, kept across its turns
         # (history is append-only): a turn start then does not re-render all of it.
         self._rendered: dict[str, list[ChatMessage]] = {}
+        self.fold_observers: list[FoldObserver] = []
 
     # -- what others may ask -----------------------------------------------------------
     def measure(self, metrics: Metrics) -> None:
@@ -241,8 +262,20 @@ class Worker:
                 self._to_reject.pop(conversation, None)
                 self._refusing.pop(conversation, None)
                 self._rendered.pop(conversation, None)
+            for observer in self.fold_observers:
+                observer.forgotten(part.conversations)
         log.info("revoked partitions %s", sorted(partitions))
         self._note_replay()
+
+    def replay_progress(self) -> ReplayProgress:
+        """Read-only, for progress reports (`streams/replay_progress.py`)."""
+        parts = list(self._partitions.values())
+        return ReplayProgress(
+            len(parts),
+            sum(not part.live for part in parts),
+            sum(min(part.position, part.end_offset) for part in parts),
+            sum(part.end_offset for part in parts),
+        )
 
     def _note_replay(self) -> None:
         """Tell the replay hooks when replaying starts and when every partition is live."""
@@ -362,6 +395,8 @@ class Worker:
             self._partition_of[conversation] = record.partition
             part.conversations.add(conversation)
         rejection = apply_event(state, event)
+        for observer in self.fold_observers:
+            observer.folded(record, event, state, None if rejection is None else rejection.reason)
         self._read_back(conversation, event, rejection is None)
         if rejection is not None:
             if rejection.conflict:
