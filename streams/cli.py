@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 from turnstile.events import DecodeError, decode
+from turnstile.handlers.claim import DOUBLE_TEXT_POLICIES
 from turnstile.handlers.pricing import ModelPrice, parse_price
 from turnstile.handlers.schedule import Schedule, parse_schedules
 from turnstile.streams import audit_cli, config_file, log_format, run_config
@@ -177,8 +178,8 @@ def _price(text: str) -> tuple[str, ModelPrice]:
 
 def _conversation_policy(text: str) -> tuple[str, str]:
     conversation, _, policy = text.rpartition("=")
-    if not conversation or policy not in ("enqueue", "reject"):
-        raise argparse.ArgumentTypeError(f"expected CONVERSATION=enqueue|reject, got {text!r}")
+    if not conversation or policy not in DOUBLE_TEXT_POLICIES:
+        raise argparse.ArgumentTypeError(f"expected CONVERSATION=enqueue|reject|interrupt, got {text!r}")
     return conversation, policy
 
 
@@ -286,14 +287,17 @@ def _add_run_args(run: argparse.ArgumentParser) -> None:
     run.add_argument("--max-batch", type=int, help=f"inputs one turn claims at most (default: {q.max_batch})")
     run.add_argument(
         "--double-text",
-        choices=["enqueue", "reject"],
-        help="a message that arrives during a turn: queue it for the next turn (default) or refuse it",
+        choices=DOUBLE_TEXT_POLICIES,
+        help=(
+            "a message that arrives during a turn: queue it for the next turn (default), refuse it, or "
+            "interrupt the turn if no side-effecting tool has started and answer old and new together"
+        ),
     )
     run.add_argument(
         "--double-text-for",
         type=_conversation_policy,
         action="append",
-        metavar="CONVERSATION=enqueue|reject",
+        metavar="CONVERSATION=enqueue|reject|interrupt",
         help="the policy of one conversation (repeatable)",
     )
 
