@@ -193,7 +193,6 @@ FLAGS: dict[KeyPath, str] = {
     ("double_text", "default"): "--double-text",
     ("double_text", "per_conversation"): "--double-text-for",
 }
-LOG_KEYS: tuple[KeyPath, ...] = (("broker",), ("data",), *(("topics", t) for t in TopicsConfig.model_fields))
 
 
 def dest(flag: str) -> str:
