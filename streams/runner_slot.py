@@ -18,7 +18,7 @@ import logging
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
-from turnstile.events import OUTCOME_TYPES, Event, ToolCallStarted, encode
+from turnstile.events import OUTCOME_TYPES, Event, MessageReceived, ToolCallStarted, encode
 from turnstile.streams.log import Acknowledged
 
 log = logging.getLogger(__name__)
@@ -53,6 +53,8 @@ class RunnerSlot:
         self._rested = asyncio.Event()
         # The read-back a side-effecting call waits for before its body runs.
         self._read_back: asyncio.Future[bool] | None = None
+        # Asks the turn to withdraw for a new message (interrupt-and-merge); False: it runs on.
+        self.interrupt: Callable[[MessageReceived], bool] = _runs_on
 
     def start(self, work: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
         self.task = asyncio.create_task(self._run(work), name=f"turn:{self.conversation_id}")
@@ -151,3 +153,7 @@ class RunnerSlot:
             await asyncio.wait([rested, self.task], return_when=asyncio.FIRST_COMPLETED)
         finally:
             rested.cancel()
+
+
+def _runs_on(_message: MessageReceived) -> bool:
+    return False  # until the worker hands the slot its runner's interrupt

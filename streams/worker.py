@@ -33,6 +33,7 @@ from turnstile.handlers.claim import (
     DoubleTextPolicy,
     Refusal,
     WaitUntil,
+    interrupts_on_arrival,
     plan_claim,
     rejection_event,
 )
@@ -469,6 +470,7 @@ class Worker:
                 log.debug("ignored %s at %s/%s: %s", event.type, record.partition, record.offset, rejection.reason)
             return
         self.refusals.note(state, event)
+        self._interrupt_on_arrival(state, event)
         if effects and self.metrics is not None:
             self.metrics.on_event(state, event)
         if self.tracer is not None:
@@ -478,6 +480,13 @@ class Worker:
         if effects and isinstance(event, (*OUTCOME_TYPES, MessageRejected)):
             self.checkpoint.effect(self.log.topics.outcomes, record, encode(event))
         self._dirty.add(conversation)
+
+    def _interrupt_on_arrival(self, state: ConversationState, event: Event) -> None:
+        """Interrupt-and-merge: a message mid-turn asks the running turn to withdraw."""
+        message = interrupts_on_arrival(self.config.double_text, state, event)
+        slot = self.runners.get(state.conversation_id)
+        if message is not None and slot is not None and slot.task is not None and not slot.task.done():
+            slot.interrupt(message)  # False (a side effect started): it runs on, as under enqueue
 
     def _dead_letter(self, record: Record, error: DecodeError, effects: bool) -> None:
         self.dead_letters += 1
@@ -561,6 +570,7 @@ class Worker:
         turn, ids = self.config.turn, self.ids.new
         runner = TurnRunner(private, slot.append, self.provider, turn, self.clock.now_ms, ids, rendered, self.replies)
         work = runner.recover() if recover else runner.claim_and_run(plan)  # type: ignore[arg-type]
+        slot.interrupt = runner.interrupt
         slot.start(work).add_done_callback(lambda _t: self._dirty.add(conversation))
 
 
