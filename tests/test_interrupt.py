@@ -303,3 +303,18 @@ async def test_a_message_mid_turn_interrupts_and_merges_on_kafka(kafka_bootstrap
         await _interrupt_and_merge(model, send, read)
     report = audit(await read_topic(kafka_bootstrap, fresh_topics.events))
     assert report.ok and report.rule("interrupt").checked == 1, report
+
+
+# -- where the policy is set -------------------------------------------------------------
+def test_the_policy_is_taken_by_the_cli_the_config_file_and_the_agent():
+    from turnstile import Agent, Model
+    from turnstile.streams.cli import build_parser
+    from turnstile.streams.config_file import DoubleTextConfig
+
+    args = build_parser().parse_args(["run", "--double-text", "interrupt", "--double-text-for", "c1=enqueue"])
+    assert args.double_text == "interrupt" and dict(args.double_text_for) == {"c1": "enqueue"}
+    file_policy = DoubleTextConfig(default="enqueue", per_conversation={"support": "interrupt"}).policy()
+    assert file_policy.of("support") == "interrupt" and file_policy.of("other") == "enqueue"
+    assert Agent("a", model=Model("gpt"), double_text="interrupt").double_text_policy() == INTERRUPT
+    with pytest.raises(ValueError):
+        DoubleTextPolicy("merge")  # type: ignore[arg-type]
