@@ -339,3 +339,20 @@ def test_the_policy_is_taken_by_the_cli_the_config_file_and_the_agent():
     assert Agent("a", model=Model("gpt"), double_text="interrupt").double_text_policy() == INTERRUPT
     with pytest.raises(ValueError):
         DoubleTextPolicy("merge")  # type: ignore[arg-type]
+
+
+def test_a_turn_backing_off_between_attempts_is_not_interrupted():
+    from turnstile.handlers.provider import ProviderError
+    from turnstile.handlers.turn_steps import ModelFailed, SleepUntil, Woke
+
+    state = new_state("conv-1")
+    assert apply_event(state, message("m1", 10)) is None
+    ids = (f"id-{n}" for n in itertools.count())
+    m = machine_for(state, TurnSettings(model="m"), "openai", lambda: next(ids))
+    plan = plan_claim(state, 5_000, DebouncePolicy())
+    assert isinstance(plan, ClaimPlan)
+    decide(m, Claimed(plan, 5_000))
+    backoff = decide(m, ModelFailed(ProviderError("server_error", "500", retryable=True), 5_100))
+    assert isinstance(backoff[-1], SleepUntil) and not interruptible(m)  # the run is closed
+    decide(m, Woke(5_400))
+    assert interruptible(m)  # the next attempt runs: it can be withdrawn again
