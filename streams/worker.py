@@ -28,7 +28,6 @@ from turnstile.events import (
     MessageReceived,
     MessageRejected,
     ResumeRequested,
-    ToolCallStarted,
     decode,
     encode,
 )
@@ -44,6 +43,7 @@ from turnstile.handlers.claim import (
     rejection_event,
 )
 from turnstile.handlers.provider import ChatMessage, Provider
+from turnstile.handlers.turn_rules import fenced
 from turnstile.projections import ConversationState, apply_event, new_state
 from turnstile.streams.log import Acknowledged, EventLog, PartitionStart, Record, RecordRefused
 from turnstile.streams.metrics import Metrics
@@ -588,10 +588,9 @@ class Worker:
             unacked.clear()
             for ack in acks:
                 slot.last_offset = max(slot.last_offset, (await ack).offset)
-            # Fencing a side effect: the tool runs only once its ToolCallStarted is read back
-            # as accepted. Written after another owner's takeover, it is ignored by every
-            # reader -- and the tool must not run either (the zombie case).
-            if isinstance(event, ToolCallStarted) and event.side_effect and not await verdict:
+            # Fencing a side effect (`handlers.turn_rules.fenced`): its tool runs only once
+            # its ToolCallStarted is read back as accepted.
+            if fenced(event) and not await verdict:
                 raise asyncio.CancelledError(f"run {event.run_id} was superseded before its side effect")
 
         rendered = self._rendered.setdefault(conversation, [])
