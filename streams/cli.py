@@ -35,7 +35,7 @@ log = logging.getLogger("turnstile.run")
 
 DEFAULTS = config_file.Config()
 # Configured commands: their flags, the environment and turnstile.toml are merged (config_file).
-CONFIGURED = ("run", "send", "tail", "inspect", "approve", "deny", "resume")
+CONFIGURED = ("run", "send", "tail", "inspect", "approve", "deny", "resume", "export-turn")
 
 
 def _add_log_args(parser: argparse.ArgumentParser) -> None:
@@ -136,6 +136,12 @@ async def _operate(args: argparse.Namespace) -> int:
     from turnstile.streams.operations_cli import operate
 
     return await operate(args, _place(args.resolved.config, args.command))
+
+
+async def _export_turn(args: argparse.Namespace) -> int:
+    from turnstile.streams.console.export_cli import export_turn
+
+    return await export_turn(args, _place(args.resolved.config, args.command))
 
 
 async def _tail(args: argparse.Namespace) -> int:
@@ -343,6 +349,9 @@ def build_parser() -> argparse.ArgumentParser:
     from turnstile.streams.operations_cli import add_parsers
 
     add_parsers(sub, _add_log_args)
+    from turnstile.streams.console import export_cli
+
+    export_cli.add_parser(sub, _add_log_args)
     audit_cli.add_parser(sub)
     for command in sub.choices.values():  # the global flags work after the subcommand too
         command.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS, help="as above")
@@ -370,7 +379,7 @@ def main(argv: list[str] | None = None) -> int:
 
         return demo_main(args.data)
     handler = {"run": _run, "send": _send, "tail": _tail, "inspect": _inspect, "audit": audit_cli.run,
-               "approve": _operate, "deny": _operate, "resume": _operate}[args.command]
+               "approve": _operate, "deny": _operate, "resume": _operate, "export-turn": _export_turn}[args.command]
 
     async def checked() -> int:
         config: config_file.Config | None = getattr(args, "resolved", None) and args.resolved.config

@@ -5,9 +5,10 @@ it returns -- appends events to the log, calls the model, runs a tool or its rec
 sleeps out a backoff -- and feeds what it saw back as the next observation, with the time.
 It reads the clock and draws ids for the machine; it decides nothing.
 
-Fencing stays where the log is read: the worker's `append` stops the run (raises
-`CancelledError`) when its side-effecting `ToolCallStarted` is read back refused, and the
-executor then records, best effort, that the call did not start.
+Fencing stays where the log is read: the worker's runner slot stops the run (raises
+`Superseded`) when its side-effecting `ToolCallStarted` is read back refused, and a
+superseded run writes nothing more. A cancellation (a drain's second signal) while that
+start is being acknowledged is recorded, best effort, as a call that did not start.
 """
 
 from __future__ import annotations
