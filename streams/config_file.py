@@ -22,7 +22,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, ValidationError, ValidationInfo, field_validator
 
 from turnstile.handlers.budget import TurnBudget
 from turnstile.handlers.claim import DebouncePolicy, DoubleTextPolicy
@@ -39,7 +39,22 @@ _BUDGET, _DEBOUNCE, _TOPICS, _WORKER = TurnBudget(), DebouncePolicy(), Topics(),
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # No inf or NaN anywhere: a limit or a price of either is meaningless (and NaN compares
+    # false with every bound).
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_boolean_numbers(cls, value: Any, info: ValidationInfo) -> Any:
+        # pydantic takes `true` for 1 in a number key; in TOML it is a typo for a number.
+        if isinstance(value, bool) and _numeric(cls.model_fields[info.field_name or ""].annotation):
+            raise ValueError(f"expected a number, not {str(value).lower()}")
+        return value
+
+
+def _numeric(annotation: Any) -> bool:
+    """A number, or an optional one."""
+    return annotation in (int, float) or any(_numeric(a) for a in typing.get_args(annotation))
 
 
 class TopicsConfig(_Strict):
