@@ -333,6 +333,8 @@ def build_app(
             return _error(400, "call_id and note must be strings")
         if call_id is not None and (problem := id_problem("call_id", call_id)):
             return _error(400, problem)
+        if verb != "resume" and call_id is None:  # a malformed request, not a refused decision
+            return _error(400, f'{verb} needs {{"call_id": "..."}}: the call the turn paused on')
         view = await reads.conversation(conversation)
         if isinstance(view, Unavailable):
             return unavailable(view)
