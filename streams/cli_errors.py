@@ -7,6 +7,8 @@ from __future__ import annotations
 import argparse
 import errno
 import json
+import math
+from collections.abc import Callable
 
 from pydantic import ValidationError
 
@@ -81,3 +83,19 @@ def non_empty(text: str) -> str:
     if not text.strip():
         raise argparse.ArgumentTypeError("the message is empty: give --text some content (or - to read stdin)")
     return text
+
+
+def at_least(low: float, *, integer: bool = False) -> Callable[[str], float]:
+    """An argparse type: a finite number (an integer if asked) of at least `low`. A negative
+    stall age or a NaN limit would not be refused by float() and would check nothing."""
+
+    def parse(text: str) -> float:
+        try:
+            value = int(text) if integer else float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not {'an integer' if integer else 'a number'}") from None
+        if not (math.isfinite(value) and value >= low):
+            raise argparse.ArgumentTypeError(f"{text!r} is out of range: give a finite number >= {low:g}")
+        return value
+
+    return parse

@@ -45,6 +45,11 @@ def closed_port() -> int:
         (["run", "--schedules", "bad-cron.json"], 78, "is not valid"),
         (["run", "--data", "a-file/log"], 73, "give --data a folder this user can write"),
         (["inspect", "nobody"], 1, "no event of conversation 'nobody'"),
+        # The auditor's bounds: a negative stall age made every waiting input stalled, a NaN
+        # limit checked nothing; both were taken.
+        (["audit", "--stall-after-s", "-1"], 2, "'-1' is out of range: give a finite number >= 0"),
+        (["audit", "--max-cost-usd", "nan"], 2, "'nan' is out of range"),
+        (["audit", "--max-iterations", "0"], 2, "'0' is out of range: give a finite number >= 1"),
     ],
 )
 def test_an_operational_error_is_one_sentence_and_a_documented_exit_code(tmp_path, args, code, says):
