@@ -42,6 +42,7 @@ from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypedDict
+from urllib.parse import urlsplit
 
 import orjson
 from aiohttp import web
@@ -135,6 +136,22 @@ async def _json_errors(request: web.Request, handler: Handler) -> web.StreamResp
         return response
 
 
+SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+
+
+@web.middleware
+async def _same_origin(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """A browser sends `Origin` with every cross-site POST, and a text/plain one needs no
+    CORS preflight: without this any web page the operator visits could post messages and
+    approve side effects on a tokenless loopback worker. curl and other clients send no
+    Origin; the console's own requests carry this server's. (With a token the bearer
+    middleware already refuses them: a cross-site request cannot add the console's header.)"""
+    origin = request.headers.get("Origin")
+    if request.method in SAFE_METHODS or origin is None or urlsplit(origin).netloc == request.host:
+        return await handler(request)
+    return _error(403, f"a cross-origin request from {origin[:100]!r} is refused")
+
+
 def _bearer(token: str) -> Middleware:
     """The token as `Authorization: Bearer`, or as the console's sign-in cookie (with the
     console's header on a POST: a cross-site form can send the cookie's name, never the
@@ -215,7 +232,7 @@ def build_app(
     list them); without one every read is a bounded read of the conversation's partition."""
     clock = clock or SystemClock()
     reads = Reads(read_model, read_conversation)
-    middlewares: list[Middleware] = [_json_errors] + ([_bearer(token)] if token else [])
+    middlewares: list[Middleware] = [_json_errors, _bearer(token) if token else _same_origin]
     app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=middlewares)  # type: ignore[arg-type]
     published: OrderedDict[tuple[str, str], str] = OrderedDict()
 
