@@ -146,6 +146,10 @@ async def _same_origin(request: web.Request, handler: Handler) -> web.StreamResp
     approve side effects on a tokenless loopback worker. curl and other clients send no
     Origin; the console's own requests carry this server's. (With a token the bearer
     middleware already refuses them: a cross-site request cannot add the console's header.)"""
+    # A name that resolves to 127.0.0.1 (DNS rebinding) makes a hostile page same-origin:
+    # a tokenless port is only loopback, so it answers only to a loopback Host.
+    if not _loopback(urlsplit(f"//{request.host}").hostname or ""):
+        return _error(403, f"a request for host {request.host[:100]!r} is refused: without a token only loopback")
     origin = request.headers.get("Origin")
     if request.method in SAFE_METHODS or origin is None or urlsplit(origin).netloc == request.host:
         return await handler(request)
