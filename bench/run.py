@@ -22,7 +22,7 @@ import sys
 import time
 from pathlib import Path
 
-from bench import core, deploy, faust_vs_aiokafka, first_delta, http_reads, kafka, replay
+from bench import core, deploy, faust_vs_aiokafka, first_delta, http_reads, kafka, loop_hold, replay
 from bench.common import Section
 from turnstile.streams.kafka_reader import reachable
 
@@ -56,7 +56,7 @@ def _failed(title: str, exc: BaseException) -> Section:
     return section
 
 
-SECTIONS = ("core", "throughput", "latency", "replay", "faust", "memory", "stream", "deploy", "reads")
+SECTIONS = ("core", "throughput", "latency", "replay", "faust", "memory", "stream", "deploy", "reads", "loop")
 ON_BROKER = ("throughput", "latency", "replay", "faust", "deploy", "reads")
 
 
@@ -103,6 +103,12 @@ async def _on_broker(bootstrap: str, wanted: set[str], args: argparse.Namespace)
                 sections.append(await http_reads.http_reads(broker, args.reads_events))
             except Exception as exc:
                 sections.append(_failed("10. HTTP GET latency", exc))
+            print(sections[-1].render() + "\n", flush=True)
+        if "loop" in wanted:
+            try:
+                sections.append(await loop_hold.loop_hold(broker))
+            except Exception as exc:
+                sections.append(_failed("11. event loop held during a replay", exc))
             print(sections[-1].render() + "\n", flush=True)
         if "faust" in wanted:
             try:
@@ -242,12 +248,14 @@ def main() -> None:
     print(f"sections: {', '.join(n for n in SECTIONS if n in wanted)}\n")
     if "core" in wanted:
         print(core.core_per_event().render() + "\n", flush=True)
-    on_broker = wanted & set(ON_BROKER) or ("stream" in wanted and not args.no_kafka)
+    on_broker = wanted & set(ON_BROKER) or ({"stream", "loop"} & wanted and not args.no_kafka)
     if on_broker or args.profile:
         _ensure_broker(args.bootstrap)
         asyncio.run(_on_broker(args.bootstrap, wanted, args))
     if "stream" in wanted and args.no_kafka:
         print(asyncio.run(first_delta.first_delta(None)).render() + "\n", flush=True)
+    if "loop" in wanted and args.no_kafka:
+        print(asyncio.run(loop_hold.loop_hold(None)).render() + "\n", flush=True)
     if "memory" in wanted:
         print(core.memory_per_conversation().render() + "\n")
     print(f"total {time.perf_counter() - started:.0f} s")

@@ -19,7 +19,7 @@ from typing import Literal, Unpack, overload
 
 from turnstile.events import ToolCall, Usage
 from turnstile.handlers.budget import TurnBudget
-from turnstile.handlers.claim import DebouncePolicy, DoubleTextPolicy
+from turnstile.handlers.claim import DebouncePolicy, DoubleText, DoubleTextPolicy
 from turnstile.handlers.pricing import ModelPrice, PriceTable
 from turnstile.handlers.provider import ModelReply, ModelRequest, ProtocolFamily, Provider
 from turnstile.handlers.providers.scripted import Scripted, ScriptedProvider, echo_reply
@@ -143,7 +143,7 @@ class Agent:
         tools: Iterable[Tool] = (),
         budget: TurnBudget = TurnBudget(),
         debounce: DebouncePolicy = DebouncePolicy(),
-        double_text: Literal["enqueue", "reject"] | DoubleTextPolicy = "enqueue",
+        double_text: DoubleText | DoubleTextPolicy = "enqueue",
         max_attempts: int = 3,
         max_output_tokens: int = 1024,
     ) -> None:

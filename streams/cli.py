@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 from turnstile.events import DecodeError, decode
+from turnstile.handlers.claim import DOUBLE_TEXT_POLICIES
 from turnstile.handlers.pricing import ModelPrice, parse_price
 from turnstile.handlers.schedule import Schedule, parse_schedules
 from turnstile.streams import audit_cli, config_file, log_format, run_config
@@ -34,7 +35,7 @@ log = logging.getLogger("turnstile.run")
 
 DEFAULTS = config_file.Config()
 # Configured commands: their flags, the environment and turnstile.toml are merged (config_file).
-CONFIGURED = ("run", "send", "tail", "inspect", "approve", "deny", "resume")
+CONFIGURED = ("run", "send", "tail", "inspect", "approve", "deny", "resume", "export-turn")
 
 
 def _add_log_args(parser: argparse.ArgumentParser) -> None:
@@ -137,6 +138,12 @@ async def _operate(args: argparse.Namespace) -> int:
     return await operate(args, _place(args.resolved.config, args.command))
 
 
+async def _export_turn(args: argparse.Namespace) -> int:
+    from turnstile.streams.console.export_cli import export_turn
+
+    return await export_turn(args, _place(args.resolved.config, args.command))
+
+
 async def _tail(args: argparse.Namespace) -> int:
     config: config_file.Config = args.resolved.config
     records = await _place(config, args.command).open().reader().read(config.topics.events)
@@ -171,8 +178,8 @@ def _price(text: str) -> tuple[str, ModelPrice]:
 
 def _conversation_policy(text: str) -> tuple[str, str]:
     conversation, _, policy = text.rpartition("=")
-    if not conversation or policy not in ("enqueue", "reject"):
-        raise argparse.ArgumentTypeError(f"expected CONVERSATION=enqueue|reject, got {text!r}")
+    if not conversation or policy not in DOUBLE_TEXT_POLICIES:
+        raise argparse.ArgumentTypeError(f"expected CONVERSATION=enqueue|reject|interrupt, got {text!r}")
     return conversation, policy
 
 
@@ -280,14 +287,17 @@ def _add_run_args(run: argparse.ArgumentParser) -> None:
     run.add_argument("--max-batch", type=int, help=f"inputs one turn claims at most (default: {q.max_batch})")
     run.add_argument(
         "--double-text",
-        choices=["enqueue", "reject"],
-        help="a message that arrives during a turn: queue it for the next turn (default) or refuse it",
+        choices=DOUBLE_TEXT_POLICIES,
+        help=(
+            "a message that arrives during a turn: queue it for the next turn (default), refuse it, or "
+            "interrupt the turn if no side-effecting tool has started and answer old and new together"
+        ),
     )
     run.add_argument(
         "--double-text-for",
         type=_conversation_policy,
         action="append",
-        metavar="CONVERSATION=enqueue|reject",
+        metavar="CONVERSATION=enqueue|reject|interrupt",
         help="the policy of one conversation (repeatable)",
     )
 
@@ -339,6 +349,9 @@ def build_parser() -> argparse.ArgumentParser:
     from turnstile.streams.operations_cli import add_parsers
 
     add_parsers(sub, _add_log_args)
+    from turnstile.streams.console import export_cli
+
+    export_cli.add_parser(sub, _add_log_args)
     audit_cli.add_parser(sub)
     for command in sub.choices.values():  # the global flags work after the subcommand too
         command.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS, help="as above")
@@ -366,7 +379,7 @@ def main(argv: list[str] | None = None) -> int:
 
         return demo_main(args.data)
     handler = {"run": _run, "send": _send, "tail": _tail, "inspect": _inspect, "audit": audit_cli.run,
-               "approve": _operate, "deny": _operate, "resume": _operate}[args.command]
+               "approve": _operate, "deny": _operate, "resume": _operate, "export-turn": _export_turn}[args.command]
 
     async def checked() -> int:
         config: config_file.Config | None = getattr(args, "resolved", None) and args.resolved.config

@@ -25,14 +25,13 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, ValidationError, ValidationInfo, field_validator
 
 from turnstile.handlers.budget import TurnBudget
-from turnstile.handlers.claim import DebouncePolicy, DoubleTextPolicy
+from turnstile.handlers.claim import DebouncePolicy, DoubleText, DoubleTextPolicy
 from turnstile.handlers.pricing import ModelPrice, PriceTable, parse_price
 from turnstile.streams.cli_errors import CONFIG, NO_INPUT, USAGE, CliError, broker_url, http_address
 from turnstile.streams.log import Topics
 from turnstile.streams.worker import WorkerConfig
 
 KeyPath = tuple[str, ...]
-DoubleText = Literal["enqueue", "reject"]
 DEFAULT_FILE = Path("turnstile.toml")
 ENV_PREFIX = "TURNSTILE_"
 _BUDGET, _DEBOUNCE, _TOPICS, _WORKER = TurnBudget(), DebouncePolicy(), Topics(), WorkerConfig()

@@ -4,10 +4,10 @@
   `MessageReceived` and answers 202 with the message id. Idempotent by id: the same id and
   content again is 202 again and answered once (`duplicate: true` and `status` accepted or
   rejected once the worker has folded the first); the same id with other content is 409.
-* `GET /conversations/{id}`: the conversation's state, folded from the log (history,
+* `GET /conversations/{id}`: the conversation's state as the worker folded it (history,
   pending, rejected, active turn, a summary per turn); 404 if the log has nothing of it.
-* `GET /conversations/{id}/turns/{turn_id}`: the turn's timeline as JSON, or as a small
-  HTML page with `Accept: text/html` or `?format=html`.
+* `GET /conversations/{id}/turns/{turn_id}`: the turn's timeline as JSON, or as the
+  console's page of it with `Accept: text/html` or `?format=html`.
 * `GET /conversations/{id}/stream`: server-sent events of the conversation's reply in
   progress (or its next one): the text so far, then `delta`s as they arrive, `restart` and
   `interrupted` when an attempt starts over, and the `outcome`, which ends the stream (see
@@ -23,11 +23,14 @@ refused without one. Every error, the framework's 404/405/413 included, is a JSO
 `{"error": ..., "status": ...}`. Ids in paths and bodies are 1-200 characters with no
 control character (400 otherwise).
 
-Reads come from the log itself (the conversation's partition, read by an independent
-reader), not from the worker's memory: they are right whichever worker of the group owns
-the conversation. Reading and folding run in a thread, so the event loop (and the probes)
-stay answered meanwhile. Writes are appends to the events topic keyed by conversation id,
-like any other producer's.
+Reads are served from the worker's state (`streams/read_model.py`) for the conversations
+it owns, without reading the log; for another worker's partition, from one bounded read
+of it (`streams/http_reads.py`); 503 while the partition replays. `GET /conversations`
+lists the worker's conversations (`?q=`, `status=`, `limit=`, `before=`). `POST
+/conversations/{id}/approve|deny|resume` are the CLI's operations. The console
+(`streams/console`) is served at `/ui` with the same authentication (or its sign-in
+cookie). Writes are appends to the events topic keyed by conversation id, like any other
+producer's.
 """
 
 from __future__ import annotations
@@ -57,7 +60,7 @@ from turnstile.streams.log import EventLog
 from turnstile.streams.publisher import message_event
 from turnstile.streams.read_model import ReadModel
 from turnstile.streams.runtime import Clock, SystemClock
-from turnstile.streams.views import state_json, turn_html, turn_json
+from turnstile.streams.views import state_json, turn_json
 
 if TYPE_CHECKING:
     from turnstile.streams.metrics import Metrics
@@ -320,9 +323,11 @@ def build_app(
         found = await reads.turn(conversation, turn_id)
         if isinstance(found, Unavailable):
             return unavailable(found)
-        _view, turn = found
-        if _wants_html(request):
-            return web.Response(text=turn_html(conversation, turn), content_type="text/html")
+        view, turn = found
+        if _wants_html(request):  # the console's page of the turn
+            from turnstile.streams.console.pages import turn_page
+
+            return web.Response(text=turn_page(view, turn), content_type="text/html")
         return _json(turn_json(conversation, turn))
 
     async def list_conversations(request: web.Request) -> web.Response:

@@ -9,6 +9,11 @@ cd "$(dirname "$0")/.."
 .venv/bin/python -m pip install -q -e '.[dev]'
 # kcat (Debian package) is the non-Python producer and consumer of tests/test_kcat.py.
 command -v kcat >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq kcat)
+# Headless Chromium and its driver (Debian packages) for the console's browser tests, which
+# fail rather than skip here (TURNSTILE_REQUIRE_KAFKA=1 below).
+if ! command -v chromium >/dev/null || ! command -v chromedriver >/dev/null; then
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver
+fi
 
 # Leave a broker that was already running (a developer's) as it was; stop only our own.
 was_running=0

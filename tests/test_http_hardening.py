@@ -172,6 +172,9 @@ class Replay:
     def replaying(self) -> None:
         self.running = True
 
+    def replay_slice(self) -> None:
+        pass
+
     def replayed(self) -> None:
         self.running = False
 
