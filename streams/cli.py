@@ -16,6 +16,7 @@ from turnstile.handlers.pricing import ModelPrice, parse_price
 from turnstile.handlers.schedule import Schedule, parse_schedules
 from turnstile.streams import audit_cli, config_file, log_format, run_config
 from turnstile.streams.cli_errors import (
+    NO_INPUT,
     NOT_FOUND,
     UNAVAILABLE,
     CliError,
@@ -97,7 +98,9 @@ async def _run(args: argparse.Namespace) -> int:
         token = read_token(os.environ, config.http.token_file)
         if http is not None:
             check_bind(http[0], token)  # before anything is opened: a refusal leaves nothing behind
-    except (InsecureBind, OSError, ValueError) as exc:
+    except OSError as exc:
+        raise CliError(NO_INPUT, f"cannot read the token file {config.http.token_file} ({exc.strerror})") from None
+    except (InsecureBind, ValueError) as exc:
         print(f"turnstile run: {exc}", file=sys.stderr)
         return 2
     schedules = _schedules(config.schedules) if config.schedules else ()

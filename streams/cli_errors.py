@@ -74,8 +74,10 @@ def broker_url(text: str) -> str:
 def http_address(text: str) -> str:
     """`--http`: `HOST:PORT` or `PORT` (then 127.0.0.1)."""
     _, _, port = text.rpartition(":")
-    if not port.isdigit() or not 0 <= int(port) < 65536:
+    if not port.isdigit():
         raise argparse.ArgumentTypeError(f"{text!r} has no port: use HOST:PORT (e.g. 127.0.0.1:8080) or PORT")
+    if int(port) >= 65536:
+        raise argparse.ArgumentTypeError(f"{text!r}: port {port} is out of range (0..65535)")
     return text
 
 

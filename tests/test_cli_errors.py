@@ -38,6 +38,8 @@ def closed_port() -> int:
         (["run", "--broker", "http://127.0.0.1:9092"], 2, "is not a Kafka address: use kafka://HOST:PORT"),
         (["run", "--broker", "kafka://127.0.0.1"], 2, "is not HOST:PORT"),
         (["run", "--http", "localhost"], 2, "has no port: use HOST:PORT"),
+        (["run", "--http", "127.0.0.1:99999"], 2, "port 99999 is out of range (0..65535)"),
+        (["run", "--http-token-file", "missing-token"], 66, "cannot read the token file missing-token (No such file"),
         (["send", "--conversation", "c1", "--text", "  "], 2, "the message is empty"),
         (["run", "--session-timeout-s", "1"], 2, "outside 6..300 s"),
         (["run", "--schedules", "missing.json"], 66, "cannot read the schedules file missing.json"),

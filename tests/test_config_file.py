@@ -70,6 +70,12 @@ def test_an_unknown_key_is_refused_naming_it_and_the_file():
          "turnstile.toml: budget.max_iterations: expected a number, not true"),
         ({"file": {"prices": {"m": {"input": 1, "output": 1, "cached_input": False}}}}, 78,
          "turnstile.toml: prices.m.cached_input: expected a number, not false"),
+        # An empty name: `topics.events = ""` wrote the log into the data folder itself.
+        ({"file": {"topics": {"events": ""}}}, 78, "turnstile.toml: topics.events: is empty: give a value or leave"),
+        ({"flags": ["--group", " "]}, 2, "--group: group: is empty"),
+        # TOML splits an unquoted model name at its dots: it said `prices.gpt-4.input: Field required`.
+        ({"file": {"prices": {"gpt-4": {"1-mini": {"input": 1, "output": 2}}}}}, 78,
+         'turnstile.toml: prices: a model name with dots needs quotes: [prices."gpt-4.1-mini"]'),
     ],
 )
 def test_a_bad_value_names_its_key_and_source(layers, code, says):
