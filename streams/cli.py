@@ -19,6 +19,7 @@ from turnstile.streams.cli_errors import (
     NO_INPUT,
     NOT_FOUND,
     UNAVAILABLE,
+    USAGE,
     CliError,
     broker_url,
     explain,
@@ -108,7 +109,11 @@ async def _run(args: argparse.Namespace) -> int:
     if args.agent is not None:
         from turnstile.streams.agent import Model, load_agent
 
-        agent, ignored = run_config.configure_agent(load_agent(args.agent), resolved)
+        try:
+            loaded = load_agent(args.agent)
+        except ValueError as exc:  # no such module or attribute, not an Agent: a usage error
+            raise CliError(USAGE, str(exc)) from None
+        agent, ignored = run_config.configure_agent(loaded, resolved)
         for warning in ignored:
             log.warning("%s", warning)
         keys = [m.api_key_env for m in agent.models() if isinstance(m, Model)]

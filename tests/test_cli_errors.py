@@ -47,6 +47,7 @@ def closed_port() -> int:
         (["run", "--schedules", "bad-cron.json"], 78, "is not valid"),
         (["run", "--data", "a-file/log"], 73, "give --data a folder this user can write"),
         (["inspect", "nobody"], 1, "no event of conversation 'nobody'"),
+        (["run", "nosuch:agent"], 2, "turnstile run: nosuch:agent: no module named 'nosuch' in"),  # was a traceback
         # The auditor's bounds: a negative stall age made every waiting input stalled, a NaN
         # limit checked nothing; both were taken.
         (["audit", "--stall-after-s", "-1"], 2, "'-1' is out of range: give a finite number >= 0"),
