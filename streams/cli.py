@@ -16,6 +16,7 @@ from turnstile.handlers.pricing import ModelPrice, parse_price
 from turnstile.handlers.schedule import Schedule, parse_schedules
 from turnstile.streams import audit_cli, config_file, log_format, run_config
 from turnstile.streams.cli_errors import (
+    DATA_ERR,
     NO_INPUT,
     NOT_FOUND,
     UNAVAILABLE,
@@ -130,8 +131,14 @@ async def _run(args: argparse.Namespace) -> int:
 
 
 async def _send(args: argparse.Namespace) -> int:
+    from turnstile.streams.http_api import id_problem
     from turnstile.streams.operations_cli import publish_input
 
+    # The ids HTTP and the console take (1..200 characters, no control character): one sent
+    # from here that they refuse could never be read or approved there.
+    for what, value in (("the conversation id", args.conversation), ("the message id", args.message_id)):
+        if value is not None and (problem := id_problem(what, value)):
+            raise CliError(DATA_ERR, f"{problem} (ids are 1..200 characters without control characters)")
     place = _place(args.resolved.config, args.command)
     text = sys.stdin.read() if args.text == "-" else args.text
     event = message_event(args.conversation, non_empty(text), SystemClock().now_ms(), args.message_id)

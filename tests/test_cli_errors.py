@@ -48,6 +48,10 @@ def closed_port() -> int:
         (["run", "--data", "a-file/log"], 73, "give --data a folder this user can write"),
         (["inspect", "nobody"], 1, "no event of conversation 'nobody'"),
         (["run", "nosuch:agent"], 2, "turnstile run: nosuch:agent: no module named 'nosuch' in"),  # was a traceback
+        # ids HTTP and the console refuse were sent, and could then never be read or approved there
+        (["send", "--conversation", "a\x1bb", "--text", "hi"], 65, "the conversation id contains a control character"),
+        (["send", "--conversation", "c" * 201, "--text", "hi"], 65, "the conversation id is longer than 200"),
+        (["send", "--conversation", "c1", "--message-id", "m\n", "--text", "hi"], 65, "the message id contains a"),
         # The auditor's bounds: a negative stall age made every waiting input stalled, a NaN
         # limit checked nothing; both were taken.
         (["audit", "--stall-after-s", "-1"], 2, "'-1' is out of range: give a finite number >= 0"),
