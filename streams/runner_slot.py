@@ -70,11 +70,12 @@ class RunnerSlot:
     # -- the runner's side ---------------------------------------------------------------
     async def append(self, event: Event, wait: bool = True) -> None:
         """`wait=False` returns once the event is in the log's order; the next append that
-        waits also waits for its acknowledgement (one round trip for both)."""
+        waits also waits for its acknowledgement (one round trip for both). A fenced event
+        always waits: its tool must not run before the read-back, whatever the caller asked."""
         verdict = self._verdicts[event.event_id] = asyncio.get_running_loop().create_future()
         self._unacked.append(await self._send(encode(event)))
         self.run_id = getattr(event, "run_id", self.run_id)
-        if not wait:
+        if not wait and not fenced(event):
             return
         acks, self._unacked = self._unacked, []
         for ack in acks:

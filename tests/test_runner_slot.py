@@ -151,3 +151,20 @@ async def test_an_outcome_is_no_boundary_and_a_read_back_in_progress_is_no_rest(
     assert gated.awaiting_read_back and not gated.at_rest  # the call is the step in progress
     gated.judged(start.event_id, accepted=True)
     await task
+
+
+async def test_a_side_effect_sent_without_waiting_still_waits_for_its_read_back():
+    # The gate is the slot's, not the caller's: `wait=False` on a side-effecting start
+    # (which the machine never asks today) must not let its tool run unfenced.
+    log = Log()
+    slot = RunnerSlot(CONV, 0, log.send)
+    start = tool_started(side_effect=True)
+    task = slot.start(slot.append(start, wait=False))
+    await settle()
+    assert not task.done()  # not even acknowledged yet
+    log.ack_all()
+    await settle()
+    assert slot.awaiting_read_back and not task.done()
+    assert slot.judged(start.event_id, accepted=False)
+    await task  # Superseded, ended quietly by the slot
+    assert not slot.awaiting_read_back and slot.last_offset == 0
