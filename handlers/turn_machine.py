@@ -583,11 +583,12 @@ def _not_started(m: TurnMachine, out: _Out) -> None:
     """The run was stopped (revoke, drain) while its ToolCallStarted was being
     acknowledged: the body never began. Say so on the log, best effort (not waited for:
     a superseded run's write is refused by every reader anyway), so the next owner reads a
-    failed call that did not run instead of an unknown one."""
-    running = m.running
+    failed call that did not run instead of an unknown one. A read-only call is left in
+    doubt: the next owner just runs it (an error recorded here would be its result)."""
+    started = m.running.started if m.running is not None else None
     m.settling = m.running = None
-    if running is not None and m.state.active is not None and running.started.call_id in m.turn.operations:
-        started = running.started
+    active = m.state.active
+    if started is not None and started.side_effect and active is not None and started.call_id in active.operations:
         finished = ToolCallFinished(
             **_stamp(m), iteration=started.iteration, call_id=started.call_id, ok=False, result=NOT_STARTED
         )

@@ -8,7 +8,8 @@ It reads the clock and draws ids for the machine; it decides nothing.
 Fencing stays where the log is read: the worker's runner slot stops the run (raises
 `Superseded`) when its side-effecting `ToolCallStarted` is read back refused, and a
 superseded run writes nothing more. A cancellation (a drain's second signal) while that
-start is being acknowledged is recorded, best effort, as a call that did not start.
+start is being acknowledged is recorded, best effort, as a side-effecting call that did not
+start (`handlers.turn_machine`; a read-only one is left for the next owner to run).
 """
 
 from __future__ import annotations

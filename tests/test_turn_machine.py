@@ -34,6 +34,7 @@ from turnstile.handlers.budget import TurnBudget
 from turnstile.handlers.claim import ClaimPlan, DebouncePolicy, plan_claim
 from turnstile.handlers.pricing import ModelPrice
 from turnstile.handlers.provider import ModelReply, ProtocolFamily, ProviderError
+from turnstile.handlers.resume import Resume, next_step
 from turnstile.handlers.tools import Tool, ToolRegistry
 from turnstile.handlers.turn_machine import TurnMachine, decide, machine_for
 from turnstile.handlers.turn_settings import Route, TurnSettings
@@ -350,6 +351,18 @@ def test_a_run_stopped_while_its_tool_start_was_acknowledged_records_that_it_did
     assert types(commands) == ["ToolCallFinished", "Finish"]
     finished = events(commands)[0]
     assert isinstance(finished, ToolCallFinished) and not finished.ok and "did not start" in finished.result
+
+
+def test_a_read_only_call_stopped_before_it_began_is_left_for_the_next_owner_to_run():
+    # Given a run stopped while a read-only call's start was being acknowledged, when the
+    # machine hears of it, then it writes nothing: the next owner runs that call again
+    # (a recorded "did not start" would be the result the model reads instead).
+    m = machine()
+    claimed(m)
+    decide(m, ModelAnswered(reply("", ("c1", "search", "{}")), T0))
+    assert types(decide(m, ToolNotStarted(T0 + 5))) == ["Finish"]
+    step = next_step(m.turn.journal, lambda _start: "none")
+    assert isinstance(step, Resume) and step.in_doubt == {"c1": "rerun"} and step.results == {}
 
 
 def test_an_internal_error_still_ends_the_turn_failed():
