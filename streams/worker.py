@@ -533,7 +533,7 @@ class Worker:
             return  # stopping: nothing new is claimed or taken over; the next owner will
         if state.active is not None:
             # Nobody here runs it, and this partition is ours: its owner is gone.
-            self._start(conversation, partition, recover=True)
+            self._start(conversation, partition)  # no plan: take the active turn over
             return
         decision = plan_claim(state, now, self.config.debounce)
         if isinstance(decision, WaitUntil):
@@ -558,7 +558,7 @@ class Worker:
         if runner is not None:
             runner.judged(event.event_id, accepted)
 
-    def _start(self, conversation: str, partition: int, plan: ClaimPlan | None = None, recover: bool = False) -> None:
+    def _start(self, conversation: str, partition: int, plan: ClaimPlan | None = None) -> None:
         state = self.states[conversation]
         private = _private_copy(state, plan)
 
@@ -569,7 +569,7 @@ class Worker:
         rendered = self._rendered.setdefault(conversation, [])
         turn, ids = self.config.turn, self.ids.new
         runner = TurnRunner(private, slot.append, self.provider, turn, self.clock.now_ms, ids, rendered, self.replies)
-        work = runner.recover() if recover else runner.claim_and_run(plan)  # type: ignore[arg-type]
+        work = runner.claim_and_run(plan) if plan is not None else runner.recover()
         slot.interrupt = runner.interrupt
         slot.start(work).add_done_callback(lambda _t: self._dirty.add(conversation))
 
