@@ -112,6 +112,21 @@ class _PartitionReader:
         self.position = 0
         self._byte_pos = 0
 
+    def skip(self, offset: int) -> None:
+        """Move to `offset` (or to the end, if there are fewer records) without decoding
+        them: a partition file has no index, so this counts line ends."""
+        with open(self.path, "rb") as fh:
+            fh.seek(self._byte_pos)
+            while self.position < offset and (chunk := fh.read(4 << 20)):
+                start = 0
+                while self.position < offset and (end := chunk.find(b"\n", start)) >= 0:
+                    self.position += 1
+                    start = end + 1
+                if start == 0:
+                    break  # a line still being written (or longer than the chunk): read from here
+                self._byte_pos += start
+                fh.seek(self._byte_pos)
+
     def read(self, partition: int, limit: int) -> list[Record]:
         with open(self.path, "rb") as fh:
             fh.seek(self._byte_pos)
@@ -178,16 +193,18 @@ class FileLog:
         return handle
 
     def _partition_count(self, topic: str) -> int:
-        return self.partitions if topic == self.topics.events else 1
+        return self.partitions if topic in (self.topics.events, self.topics.snapshots) else 1
 
     async def start(self, listener: RebalanceListener) -> None:
         self.own()
         committed = self.committed_offsets()
         starts = {}
         for p in range(self.partitions):
-            self._readers[p] = _PartitionReader(self._file(self.topics.events, p).path)
             starts[p] = PartitionStart(self._file(self.topics.events, p).end_offset(), committed.get(p, 0))
-        await listener.on_assigned(starts)
+        seeks = await listener.on_assigned(starts) or {}
+        for p in range(self.partitions):
+            self._readers[p] = _PartitionReader(self._file(self.topics.events, p).path)
+            self._readers[p].skip(seeks.get(p, 0))
 
     async def poll(self, timeout_s: float) -> list[Record]:
         deadline = asyncio.get_running_loop().time() + timeout_s
@@ -256,6 +273,15 @@ class FileLog:
                         yield record
             if quiet:
                 await asyncio.sleep(poll_s)
+
+    async def read_partition(self, topic: str, partition: int) -> AsyncIterator[list[Record]]:
+        path = self.directory / topic / f"{partition}.log"
+        if not path.exists():
+            return
+        end = self._file(topic, partition).end_offset()
+        reader = _PartitionReader(path)
+        while reader.position < end and (batch := reader.read(partition, min(10_000, end - reader.position))):
+            yield batch
 
     def read_all(self, topic: str) -> list[Record]:
         """Every record of a topic, partition by partition (for `tail` and tests)."""

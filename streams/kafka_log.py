@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,7 +28,7 @@ from aiokafka.errors import (
 )
 from aiokafka.structs import OffsetAndMetadata
 
-from turnstile.streams.kafka_reader import record_of
+from turnstile.streams.kafka_reader import ensure_snapshot_topic, record_of
 from turnstile.streams.log import Acknowledged, PartitionStart, RebalanceListener, Record, RecordRefused, Topics
 
 log = logging.getLogger(__name__)
@@ -75,8 +75,11 @@ class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]
         for tp in assigned:
             committed = await consumer.committed(tp)
             starts[tp.partition] = PartitionStart(ends[tp], committed or 0)
-        await consumer.seek_to_beginning(*assigned)
-        await self.listener.on_assigned(starts)
+        # The worker may start a partition past its beginning (from its snapshots).
+        seeks = await self.listener.on_assigned(starts) or {}
+        owned = consumer.assignment()
+        for tp in assigned & owned:  # (one lost to a rebalance meanwhile is the next owner's)
+            consumer.seek(tp, seeks.get(tp.partition, 0))
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,6 +147,9 @@ class KafkaLog:
             max_request_size=MAX_REQUEST_BYTES,
         )
         self._consumer: AIOKafkaConsumer | None = None
+        # `read_partition`: one consumer in no group, given one partition at a time.
+        self._reader: AIOKafkaConsumer | None = None
+        self._reading = asyncio.Lock()
         self._producer: AIOKafkaProducer | None = None
         self.bootstrap = bootstrap
         # topic -> its `max.message.bytes`, read at start for the topics effects go to.
@@ -164,6 +170,7 @@ class KafkaLog:
     async def start(self, listener: RebalanceListener) -> None:
         effect_topics = [self.topics.outcomes, self.topics.dead_letters]
         self.max_message_bytes = await topic_max_message_bytes(self.bootstrap, effect_topics)
+        await ensure_snapshot_topic(self.bootstrap, self.topics)
         await self.producer.start()
         await self.consumer.start()
         self.consumer.subscribe([self.topics.events], listener=_Listener(self, listener))
@@ -216,11 +223,34 @@ class KafkaLog:
             except Exception as exc:  # a rebalance in progress: the next commit carries it
                 log.warning("offset commit skipped: %s", exc)
 
+    async def read_partition(self, topic: str, partition: int) -> AsyncIterator[list[Record]]:
+        async with self._reading:
+            if self._reader is None:
+                # "earliest": an unset position resets to what retention or compaction kept.
+                self._reader = AIOKafkaConsumer(
+                    bootstrap_servers=self.bootstrap,
+                    enable_auto_commit=False,
+                    auto_offset_reset="earliest",
+                    isolation_level="read_committed",
+                    max_partition_fetch_bytes=4 << 20,
+                )
+                await self._reader.start()
+            reader = self._reader
+            tp = TopicPartition(topic, partition)
+            reader.assign([tp])
+            end = (await reader.end_offsets([tp]))[tp]
+            await reader.seek_to_beginning(tp)
+            while await reader.position(tp) < end:
+                batch = (await reader.getmany(tp, timeout_ms=200, max_records=10_000)).get(tp, [])
+                records = [record_of(partition, m) for m in batch if m.offset < end]
+                if records:
+                    yield records
+
     async def flush(self) -> None:
         await self.producer.flush()
 
     async def stop(self) -> None:
-        clients = [c for c in (self._consumer, self._producer) if c is not None]
+        clients = [c for c in (self._consumer, self._producer, self._reader) if c is not None]
         await asyncio.gather(*(c.stop() for c in clients), return_exceptions=True)
 
 

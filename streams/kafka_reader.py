@@ -81,8 +81,13 @@ async def read_topic(bootstrap: str, topic: str, timeout_s: float = 30.0) -> lis
         return await read_to_end(consumer, partitions, timeout_s)
 
 
+# The snapshot topic keeps the latest value per key (conversation id) for ever: compaction,
+# not age, removes a conversation's older snapshots.
+SNAPSHOTS_CONFIG = {"cleanup.policy": "compact"}
+
+
 async def ensure_topics(bootstrap: str, topics: Topics, partitions: int) -> None:
-    """Create the four topics if they are missing (the infra script does the same)."""
+    """Create the five topics if they are missing (the infra script does the same)."""
     admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
     await admin.start()
     try:
@@ -93,6 +98,9 @@ async def ensure_topics(bootstrap: str, topics: Topics, partitions: int) -> None
             NewTopic(topics.dead_letters, 1, 1, topic_configs=forever),
             # Deltas serve live readers of a reply in progress: an hour is plenty.
             NewTopic(topics.deltas, partitions, 1, topic_configs={"retention.ms": str(DELTAS_RETENTION_MS)}),
+            # Co-partitioned with the events: a conversation's snapshot is in the partition of
+            # the same number as its events, so an owner of one reads the other.
+            NewTopic(topics.snapshots, partitions, 1, topic_configs=SNAPSHOTS_CONFIG),
         ]
         existing = set(await admin.list_topics())
         missing = [t for t in wanted if t.name not in existing]
@@ -100,6 +108,33 @@ async def ensure_topics(bootstrap: str, topics: Topics, partitions: int) -> None
             with contextlib.suppress(TopicAlreadyExistsError):  # another process created them first
                 await admin.create_topics(missing)
         await _until_led(admin, [t.name for t in wanted])
+    finally:
+        await admin.close()
+
+
+async def ensure_snapshot_topic(bootstrap: str, topics: Topics) -> None:
+    """Create the snapshot topic if it is missing, with as many partitions as the events
+    topic (a deployment made before snapshots has the other topics only); refuse one that
+    is not co-partitioned with the events."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        described = {t["topic"]: t for t in await admin.describe_topics([topics.events, topics.snapshots])}
+        events = described.get(topics.events)
+        if events is None or events["error_code"] != 0 or not events["partitions"]:
+            return  # no events topic yet: the consumer reports that in its own words
+        partitions = len(events["partitions"])
+        snapshots = described.get(topics.snapshots)
+        if snapshots is not None and snapshots["error_code"] == 0 and snapshots["partitions"]:
+            if len(snapshots["partitions"]) != partitions:
+                raise ValueError(
+                    f"topic {topics.snapshots!r} has {len(snapshots['partitions'])} partitions and {topics.events!r}"
+                    f" {partitions}: they must be co-partitioned (recreate {topics.snapshots!r})"
+                )
+            return
+        with contextlib.suppress(TopicAlreadyExistsError):
+            await admin.create_topics([NewTopic(topics.snapshots, partitions, 1, topic_configs=SNAPSHOTS_CONFIG)])
+        await _until_led(admin, [topics.snapshots])
     finally:
         await admin.close()
 

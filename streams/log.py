@@ -7,7 +7,7 @@ the embedded file log (one process, no broker). The worker cannot tell them apar
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -40,6 +40,13 @@ class Topics:
     dead_letters: str = "turnstile.events.dlq"
     # Text of replies in progress, for live readers only: not the durable log, short retention.
     deltas: str = "turnstile.deltas"
+    # Compacted, co-partitioned with `events`, keyed by conversation id (`streams/snapshots.py`).
+    # By default named after the events topic: turnstile.events -> turnstile.snapshots.
+    snapshots: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.snapshots:
+            object.__setattr__(self, "snapshots", self.events.removesuffix(".events") + ".snapshots")
 
 
 class Acknowledged(Protocol):
@@ -59,7 +66,9 @@ class Landed:
 
 
 class RebalanceListener(Protocol):
-    async def on_assigned(self, partitions: dict[int, PartitionStart]) -> None: ...
+    async def on_assigned(self, partitions: dict[int, PartitionStart]) -> dict[int, int] | None:
+        """Returns where to start reading each partition (left out: the beginning)."""
+        ...
 
     async def on_revoked(self, partitions: set[int]) -> None: ...
 
@@ -105,6 +114,11 @@ class EventLog(Protocol):
         ...
 
     async def commit(self, offsets: dict[int, int]) -> None: ...
+
+    def read_partition(self, topic: str, partition: int) -> AsyncIterator[list[Record]]:
+        """The records of one partition of any topic, from its first to its end at the time
+        of the call, a batch at a time, outside the consumer group (nothing is committed)."""
+        ...
 
     async def flush(self) -> None:
         """Wait until every append in flight is on the log (or failed)."""

@@ -46,6 +46,7 @@ from turnstile.projections import ConversationState, apply_event, new_state
 from turnstile.streams.log import Acknowledged, EventLog, PartitionStart, Record, RecordRefused
 from turnstile.streams.reply_deltas import DeltaPublisher
 from turnstile.streams.runtime import Clock, Ids, RandomIds, SystemClock
+from turnstile.streams.snapshots import Loaded, SnapshotPolicy, Snapshotter
 from turnstile.streams.turn_runner import TurnRunner, TurnSettings
 
 if TYPE_CHECKING:
@@ -95,14 +96,19 @@ class WorkerConfig:
     # OpenTelemetry spans of turns, attempts, model and tool calls (`streams/tracing.py`),
     # to the global tracer provider unless the worker is given one.
     tracing: bool = False
+    # Conversation states on the compacted snapshot topic (`streams/snapshots.py`): an
+    # assignment folds only the events after them.
+    snapshots: SnapshotPolicy = SnapshotPolicy()
 
 
 @dataclass(slots=True)
 class _Partition:
     end_offset: int  # replay runs to here before any decision
     committed: int  # below this, one-time effects were already done by some owner
-    position: int = 0
+    position: int = 0  # the next offset to fold; where reading starts on assignment
     conversations: set[str] = field(default_factory=set)
+    # Assigned with snapshots: which events of the partition they include already.
+    loaded: Loaded | None = None
 
     @property
     def live(self) -> bool:
@@ -149,6 +155,7 @@ class Worker:
         )
         self.tracer = self._tracer(tracer_provider) if self.config.tracing else None
         self.states: dict[str, ConversationState] = {}
+        self.snapshots = Snapshotter(log_, config.snapshots) if config.snapshots.enabled else None
         self.partitions: dict[int, _Partition] = {}
         self.runners: dict[str, _Runner] = {}
         self._partition_of: dict[str, int] = {}
@@ -173,12 +180,28 @@ class Worker:
         self._rendered: dict[str, list[ChatMessage]] = {}
 
     # -- rebalance -------------------------------------------------------------------
-    async def on_assigned(self, partitions: dict[int, PartitionStart]) -> None:
+    async def on_assigned(self, partitions: dict[int, PartitionStart]) -> dict[int, int]:
+        """Each partition starts from its snapshots, if any, and is read from where they
+        leave off: returns that offset per partition."""
         self._rebalances += 1
-        for p, start in partitions.items():
-            self.partitions[p] = _Partition(start.end_offset, start.committed)
-        log.info("assigned partitions %s; replaying them from the beginning", sorted(partitions))
+        added = {p: _Partition(start.end_offset, start.committed) for p, start in partitions.items()}
+        if self.snapshots is not None:
+            for p, part in added.items():
+                part.loaded = await self.snapshots.load(p)
+                part.position = part.loaded.seek
+                for conversation, snapshot in part.loaded.snapshots.items():
+                    self.states[conversation] = snapshot.state
+                    self._partition_of[conversation] = p
+                    part.conversations.add(conversation)
+        # Only now: records of these partitions fetched while the snapshots loaded are dropped.
+        self.partitions.update(added)
+        starts = {p: part.position for p, part in sorted(added.items())}
+        log.info("assigned partitions %s; replaying them from %s", sorted(partitions), starts)
+        for part in added.values():
+            if part.live:
+                self._went_live(part)
         self._note_replay()
+        return starts
 
     async def on_revoked(self, partitions: set[int]) -> None:
         """Stop our turns on partitions we lose before the group moves them: the new
@@ -194,6 +217,8 @@ class Worker:
         for task in stopping:
             task.cancel()
         await asyncio.gather(*stopping, return_exceptions=True)
+        if self.snapshots is not None:
+            await self.snapshots.revoked(partitions)
         # A cancelled append may still be in the producer's buffer: let it land now, before
         # the next owner replays, rather than after it has taken the conversation over.
         await self.log.flush()
@@ -207,6 +232,12 @@ class Worker:
                 self._refusing.pop(conversation, None)
                 self._rendered.pop(conversation, None)
         log.info("revoked partitions %s", sorted(partitions))
+        self._note_replay()
+
+    def _went_live(self, part: _Partition) -> None:
+        # Decisions were held while replaying: every conversation of the partition is due
+        # one now, not only those a later event happens to touch.
+        self._dirty.update(part.conversations)
         self._note_replay()
 
     def _note_replay(self) -> None:
@@ -245,6 +276,8 @@ class Worker:
                     await self._maybe_commit(force=True)
             for _p, _offset, effect in self._effects:
                 effect.cancel()  # not committed past: the next owner redoes them
+            if self.snapshots is not None:
+                await self.snapshots.drain()
             if self.replies is not None:
                 await self.replies.aclose()
             await self.log.stop()
@@ -301,15 +334,14 @@ class Worker:
 
     async def _consume(self, record: Record) -> None:
         part = self.partitions.get(record.partition)
-        if part is None:
-            return  # a record of a partition revoked while this batch was in flight
+        if part is None or record.offset < part.position:
+            return  # a record of a partition revoked while this batch was in flight, or before its start
         was_live = part.live
         part.position = record.offset + 1
         if not was_live and part.live:
-            # Decisions were held while replaying: every conversation of the partition is
-            # due one now, not only those a later event happens to touch.
-            self._dirty.update(part.conversations)
-            self._note_replay()
+            self._went_live(part)
+        if part.loaded is not None and part.loaded.folded_already(record):
+            return
         effects = record.offset >= part.committed
         event = decode(record.value, self.config.max_value_bytes)
         if isinstance(event, DecodeError):
@@ -327,6 +359,8 @@ class Worker:
             self._partition_of[conversation] = record.partition
             part.conversations.add(conversation)
         rejection = apply_event(state, event)
+        if self.snapshots is not None:
+            self.snapshots.changed(record.partition, conversation, record.offset, self.clock.now_ms())
         self._read_back(conversation, event, rejection is None)
         if rejection is not None:
             if rejection.conflict:
@@ -540,13 +574,21 @@ class Worker:
         self._effects = [e for e in self._effects if not e[2].done()]
         for p, offset, _write in self._effects:
             unwritten[p] = min(unwritten.get(p, offset), offset)
-        offsets = {
-            p: min(part.position, unwritten.get(p, part.position))
-            for p, part in self.partitions.items()
-            if part.live and part.position > 0
-        }
+        parts = {p: part for p, part in self.partitions.items() if part.live and part.position > 0}
+        offsets = {p: min(part.position, unwritten.get(p, part.position)) for p, part in parts.items()}
         if offsets:
             await self.log.commit(offsets)
+        if self.snapshots is not None:
+            # Only the consumer loop folds, and it is here: the partitions still ours (not
+            # reassigned while the commit was awaited) are folded to exactly their positions.
+            positions = {p: part.position for p, part in parts.items() if self.partitions.get(p) is part}
+            self.snapshots.checkpoint(positions, offsets, self.clock.now_ms(), self.states.get, self._owes_nothing,
+                                      final=force)  # fmt: skip
+
+    def _owes_nothing(self, conversation: str) -> bool:
+        """No refusal is owed for it: one not yet on the log is the worker's alone, so a
+        snapshot would hide it from the next owner (a full replay would not)."""
+        return not self._refusing.get(conversation) and conversation not in self._rejecting
 
 def _private_copy(state: ConversationState, plan: ClaimPlan | None) -> ConversationState:
     """What a runner needs of the conversation: the history its turn may see and the

@@ -1,0 +1,177 @@
+"""Snapshots on the embedded log: a worker that restarts from them rebuilds exactly the state
+a full replay of the log gives, reads only the events after them, and falls back to
+replaying a conversation whose snapshot is corrupt or missing."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import random
+import shutil
+from pathlib import Path
+
+import orjson
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from log_generator import fold, generated_log
+from worker_harness import FAST, until
+
+from turnstile.events import DecodeError, Event, decode, encode
+from turnstile.handlers.providers.scripted import ScriptedProvider
+from turnstile.projections import ConversationState
+from turnstile.streams.file_log import FileLog
+from turnstile.streams.snapshots import SnapshotPolicy
+from turnstile.streams.worker import Worker, WorkerConfig
+
+# Every checkpoint snapshots whatever changed (idle_ms=0), as often as commits run.
+EAGER = dataclasses.replace(FAST, snapshots=SnapshotPolicy(idle_ms=0))
+PARTITIONS = 2
+
+
+async def _publish(log: FileLog, events: list[Event]) -> None:
+    for event in events:
+        await log.append(log.topics.events, event.conversation_id, encode(event))
+
+
+def _log_states(log: FileLog) -> dict[str, ConversationState]:
+    events = [e for r in log.read_all(log.topics.events) if not isinstance(e := decode(r.value), DecodeError)]
+    return fold(events)
+
+
+def _ends(log: FileLog) -> dict[int, int]:
+    counts = {p: 0 for p in range(PARTITIONS)}
+    for record in log.read_all(log.topics.events):
+        counts[record.partition] += 1
+    return counts
+
+
+class Run:
+    """A worker that claims nothing (it is draining from the start), so the log changes only
+    as the test says; it still folds, checkpoints and snapshots."""
+
+    def __init__(self, log: FileLog, config: WorkerConfig = EAGER) -> None:
+        self.worker = Worker(log, ScriptedProvider(), config)
+        self.worker.draining = True
+        self.log = log
+        self.task: asyncio.Task[None] | None = None
+        self.stop = asyncio.Event()
+
+    async def __aenter__(self) -> Run:
+        self.task = asyncio.create_task(self.worker.run(self.stop))
+        await self.caught_up()
+        return self
+
+    async def caught_up(self) -> None:
+        def done() -> bool:
+            ends = _ends(self.log)
+            parts = self.worker.partitions
+            return len(parts) == PARTITIONS and all(parts[p].position == ends[p] for p in ends)
+
+        await until(done)
+
+    async def snapshots_cover_everything(self) -> None:
+        snapshots = self.worker.snapshots
+        assert snapshots is not None
+        await until(lambda: not any(snapshots.pending(p) for p in range(PARTITIONS)))
+
+    def crash(self) -> None:
+        assert self.task is not None
+        self.task.cancel()
+
+    async def __aexit__(self, *_: object) -> None:
+        assert self.task is not None
+        self.stop.set()
+        await asyncio.gather(self.task, return_exceptions=True)
+
+
+def _snapshot_lines(log: FileLog) -> list[Path]:
+    return [log.directory / log.topics.snapshots / f"{p}.log" for p in range(PARTITIONS)]
+
+
+def _corrupt(log: FileLog, rng: random.Random, share: float) -> set[str]:
+    """Overwrite the value of some snapshot records in place (the file log never compacts:
+    a corrupt record stands for one compaction left as the only one of its key)."""
+    hit: set[str] = set()
+    for path in _snapshot_lines(log):
+        if not path.exists():
+            continue
+        rows = [orjson.loads(line) for line in path.read_bytes().splitlines()]
+        for row in rows:
+            if row["key"] and rng.random() < share:
+                row["value"] = "not a snapshot"
+                hit.add(row["key"])
+        path.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in rows))
+    return hit
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    seed=st.integers(0, 2**32),
+    sizes=st.tuples(st.integers(0, 150), st.integers(0, 80), st.integers(0, 80)),
+    crash_before_catching_up=st.booleans(),
+    damage=st.sampled_from(["none", "corrupt", "missing"]),
+)
+async def test_a_worker_restarting_from_snapshots_rebuilds_the_state_a_full_replay_gives(
+    tmp_path_factory, seed: int, sizes: tuple[int, int, int], crash_before_catching_up: bool, damage: str
+) -> None:
+    rng = random.Random(seed)
+    events = generated_log(rng, 5, sum(sizes))
+    a, b = sizes[0], sizes[0] + sizes[1]
+    log = FileLog(tmp_path_factory.mktemp("log"), partitions=PARTITIONS)
+    await _publish(log, events[:a])
+    async with Run(log) as first:
+        await first.snapshots_cover_everything()
+        await _publish(log, events[a:b])  # folded (and perhaps snapshotted) or not, as it happens
+        if not crash_before_catching_up:
+            await first.caught_up()
+        first.crash()
+    if damage == "corrupt":
+        _corrupt(log, rng, 0.5)
+    elif damage == "missing":
+        shutil.rmtree(log.directory / log.topics.snapshots, ignore_errors=True)
+    await _publish(log, events[b:])
+    log = FileLog(log.directory, partitions=PARTITIONS)  # a new process
+    async with Run(log) as second:
+        assert second.worker.states == _log_states(log)
+
+
+async def test_a_restart_reads_only_the_events_after_the_snapshots(tmp_path: Path) -> None:
+    log = FileLog(tmp_path, partitions=PARTITIONS)
+    await _publish(log, generated_log(random.Random(3), 6, 400))
+    async with Run(log) as first:
+        await first.snapshots_cover_everything()
+    ends = _ends(log)
+    log = FileLog(tmp_path, partitions=PARTITIONS)
+    async with Run(log) as second:
+        snapshots = second.worker.snapshots
+        assert snapshots is not None and snapshots.seeks == ends  # nothing left to replay
+        assert second.worker.states == _log_states(log)
+
+
+async def test_a_corrupt_snapshot_is_ignored_counted_and_its_conversation_replayed(tmp_path: Path, caplog) -> None:
+    log = FileLog(tmp_path, partitions=PARTITIONS)
+    await _publish(log, generated_log(random.Random(5), 6, 300))
+    async with Run(log) as first:
+        await first.snapshots_cover_everything()
+    corrupted = _corrupt(log, random.Random(1), 1.0)
+    assert corrupted
+    log = FileLog(tmp_path, partitions=PARTITIONS)
+    async with Run(log) as second:
+        snapshots = second.worker.snapshots
+        assert snapshots is not None and snapshots.ignored == len(corrupted)
+        assert snapshots.seeks == {p: 0 for p in range(PARTITIONS)}
+        assert second.worker.states == _log_states(log)
+    assert "ignored the snapshot of" in caplog.text
+
+
+async def test_without_snapshots_the_worker_replays_from_the_beginning(tmp_path: Path) -> None:
+    log = FileLog(tmp_path, partitions=PARTITIONS)
+    await _publish(log, generated_log(random.Random(8), 4, 200))
+    off = dataclasses.replace(EAGER, snapshots=SnapshotPolicy(enabled=False))
+    async with Run(log, off) as first:
+        assert first.worker.snapshots is None
+    assert not any(path.exists() for path in _snapshot_lines(log))
+    async with Run(FileLog(tmp_path, partitions=PARTITIONS)) as second:
+        snapshots = second.worker.snapshots
+        assert snapshots is not None and snapshots.seeks == {p: 0 for p in range(PARTITIONS)}
+        assert second.worker.states == _log_states(log)
