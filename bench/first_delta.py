@@ -113,11 +113,11 @@ async def transport_only() -> list[float]:
         return out
 
 
-async def through_the_engine(log: EventLog, bootstrap: str | None) -> list[float]:
+async def through_the_engine(log: EventLog) -> list[float]:
     """First byte -> the first `delta` event at an HTTP reader, ms, one conversation per turn."""
     async with provider_server() as (provider, url):
         http = HttpProvider(OpenAIChat(), url, None)
-        service = Service(Worker(log, http, CONFIG), http=("127.0.0.1", 0), bootstrap=bootstrap)
+        service = Service(Worker(log, http, CONFIG), http=("127.0.0.1", 0))
         stop, ready = asyncio.Event(), asyncio.Event()
         running = asyncio.create_task(service.run(stop, ready))
         await asyncio.wait_for(ready.wait(), 60)
@@ -170,12 +170,12 @@ async def first_delta(broker: Broker | None) -> Section:
     with tempfile.TemporaryDirectory() as folder:
         row(
             "provider first byte -> HTTP reader's first delta (embedded log)",
-            await through_the_engine(FileLog(Path(folder)), None),
+            await through_the_engine(FileLog(Path(folder))),
         )
     if broker is not None:
         topics = await broker.fresh_topics("first-delta")
         log = KafkaLog(broker.bootstrap, f"bench-first-delta-{uuid.uuid4().hex[:8]}", topics)
-        row("provider first byte -> HTTP reader's first delta (Kafka)", await through_the_engine(log, broker.bootstrap))
+        row("provider first byte -> HTTP reader's first delta (Kafka)", await through_the_engine(log))
     section.notes.append(
         f"{TURNS} turns, each its own conversation, reader connected before the message is posted; the reply is "
         f"{len(PIECES)} pieces {GAP_S * 1000:g} ms apart; stamps in one process (time.perf_counter)"

@@ -2,7 +2,7 @@
 
 Prints one table per benchmark; every figure is set against a baseline measured in the
 same run. `--only` / `--skip` pick sections by name (core, throughput, latency, replay,
-faust, memory, stream, deploy). `--profile` also runs the engine benchmark under cProfile and prints where
+faust, memory, stream, deploy, reads). `--profile` also runs the engine benchmark under cProfile and prints where
 its CPU goes. The broker is the one `infra/kafka/start.sh` runs (started if it is not up,
 never stopped); benchmarks use fresh topics of their own and delete them at the end.
 """
@@ -22,7 +22,7 @@ import sys
 import time
 from pathlib import Path
 
-from bench import core, deploy, faust_vs_aiokafka, first_delta, kafka, replay
+from bench import core, deploy, faust_vs_aiokafka, first_delta, http_reads, kafka, replay
 from bench.common import Section
 from turnstile.streams.kafka_reader import reachable
 
@@ -56,8 +56,8 @@ def _failed(title: str, exc: BaseException) -> Section:
     return section
 
 
-SECTIONS = ("core", "throughput", "latency", "replay", "faust", "memory", "stream", "deploy")
-ON_BROKER = ("throughput", "latency", "replay", "faust", "deploy")
+SECTIONS = ("core", "throughput", "latency", "replay", "faust", "memory", "stream", "deploy", "reads")
+ON_BROKER = ("throughput", "latency", "replay", "faust", "deploy", "reads")
 
 
 async def _on_broker(bootstrap: str, wanted: set[str], args: argparse.Namespace) -> list[Section]:
@@ -97,6 +97,12 @@ async def _on_broker(bootstrap: str, wanted: set[str], args: argparse.Namespace)
                 sections.append(await deploy.deploy(broker))
             except Exception as exc:
                 sections.append(_failed("9. rolling deploy", exc))
+            print(sections[-1].render() + "\n", flush=True)
+        if "reads" in wanted:
+            try:
+                sections.append(await http_reads.http_reads(broker, args.reads_events))
+            except Exception as exc:
+                sections.append(_failed("10. HTTP GET latency", exc))
             print(sections[-1].render() + "\n", flush=True)
         if "faust" in wanted:
             try:
@@ -214,6 +220,12 @@ def main() -> None:
     )
     parser.add_argument(
         "--replay-events", type=int, default=1_000_000, help="events on the replay topic (default 1,000,000)"
+    )
+    parser.add_argument(
+        "--reads-events",
+        type=lambda text: tuple(int(n) for n in text.split(",")),
+        default=(10_000, 1_000_000),
+        help="reads: the log sizes GETs are timed at (default 10000,1000000)",
     )
     parser.add_argument("--no-replay-worker", action="store_true", help="replay: skip the pass through Worker._consume")
     args = parser.parse_args()

@@ -10,6 +10,7 @@ fold refuses the second. Pure: the caller passes the event id and the time.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 from turnstile.events import Approval, InputInjected, ResumeRequested, logical_turn_id
 from turnstile.handlers.claim import DebouncePolicy
@@ -117,3 +118,25 @@ def decide_resume(
         content=note or "Continue.",
     )
     return Operation(event, _next_turn(state, request_id, policy))
+
+
+Verb = Literal["approve", "deny", "resume"]
+VERBS: tuple[Verb, ...] = ("approve", "deny", "resume")
+
+
+def decide_operation(
+    state: ConversationState,
+    verb: Verb,
+    call_id: str | None,
+    note: str | None,
+    *,
+    event_id: str,
+    now_ms: int,
+    policy: DebouncePolicy = DebouncePolicy(),
+) -> Operation | Refused:
+    """One operator verb, as the CLI and the HTTP API both take it."""
+    if verb == "resume":
+        return decide_resume(state, note, event_id=event_id, now_ms=now_ms, policy=policy)
+    if not call_id:
+        return Refused(f"{verb} needs the id of the call the turn paused on (turnstile inspect shows it)")
+    return decide_approval(state, call_id, verb == "approve", note, event_id=event_id, now_ms=now_ms, policy=policy)

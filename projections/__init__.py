@@ -10,8 +10,10 @@ from turnstile.projections.state import (
     PendingInput,
     TurnRecord,
 )
+from turnstile.projections.status import STATUSES, Status, conversation_status
 
 __all__ = [
+    "STATUSES",
     "ActiveTurn",
     "ApprovalGrant",
     "ConversationState",
@@ -19,7 +21,9 @@ __all__ = [
     "Operation",
     "PendingInput",
     "Rejection",
+    "Status",
     "TurnRecord",
     "apply_event",
+    "conversation_status",
     "new_state",
 ]

@@ -12,7 +12,7 @@ Pure: records in, a report out. No I/O, no clock. `streams/audit_cli.py` reads t
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -99,6 +99,10 @@ class LogRecord(Protocol):
     def value(self) -> bytes | None: ...
 
 
+# Inputs that wait longer than this (by event time) while their partition goes on are
+# stalled: a debounce or a queue behind an active turn is far shorter.
+DEFAULT_STALL_AFTER_S = 60.0
+
 # A step the deadline cancels is recorded (its ToolCallFinished, the pause) a moment after
 # the deadline: the auditor allows this much for those records (see docs/budgets.md).
 DEADLINE_GRACE_MS = 1000
@@ -180,11 +184,27 @@ class AuditReport:
     # got past yet (a lagging or stuck group), or whose letter was lost.
     dead_letters: list[Finding] = field(default_factory=list)
     not_dead_lettered: list[Finding] = field(default_factory=list)
+    # Where the log stopped moving: partitions the workers' group has not committed to their
+    # end (when its offsets were given), and conversations whose inputs wait unclaimed while
+    # their partition went on.
+    not_committed_past: list[Finding] = field(default_factory=list)
+    stalled: list[Finding] = field(default_factory=list)
     strict: bool = False
 
     @property
     def violations(self) -> int:
-        return sum(len(r.violations) for r in self.rules) + (len(self.open_turns) if self.strict else 0)
+        return sum(len(r.violations) for r in self.rules) + (len(self.stuck) if self.strict else 0)
+
+    @property
+    def stuck(self) -> list[Finding]:
+        """What did not progress: open turns, stalled conversations, values not committed past
+        (violations with --strict)."""
+        return self.open_turns + self.stalled + self.not_committed_past
+
+    @property
+    def poisoned(self) -> bool:
+        """Values the workers could not fold are on the log (or on the dead-letter topic)."""
+        return bool(self.undecodable or self.dead_letters)
 
     @property
     def ok(self) -> bool:
@@ -206,7 +226,7 @@ class AuditReport:
             undecodable=new(self.undecodable),
             dead_letters=new(self.dead_letters),
             not_dead_lettered=new(self.not_dead_lettered),
-        )
+        )  # stalled and not committed past describe the log's end: reported whole
 
     def rule(self, rule: str) -> RuleResult:
         return next(r for r in self.rules if r.rule == rule)
@@ -228,6 +248,9 @@ class AuditReport:
             "undecodable": [f.to_json() for f in self.undecodable],
             "dead_letters": [f.to_json() for f in self.dead_letters],
             "not_dead_lettered": [f.to_json() for f in self.not_dead_lettered],
+            "not_committed_past": [f.to_json() for f in self.not_committed_past],
+            "stalled": [f.to_json() for f in self.stalled],
+            "poisoned": self.poisoned,
         }
 
 
@@ -266,6 +289,10 @@ class Auditor:
         self._ignored: list[Finding] = []
         self._undecodable: list[Finding] = []
         self._dead_letters: list[Finding] | None = None  # None: the dead-letter topic was not read
+        self._committed: dict[int, int] | None = None  # the workers' group, when given
+        self._ends: dict[int, int] = {}  # partition -> offset after its last record
+        self._last_time: dict[int, int] = {}  # partition -> latest event time on it
+        self._input_at: dict[tuple[str, str], tuple[int, int]] = {}  # pending input -> where it arrived
         self._records = 0
         self._events = 0
         self._at: tuple[int, int] = (0, 0)
@@ -288,9 +315,15 @@ class Auditor:
         self._dead_letters = found
         return self
 
+    def feed_committed(self, committed: Mapping[int, int]) -> Auditor:
+        """The workers' consumer group's committed offsets (partition -> next offset to read)."""
+        self._committed = dict(committed)
+        return self
+
     def feed(self, record: LogRecord) -> None:
         self._records += 1
         self._at = (record.partition, record.offset)
+        self._ends[record.partition] = record.offset + 1
         event = decode(record.value, self.max_value_bytes, self.upcasters)
         if isinstance(event, DecodeError):
             self._undecodable.append(self._finding(None, None, f"{event.reason}: {event.detail}"))
@@ -308,8 +341,11 @@ class Auditor:
             state = self.states[event.conversation_id] = new_state(event.conversation_id)
         explained = self._before(state, event)
         rejection = apply_event(state, event)
+        self._last_time[record.partition] = max(self._last_time.get(record.partition, 0), event.occurred_at)
         if rejection is None:
             self._after(event)
+            for input_id in state.pending:
+                self._input_at.setdefault((event.conversation_id, input_id), self._at)
         elif not explained:
             self._notice(state, event, rejection.reason, rejection.conflict)
 
@@ -634,7 +670,9 @@ class Auditor:
         self._stale.append(self._finding(conversation, turn_id, detail))
         return True
 
-    def report(self, strict: bool = False) -> AuditReport:
+    def report(self, strict: bool = False, stall_after_s: float = DEFAULT_STALL_AFTER_S) -> AuditReport:
+        """`stall_after_s`: how long, by event time, inputs may wait unclaimed while their
+        partition goes on before the conversation is reported as stalled."""
         open_turns = []
         for conv, state in sorted(self.states.items()):
             turn = state.active
@@ -660,8 +698,42 @@ class Auditor:
             undecodable=list(self._undecodable),
             dead_letters=list(self._dead_letters or ()),
             not_dead_lettered=self._not_dead_lettered(),
+            not_committed_past=self._not_committed_past(),
+            stalled=self._stalled(stall_after_s),
             strict=strict,
         )
+
+    def _not_committed_past(self) -> list[Finding]:
+        """One finding per partition whose records the workers' group has not all committed."""
+        if self._committed is None:
+            return []
+        found = []
+        for p, end in sorted(self._ends.items()):
+            at = self._committed.get(p, 0)
+            if at >= end:
+                continue
+            detail = f"the workers' group has not committed past offset {at}: {end - at} record(s) behind the end"
+            poison = next((f for f in self._undecodable if f.partition == p and f.offset == at), None)
+            if poison is not None:
+                detail += f"; the record there does not decode ({poison.detail})"
+            found.append(Finding(p, at, poison.conversation_id if poison else None, None, detail))
+        return found
+
+    def _stalled(self, stall_after_s: float) -> list[Finding]:
+        """Conversations with no active turn whose oldest pending input waited longer than
+        `stall_after_s` while events went on being written to its partition."""
+        found = []
+        for conv, state in sorted(self.states.items()):
+            if state.active is not None or not state.pending:
+                continue
+            oldest = min(state.pending.values(), key=lambda p: p.occurred_at)
+            p, o = self._input_at.get((conv, oldest.input_id), (self._partition_of.get(conv, 0), 0))
+            waited_ms = self._last_time.get(p, oldest.occurred_at) - oldest.occurred_at
+            if waited_ms > stall_after_s * 1000:
+                detail = (f"{len(state.pending)} input(s) pending with no claim for {waited_ms / 1000:.0f} s "
+                          "while the partition went on")  # fmt: skip
+                found.append(Finding(p, o, conv, None, detail))
+        return found
 
     def _not_dead_lettered(self) -> list[Finding]:
         if self._dead_letters is None:
@@ -746,22 +818,40 @@ def render(report: AuditReport, limit: int = 20) -> str:
         lines.append(f"{status:<5}{rule.rule:<29}checked {rule.checked:<7}violations {len(rule.violations)}")
         lines.append(f"     {rule.description}")
         lines += _listed(rule.violations, limit)
+    strict_note = " (violations: --strict)" if report.strict else " (not violations without --strict)"
     notices = [
-        ("open turns" + (" (violations: --strict)" if report.strict else " (not violations without --strict)"),
-         report.open_turns),
+        ("open turns" + strict_note, report.open_turns),
         ("events of stale runs and repeated claims, ignored by every reader", report.stale),
         ("other events the fold ignores (duplicates, conflicts)", report.ignored),
         ("values that do not decode or are keyed wrongly (the workers dead-letter them)", report.undecodable),
         ("letters on the dead-letter topic (refused values, one-time writes skipped)", report.dead_letters),
         ("undecodable values with no dead letter (no worker got past them yet?)", report.not_dead_lettered),
+        ("partitions the workers' group has not committed to their end" + strict_note, report.not_committed_past),
+        ("conversations whose inputs wait unclaimed while their partition goes on" + strict_note, report.stalled),
     ]  # fmt: skip
     lines.append("")
     for title, findings in notices:
         lines.append(f"{len(findings):>5} {title}")
         lines += _listed(findings, limit)
     lines.append("")
-    lines.append("no violation" if report.ok else f"{report.violations} violation(s)")
+    lines.append(_verdict(report))
     return "\n".join(lines)
+
+
+def _verdict(report: AuditReport) -> str:
+    """The last line: violations, and whether the log is clean, poisoned or stuck."""
+    head = "no violation" if report.ok else f"{report.violations} violation(s)"
+    marks = []
+    if report.poisoned:
+        marks.append(f"poisoned: {len(report.undecodable)} value(s) that do not decode, "
+                     f"{len(report.dead_letters)} dead letter(s)")  # fmt: skip
+    if report.stalled or report.not_committed_past:
+        marks.append(f"not progressing: {len(report.stalled)} stalled conversation(s), "
+                     f"{len(report.not_committed_past)} partition(s) not committed to the end")  # fmt: skip
+    if marks:
+        return f"{head}; " + "; ".join(marks)
+    return f"{head}; the log is clean" if report.ok else head
+
 
 
 def _listed(findings: list[Finding], limit: int) -> list[str]:

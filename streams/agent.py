@@ -20,12 +20,13 @@ from typing import Literal, Unpack, overload
 from turnstile.events import ToolCall, Usage
 from turnstile.handlers.budget import TurnBudget
 from turnstile.handlers.claim import DebouncePolicy, DoubleTextPolicy
-from turnstile.handlers.pricing import ModelPrice
+from turnstile.handlers.pricing import ModelPrice, PriceTable
 from turnstile.handlers.provider import ModelReply, ModelRequest, ProtocolFamily, Provider
 from turnstile.handlers.providers.scripted import Scripted, ScriptedProvider, echo_reply
 from turnstile.handlers.schedule import Schedule
 from turnstile.handlers.tool_functions import ToolCallable, ToolFlags, tool_from_function
 from turnstile.handlers.tools import Tool, ToolRegistry
+from turnstile.streams.config_file import shipped_prices
 from turnstile.streams.serving import LogPlace, WorkerOptions, serve
 from turnstile.streams.turn_runner import Route, TurnSettings
 from turnstile.streams.worker import WorkerConfig
@@ -142,7 +143,7 @@ class Agent:
         tools: Iterable[Tool] = (),
         budget: TurnBudget = TurnBudget(),
         debounce: DebouncePolicy = DebouncePolicy(),
-        double_text: Literal["enqueue", "reject"] = "enqueue",
+        double_text: Literal["enqueue", "reject"] | DoubleTextPolicy = "enqueue",
         max_attempts: int = 3,
         max_output_tokens: int = 1024,
     ) -> None:
@@ -207,20 +208,29 @@ class Agent:
     def worker_config(self, providers: dict[str, Provider], options: WorkerOptions | None = None) -> WorkerConfig:
         """The worker's configuration, with `providers` (model name -> provider) serving
         the fallbacks."""
-        prices = {m.name: m.price for m in self.models() if m.price is not None}
         turn = TurnSettings(
             model=self.model.name,
             system_prompt=self.system_prompt,
             max_attempts=self.max_attempts,
             budget=self.budget,
-            prices=prices,
+            prices=self.prices(),
             tools=ToolRegistry(self.tools),
             fallbacks=tuple(Route(m.name, providers[m.name]) for m in self.fallbacks),
             max_output_tokens=self.max_output_tokens,
         )
         return WorkerConfig(
-            debounce=self.debounce, turn=turn, double_text=DoubleTextPolicy(self.double_text), **(options or {})
+            debounce=self.debounce, turn=turn, double_text=self.double_text_policy(), **(options or {})
         )
+
+    def prices(self) -> PriceTable:
+        """What its models cost: the shipped table prices a model given without a price; a
+        model's own price wins."""
+        return {**shipped_prices().prices, **{m.name: m.price for m in self.models() if m.price is not None}}
+
+    def double_text_policy(self) -> DoubleTextPolicy:
+        if isinstance(self.double_text, DoubleTextPolicy):
+            return self.double_text
+        return DoubleTextPolicy(self.double_text)
 
     def providers(self) -> dict[str, Provider]:
         """One provider per model; models of one endpoint share it (one connection pool)."""
@@ -244,16 +254,18 @@ class Agent:
         http_token: str | None = None,
         worker: WorkerOptions | None = None,
         stop: asyncio.Event | None = None,
+        effective_config: str | None = None,
     ) -> int:
         """Runs the agent as a worker on `place` (default: the embedded log in .turnstile)
-        until SIGINT/SIGTERM, or until `stop` (an `asyncio.Event`) is set."""
+        until SIGINT/SIGTERM, or until `stop` (an `asyncio.Event`) is set; logs
+        `effective_config` at start (`turnstile run` says what it runs with)."""
         # serve() warns at start for each model without a price.
         providers = self.providers()
         config = self.worker_config(providers, worker)
         return await serve(
             place or LogPlace(), providers[self.model.name], config, schedules=schedules, http=http,
             http_token=http_token, stop=stop,
-            signals=stop is None,
+            signals=stop is None, effective_config=effective_config,
         )
 
 

@@ -6,6 +6,11 @@ independent of the workers' group (the rules need the whole history), and rememb
 its own consumer group (default `turnstile-audit`) how far it has reported: a later run
 reports only what is new since, unless `--from-beginning`.
 
+Beside the rules it reports where the log stopped moving: values that do not decode and
+their dead letters (a poisoned log), partitions the workers' consumer group has not committed
+to their end, and conversations whose inputs wait unclaimed while their partition goes on.
+With `--strict` those, and turns still open, are violations too.
+
 Exit status: 0 no violation, 1 at least one violation, 2 the log could not be read.
 """
 
@@ -17,11 +22,12 @@ import sys
 from pathlib import Path
 
 from turnstile.events import DeadLetter
-from turnstile.projections.audit import AuditLimits, Auditor, AuditReport, render
+from turnstile.projections.audit import DEFAULT_STALL_AFTER_S, AuditLimits, Auditor, AuditReport, render
 from turnstile.streams.file_log import FileLog
 from turnstile.streams.log import Record, Topics
 
 DEFAULT_GROUP = "turnstile-audit"
+WORKER_GROUP = "turnstile-worker"
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -33,7 +39,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     where = audit.add_mutually_exclusive_group()
     where.add_argument("--broker", help="kafka://HOST:PORT[,HOST:PORT] (default: the embedded file log)")
     where.add_argument("--data", type=Path, default=Path(".turnstile"), help="embedded log folder")
-    audit.add_argument("--events-topic", default=Topics().events)
+    audit.add_argument("--events-topic", default=Topics().events, help=f"the topic audited (default {Topics().events})")
     audit.add_argument("--dlq-topic", default=Topics().dead_letters, help="its letters are reported too")
     audit.add_argument(
         "--from-beginning",
@@ -41,7 +47,23 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         help="report everything on the log, not only what is new since this group's last audit",
     )
     audit.add_argument("--group", default=DEFAULT_GROUP, help=f"the auditor's consumer group (default {DEFAULT_GROUP})")
-    audit.add_argument("--strict", action="store_true", help="turns still open at the end are violations too")
+    audit.add_argument(
+        "--worker-group",
+        default=WORKER_GROUP,
+        help=f"the workers' consumer group, whose committed offsets show how far they got (default {WORKER_GROUP})",
+    )
+    audit.add_argument(
+        "--stall-after-s",
+        type=float,
+        default=DEFAULT_STALL_AFTER_S,
+        help="inputs unclaimed this long (event time) while their partition goes on are stalled "
+        f"(default {DEFAULT_STALL_AFTER_S:g})",
+    )
+    audit.add_argument(
+        "--strict",
+        action="store_true",
+        help="turns still open, stalled conversations and partitions not committed to the end are violations too",
+    )
     audit.add_argument("--json", action="store_true", help="print the report as JSON (every finding)")
     audit.add_argument("--max-iterations", type=int, default=None, help="hold the log to this iteration limit")
     audit.add_argument("--max-tool-calls", type=int, default=None, help="hold the log to this tool call limit")
@@ -57,13 +79,24 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     audit.add_argument("--timeout", type=float, default=60.0, help="seconds to read the topic to its end")
 
 
-def audit_records(records: list[Record], args: argparse.Namespace, dlq: list[Record] | None = None) -> AuditReport:
-    """`dlq`: the dead-letter topic's records, None if it could not be read."""
+def audit_records(
+    records: list[Record],
+    args: argparse.Namespace,
+    dlq: list[Record] | None = None,
+    committed: dict[int, int] | None = None,
+) -> AuditReport:
+    """`dlq`: the dead-letter topic's records, None if it could not be read; `committed`:
+    the workers' group's offsets, None (or empty: not this log's group) if unknown."""
     limits = AuditLimits(args.max_iterations, args.max_tool_calls, args.max_cost_usd, args.deadline_s)
     auditor = Auditor(limits).feed_all(records)
     if dlq is not None:
         auditor.feed_dead_letters(_letters(dlq))
-    return auditor.report(strict=args.strict)
+    if committed:
+        auditor.feed_committed(committed)
+    elif records:
+        print("turnstile audit: the workers' group has no committed offsets on this log; "
+              "how far it got is not reported (--worker-group names it)", file=sys.stderr)  # fmt: skip
+    return auditor.report(strict=args.strict, stall_after_s=args.stall_after_s)
 
 
 def _letters(records: list[Record]) -> list[DeadLetter]:
@@ -86,7 +119,8 @@ async def run(args: argparse.Namespace) -> int:
             if not (args.data / args.events_topic).is_dir():
                 raise LookupError(f"no embedded log of topic {args.events_topic!r} in {args.data}")
             log = FileLog(args.data, Topics(args.events_topic, dead_letters=args.dlq_topic))
-            report = audit_records(log.read_all(args.events_topic), args, log.read_all(args.dlq_topic))
+            records = log.read_all(args.events_topic)
+            report = audit_records(records, args, log.read_all(args.dlq_topic), log.committed_offsets())
     except (OSError, LookupError, TimeoutError, KafkaError) as exc:
         print(f"turnstile audit: cannot read the log: {exc}", file=sys.stderr)
         return 2
@@ -104,10 +138,11 @@ async def _audit_kafka(args: argparse.Namespace) -> AuditReport:
         dlq: list[Record] | None = await read_topic(bootstrap, args.dlq_topic, timeout_s=min(args.timeout, 10.0))
     except LookupError:  # no dead-letter topic: the report says nothing of letters
         dlq = None
-    report = audit_records(records, args, dlq)
     ends: dict[int, int] = {}
     for record in records:
         ends[record.partition] = max(ends.get(record.partition, 0), record.offset + 1)
+    committed = await _reported(bootstrap, args.worker_group, args.events_topic, set(ends))
+    report = audit_records(records, args, dlq, committed)
     if not args.from_beginning:
         report = report.since(await _reported(bootstrap, args.group, args.events_topic, set(ends)))
     await _mark_reported(bootstrap, args.group, args.events_topic, ends)
@@ -115,7 +150,8 @@ async def _audit_kafka(args: argparse.Namespace) -> AuditReport:
 
 
 async def _reported(bootstrap: str, group: str, topic: str, partitions: set[int]) -> dict[int, int]:
-    """How far this group's previous audits have reported, per partition."""
+    """The group's committed offsets on `topic`, per partition: how far this auditor's
+    group has reported, or how far the workers' group has got."""
     from aiokafka import AIOKafkaConsumer, TopicPartition
 
     consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=group, enable_auto_commit=False)

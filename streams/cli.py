@@ -11,12 +11,9 @@ import sys
 from pathlib import Path
 
 from turnstile.events import DecodeError, decode
-from turnstile.handlers.claim import DebouncePolicy, DoubleTextPolicy
-from turnstile.handlers.pricing import DEFAULT_PRICES, ModelPrice, parse_price
-from turnstile.handlers.provider import Provider
-from turnstile.handlers.providers.scripted import ScriptedProvider
+from turnstile.handlers.pricing import ModelPrice, parse_price
 from turnstile.handlers.schedule import Schedule, parse_schedules
-from turnstile.streams import audit_cli, log_format
+from turnstile.streams import audit_cli, config_file, log_format, run_config
 from turnstile.streams.cli_errors import (
     NOT_FOUND,
     UNAVAILABLE,
@@ -27,40 +24,40 @@ from turnstile.streams.cli_errors import (
     non_empty,
     schedules_error,
 )
-from turnstile.streams.file_log import FileLog
 from turnstile.streams.inert import printable
-from turnstile.streams.log import Topics
 from turnstile.streams.publisher import message_event
 from turnstile.streams.runtime import SystemClock
-from turnstile.streams.serving import DEFAULT_DATA, LogPlace, WorkerOptions, serve
+from turnstile.streams.serving import LogPlace, serve
 from turnstile.streams.timeline import describe
-from turnstile.streams.turn_runner import TurnSettings
-from turnstile.streams.worker import WorkerConfig
 
-DEFAULT_TOPICS = Topics()
-DEFAULT_DEBOUNCE = DebouncePolicy()
+log = logging.getLogger("turnstile.run")
+
+DEFAULTS = config_file.Config()
+# Configured commands: their flags, the environment and turnstile.toml are merged (config_file).
+CONFIGURED = ("run", "send", "tail", "inspect", "approve", "deny", "resume")
 
 
 def _add_log_args(parser: argparse.ArgumentParser) -> None:
+    # Defaults are None here: a flag left out lets the environment or turnstile.toml decide.
     where = parser.add_mutually_exclusive_group()
     where.add_argument(
         "--broker", type=broker_url, help="kafka://HOST:PORT[,HOST:PORT] (default: the embedded file log)"
     )
-    where.add_argument("--data", type=Path, default=DEFAULT_DATA, help="embedded log folder (default: .turnstile)")
-    parser.add_argument("--events-topic", default=DEFAULT_TOPICS.events)
-    parser.add_argument("--outcomes-topic", default=DEFAULT_TOPICS.outcomes)
-    parser.add_argument("--dlq-topic", default=DEFAULT_TOPICS.dead_letters)
-    parser.add_argument("--deltas-topic", default=DEFAULT_TOPICS.deltas)
+    where.add_argument("--data", type=Path, help=f"embedded log folder (default: {DEFAULTS.data})")
+    for key, what in (("events", "events"), ("outcomes", "outcome records"), ("dead_letters", "dead letters"),
+                      ("deltas", "streamed reply pieces")):
+        flag = config_file.FLAGS[("topics", key)]
+        parser.add_argument(flag, metavar="TOPIC",
+                            help=f"topic of the {what} (default: {getattr(DEFAULTS.topics, key)})")
 
 
-def _place(args: argparse.Namespace) -> LogPlace:
-    topics = Topics(args.events_topic, args.outcomes_topic, args.dlq_topic, args.deltas_topic)
+def _place(config: config_file.Config, command: str) -> LogPlace:
     membership = None
-    if args.broker and args.command == "run":
+    if config.broker and command == "run":
         from turnstile.streams.kafka_log import Membership
 
-        membership = Membership(args.instance_id, round(args.session_timeout_s * 1000))
-    return LogPlace(args.broker, args.data, topics, getattr(args, "group", "turnstile-worker"), membership)
+        membership = Membership(config.instance_id, round(config.session_timeout_s * 1000))
+    return LogPlace(config.broker, config.data, config.topics.topics(), config.group, membership)
 
 
 def _schedules(path: Path) -> tuple[Schedule, ...]:
@@ -89,58 +86,44 @@ async def _wait_for_broker(bootstrap: str, patience_s: float) -> None:
         wait = min(wait * 2, 10.0)
 
 
-def _provider(args: argparse.Namespace) -> Provider:
-    key = os.environ.get("TURNSTILE_API_KEY")
-    if args.provider == "openai":
-        from turnstile.handlers.providers.openai_chat import OpenAIChat
-        from turnstile.streams.provider_http import HttpProvider
-
-        wire = OpenAIChat(legacy_max_tokens=frozenset(args.legacy_max_tokens))
-        return HttpProvider(wire, args.base_url or "https://api.openai.com/v1", key)
-    if args.provider == "anthropic":
-        from turnstile.handlers.providers.anthropic_messages import AnthropicMessages
-        from turnstile.streams.provider_http import HttpProvider
-
-        return HttpProvider(AnthropicMessages(), args.base_url or "https://api.anthropic.com", key)
-    return ScriptedProvider(delay_s=args.scripted_delay)
-
-
 async def _run(args: argparse.Namespace) -> int:
     from turnstile.streams.http_api import InsecureBind, check_bind, parse_address, read_token
 
-    http = parse_address(args.http) if args.http else None
+    resolved: config_file.Resolved = args.resolved
+    config = resolved.config
+    http = parse_address(config.http.address) if config.http.address else None
     try:
-        token = read_token(os.environ, args.http_token_file)
+        token = read_token(os.environ, config.http.token_file)
         if http is not None:
             check_bind(http[0], token)  # before anything is opened: a refusal leaves nothing behind
     except (InsecureBind, OSError, ValueError) as exc:
         print(f"turnstile run: {exc}", file=sys.stderr)
         return 2
-    schedules = _schedules(args.schedules) if args.schedules else ()
+    schedules = _schedules(config.schedules) if config.schedules else ()
+    place = _place(config, "run")
     if args.agent is not None:
-        from turnstile.streams.agent import load_agent
+        from turnstile.streams.agent import Model, load_agent
 
-        agent = load_agent(args.agent)
-        return await agent.serve(_place(args), schedules=schedules, http=http, http_token=token,
-                                 worker=_worker_options(args))
-    config = WorkerConfig(
-        debounce=DebouncePolicy(args.quiet_ms, args.max_wait_ms, args.max_batch),
-        double_text=DoubleTextPolicy(args.double_text, dict(args.double_text_for)),
-        turn=TurnSettings(model=args.model, prices={**DEFAULT_PRICES, **dict(args.price)}),
-        **_worker_options(args),
-    )
-    return await serve(_place(args), _provider(args), config, schedules=schedules, http=http, http_token=token)
-
-
-def _worker_options(args: argparse.Namespace) -> WorkerOptions:
-    """The flags of `run` that are about the process, not the agent: they apply either way."""
-    return {"drain_grace_s": args.drain_grace_s, "stream_replies": not args.no_stream, "tracing": args.trace}
+        agent, ignored = run_config.configure_agent(load_agent(args.agent), resolved)
+        for warning in ignored:
+            log.warning("%s", warning)
+        keys = [m.api_key_env for m in agent.models() if isinstance(m, Model)]
+        secrets = run_config.secrets_of(token, keys, os.environ)
+        effective = run_config.effective(run_config.agent_view(agent, resolved), secrets, agent.prices())
+        return await agent.serve(place, schedules=schedules, http=http, http_token=token,
+                                 worker=run_config.worker_options(config), effective_config=effective)
+    provider = run_config.provider(config.model, os.environ.get("TURNSTILE_API_KEY"))
+    worker = run_config.worker_config(config, provider)
+    secrets = run_config.secrets_of(token, ["TURNSTILE_API_KEY"], os.environ)
+    effective = run_config.effective(resolved, secrets, worker.turn.prices)
+    return await serve(place, provider, worker, schedules=schedules, http=http, http_token=token,
+                       effective_config=effective)
 
 
 async def _send(args: argparse.Namespace) -> int:
     from turnstile.streams.operations_cli import publish_input
 
-    place = _place(args)
+    place = _place(args.resolved.config, args.command)
     text = sys.stdin.read() if args.text == "-" else args.text
     event = message_event(args.conversation, non_empty(text), SystemClock().now_ms(), args.message_id)
     partition, offset = await publish_input(place, event)
@@ -151,17 +134,12 @@ async def _send(args: argparse.Namespace) -> int:
 async def _operate(args: argparse.Namespace) -> int:
     from turnstile.streams.operations_cli import operate
 
-    return await operate(args, _place(args))
+    return await operate(args, _place(args.resolved.config, args.command))
 
 
 async def _tail(args: argparse.Namespace) -> int:
-    if args.broker:
-        from turnstile.streams.kafka_log import bootstrap_of
-        from turnstile.streams.kafka_reader import read_topic
-
-        records = await read_topic(bootstrap_of(args.broker), args.events_topic)
-    else:
-        records = FileLog(args.data, Topics(args.events_topic)).read_all(args.events_topic)
+    config: config_file.Config = args.resolved.config
+    records = await _place(config, args.command).open().reader().read(config.topics.events)
     for record in records:
         event = decode(record.value)
         if isinstance(event, DecodeError):
@@ -176,10 +154,11 @@ async def _tail(args: argparse.Namespace) -> int:
 async def _inspect(args: argparse.Namespace) -> int:
     from turnstile.streams.inspect_cli import inspect
 
-    topics = Topics(args.events_topic, args.outcomes_topic, args.dlq_topic, args.deltas_topic)
-    view = await inspect(args.conversation, broker=args.broker, data=args.data, topics=topics)
+    config: config_file.Config = args.resolved.config
+    view = await inspect(args.conversation, broker=config.broker, data=config.data, topics=config.topics.topics())
     if view.state.events_applied == 0 and view.undecodable == 0:
-        raise CliError(NOT_FOUND, f"no event of conversation {args.conversation!r} is on {args.broker or args.data}")
+        where = config.broker or config.data
+        raise CliError(NOT_FOUND, f"no event of conversation {args.conversation!r} is on {where}")
     return 0
 
 
@@ -197,13 +176,135 @@ def _conversation_policy(text: str) -> tuple[str, str]:
     return conversation, policy
 
 
+def _add_run_args(run: argparse.ArgumentParser) -> None:
+    # Every default is None: a flag left out lets the environment or turnstile.toml decide
+    # (config_file); the defaults the help names are config_file.Config's.
+    d = DEFAULTS
+    run.add_argument("--group", help=f"Kafka consumer group (default: {d.group})")
+    run.add_argument(
+        "--instance-id",
+        help="a stable name of this worker (a pod name): a restart under it within the session timeout keeps"
+        " its partitions and rebalances nobody (static membership; default: none)",
+    )
+    run.add_argument(
+        "--session-timeout-s",
+        type=float,
+        help=f"how long the group waits for a silent worker before moving its partitions "
+        f"(default: {d.session_timeout_s:g}; 6..300)",
+    )
+    run.add_argument(
+        "--drain-grace-s",
+        type=float,
+        help=f"on SIGTERM or Ctrl-C, seconds the turns in flight may take to end (default: {d.drain_grace_s:g};"
+        " a second signal stops at once, leaving them to the next worker)",
+    )
+    run.add_argument(
+        "--connect-timeout-s",
+        type=float,
+        help=f"how long run waits, retrying, for an unreachable broker before it gives up "
+        f"(default: {d.connect_timeout_s:g})",
+    )
+    run.add_argument(
+        "--stream",
+        action=argparse.BooleanOptionalAction,
+        help="stream replies to the deltas topic and GET /conversations/{id}/stream (default: on); "
+        "each reply is recorded whole either way",
+    )
+    run.add_argument(
+        "--trace",
+        action=argparse.BooleanOptionalAction,
+        help="OpenTelemetry spans of turns, attempts, model and tool calls, to the global tracer provider "
+        "(default: off; needs the [otel] extra; e.g. run under opentelemetry-instrument to export them)",
+    )
+    run.add_argument("--schedules", type=Path, metavar="FILE", help="JSON list of schedules (default: none)")
+    run.add_argument(
+        "--http", type=http_address, metavar="HOST:PORT", help="serve the HTTP API and /metrics here (default: off)"
+    )
+    run.add_argument(
+        "--http-token-file",
+        type=Path,
+        metavar="FILE",
+        help="bearer token the HTTP API requires (default: $TURNSTILE_HTTP_TOKEN; one is required to serve"
+        " a non-loopback address)",
+    )
+    run.add_argument(
+        "--provider", choices=["scripted", "openai", "anthropic"], help=f"the model's API (default: {d.model.provider})"
+    )
+    run.add_argument("--model", help=f"the model the provider is asked for (default: {d.model.name})")
+    run.add_argument(
+        "--base-url", help="provider endpoint (default: the provider's own); the key comes from TURNSTILE_API_KEY"
+    )
+    run.add_argument(
+        "--fallback",
+        action="append",
+        metavar="MODEL",
+        help="a model of the same provider tried, in order, when the model fails mid-attempt (repeatable)",
+    )
+    run.add_argument(
+        "--legacy-max-tokens",
+        action="append",
+        metavar="MODEL",
+        help="send max_tokens instead of max_completion_tokens to this model (OpenAI-compatible servers "
+        "that only know the old name; '*' for every model); repeatable",
+    )
+    run.add_argument("--scripted-delay", type=float, metavar="S", help="seconds the scripted model takes (default: 0)")
+    run.add_argument(
+        "--price",
+        type=_price,
+        action="append",
+        metavar="MODEL=INPUT,OUTPUT[,CACHED_INPUT[,CACHE_WRITE]]",
+        help="a model's price in USD per million tokens (repeatable), over the shipped table; a model without"
+        " one is warned about at start",
+    )
+    b = d.budget
+    run.add_argument(
+        "--max-iterations", type=int, help=f"model requests per logical turn (default: {b.max_iterations})"
+    )
+    run.add_argument("--max-tool-calls", type=int, help=f"tool calls per logical turn (default: {b.max_tool_calls})")
+    run.add_argument("--max-cost-usd", type=float, help=f"USD per logical turn (default: {b.max_cost_usd:g})")
+    run.add_argument("--deadline-ms", type=int, help=f"wall clock per logical turn (default: {b.deadline_ms})")
+    run.add_argument(
+        "--soft-fraction",
+        type=float,
+        help=f"the share of a budget past which older tool exchanges are compacted (default: {b.soft_fraction:g})",
+    )
+    q = d.debounce
+    run.add_argument(
+        "--quiet-ms", type=int, help=f"claim once a conversation was quiet this long (default: {q.quiet_ms})"
+    )
+    run.add_argument(
+        "--max-wait-ms",
+        type=int,
+        help=f"but no later than this after its oldest pending input (default: {q.max_wait_ms})",
+    )
+    run.add_argument("--max-batch", type=int, help=f"inputs one turn claims at most (default: {q.max_batch})")
+    run.add_argument(
+        "--double-text",
+        choices=["enqueue", "reject"],
+        help="a message that arrives during a turn: queue it for the next turn (default) or refuse it",
+    )
+    run.add_argument(
+        "--double-text-for",
+        type=_conversation_policy,
+        action="append",
+        metavar="CONVERSATION=enqueue|reject",
+        help="the policy of one conversation (repeatable)",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     from turnstile import __version__
 
     parser = argparse.ArgumentParser(prog="turnstile", description=__doc__)
     parser.add_argument("--version", action="version", version=f"turnstile {__version__}")
     parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO and show tracebacks of errors")
-    parser.add_argument("--log-format", choices=["text", "json"], default="text", help="logs as text or JSON lines")
+    parser.add_argument("--log-format", choices=["text", "json"], help="logs as text (default) or JSON lines")
+    parser.add_argument(
+        "--config",
+        type=Path,
+        metavar="PATH",
+        help="the configuration file (default: ./turnstile.toml when there is one); flags > env > file",
+    )
     sub = parser.add_subparsers(dest="command", required=True)
 
     demo = sub.add_parser("demo", help="run the seed's double-text scenario on the embedded log")
@@ -215,111 +316,25 @@ def build_parser() -> argparse.ArgumentParser:
         nargs="?",
         default=None,
         metavar="MODULE:AGENT",
-        help="a turnstile.Agent to run, as uvicorn takes an app (e.g. examples.support_agent:agent); its model, "
-        "prompt, tools, prices, budgets, debounce and double-text policy replace the flags that set them",
+        help="a turnstile.Agent to run, as uvicorn takes an app (e.g. examples.support_agent:agent): its models, "
+        "prompt and tools are its own (the model flags are ignored, with a warning); budget, debounce, "
+        "double-text and price flags override its settings",
     )
     _add_log_args(run)
-    run.add_argument("--group", default="turnstile-worker", help="Kafka consumer group")
-    run.add_argument(
-        "--instance-id",
-        default=os.environ.get("TURNSTILE_INSTANCE_ID") or None,
-        help="a stable name of this worker (a pod name; default: env TURNSTILE_INSTANCE_ID): a restart under"
-        " it within the session timeout keeps its partitions and rebalances nobody (static membership)",
-    )
-    run.add_argument(
-        "--session-timeout-s",
-        type=float,
-        default=10.0,
-        help="how long the group waits for a silent worker before moving its partitions (default: 10; 6..300)",
-    )
-    run.add_argument("--provider", choices=["scripted", "openai", "anthropic"], default="scripted")
-    run.add_argument("--model", default="scripted-1", help="the model the provider is asked for (default: scripted-1)")
-    run.add_argument(
-        "--price",
-        type=_price,
-        action="append",
-        default=[],
-        metavar="MODEL=INPUT,OUTPUT[,CACHED_INPUT[,CACHE_WRITE]]",
-        help="a model's price in USD per million tokens (repeatable); a model without one is warned about at start",
-    )
-    run.add_argument("--base-url", default=None, help="provider endpoint; the key comes from TURNSTILE_API_KEY")
-    run.add_argument(
-        "--trace",
-        action="store_true",
-        help="OpenTelemetry spans of turns, attempts, model and tool calls, to the global tracer provider "
-        "(needs the [otel] extra; e.g. run under opentelemetry-instrument to export them)",
-    )
-    run.add_argument(
-        "--no-stream",
-        action="store_true",
-        help="do not stream replies (no deltas topic, no GET /conversations/{id}/stream); "
-        "each reply is recorded whole either way",
-    )
-    run.add_argument(
-        "--legacy-max-tokens",
-        action="append",
-        default=[],
-        metavar="MODEL",
-        help="send max_tokens instead of max_completion_tokens to this model (OpenAI-compatible servers "
-        "that only know the old name; '*' for every model); repeatable",
-    )
-    run.add_argument("--scripted-delay", type=float, default=0.0, help="seconds the scripted model takes")
-    run.add_argument("--quiet-ms", type=int, default=DEFAULT_DEBOUNCE.quiet_ms)
-    run.add_argument("--max-wait-ms", type=int, default=DEFAULT_DEBOUNCE.max_wait_ms)
-    run.add_argument("--max-batch", type=int, default=DEFAULT_DEBOUNCE.max_batch)
-    run.add_argument(
-        "--drain-grace-s",
-        type=float,
-        default=WorkerConfig.drain_grace_s,
-        help="on SIGTERM or Ctrl-C, seconds the turns in flight may take to end (default: 30; a second signal"
-        " stops at once, leaving them to the next worker)",
-    )
-    run.add_argument(
-        "--http", type=http_address, default=None, metavar="HOST:PORT", help="serve the HTTP API and /metrics here"
-    )
-    run.add_argument(
-        "--http-token-file",
-        type=Path,
-        default=None,
-        metavar="FILE",
-        help="bearer token the HTTP API requires (default: $TURNSTILE_HTTP_TOKEN; one is required to serve"
-        " a non-loopback address)",
-    )
-    run.add_argument(
-        "--connect-timeout-s",
-        type=float,
-        default=60.0,
-        help="how long run waits, retrying, for an unreachable broker before it gives up (default: 60)",
-    )
-    run.add_argument("--schedules", type=Path, default=None, metavar="FILE", help="JSON list of schedules")
-    run.add_argument(
-        "--double-text",
-        choices=["enqueue", "reject"],
-        default="enqueue",
-        help="a message that arrives during a turn: queue it for the next turn (default) or refuse it",
-    )
-    run.add_argument(
-        "--double-text-for",
-        type=_conversation_policy,
-        action="append",
-        default=[],
-        metavar="CONVERSATION=enqueue|reject",
-        help="the policy of one conversation (repeatable)",
-    )
-
+    _add_run_args(run)
     send = sub.add_parser("send", help="publish a user message")
     _add_log_args(send)
-    send.add_argument("--conversation", required=True)
+    send.add_argument("--conversation", required=True, help="the conversation id (its partition key)")
     send.add_argument("--text", type=non_empty, required=True, help="the message; - reads it from stdin")
     send.add_argument("--message-id", default=None, help="idempotency key (default: a new id)")
 
     tail = sub.add_parser("tail", help="print the events of one or all conversations")
     _add_log_args(tail)
-    tail.add_argument("--conversation", default=None)
+    tail.add_argument("--conversation", default=None, help="only this conversation's events (default: all)")
 
     inspect = sub.add_parser("inspect", help="show a conversation: history, pending, active turn, turn timelines")
     _add_log_args(inspect)
-    inspect.add_argument("conversation")
+    inspect.add_argument("conversation", help="the conversation id")
 
     from turnstile.streams.operations_cli import add_parsers
 
@@ -328,15 +343,24 @@ def build_parser() -> argparse.ArgumentParser:
     for command in sub.choices.values():  # the global flags work after the subcommand too
         command.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS, help="as above")
         command.add_argument("--log-format", choices=["text", "json"], default=argparse.SUPPRESS, help="as above")
+        command.add_argument("--config", type=Path, metavar="PATH", default=argparse.SUPPRESS, help="as above")
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    if args.command == "run" and not 6 <= args.session_timeout_s <= 300:
-        parser.error(f"--session-timeout-s {args.session_timeout_s:g} is outside 6..300 s (the broker's bounds)")
-    log_format.configure(args.verbose, args.log_format)
+    try:
+        if args.command in CONFIGURED:
+            args.resolved = config_file.load(args.config, os.environ, args)
+            args.log_format = args.resolved.config.log_format
+    except CliError as refused:
+        print(f"turnstile {args.command}: {refused}", file=sys.stderr)
+        return refused.code
+    log_format.configure(args.verbose, args.log_format or "text")
+    # The effective configuration and the flags an agent ignores are always said, -v or not.
+    for name in ("turnstile.run", "turnstile.streams.serving"):
+        logging.getLogger(name).setLevel(logging.INFO)
     if args.command == "demo":
         from turnstile.streams.demo import main as demo_main
 
@@ -345,10 +369,13 @@ def main(argv: list[str] | None = None) -> int:
                "approve": _operate, "deny": _operate, "resume": _operate}[args.command]
 
     async def checked() -> int:
-        if getattr(args, "broker", None):
+        config: config_file.Config | None = getattr(args, "resolved", None) and args.resolved.config
+        broker = config.broker if config is not None else getattr(args, "broker", None)
+        if broker:
             from turnstile.streams.kafka_log import bootstrap_of
 
-            await _wait_for_broker(bootstrap_of(args.broker), args.connect_timeout_s if args.command == "run" else 0)
+            patience = config.connect_timeout_s if config is not None and args.command == "run" else 0
+            await _wait_for_broker(bootstrap_of(broker), patience)
         return await handler(args)
 
     try:

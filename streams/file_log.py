@@ -21,19 +21,19 @@ from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
 
 import orjson
-from aiokafka.partitioner import murmur2
 
-from turnstile.streams.log import Acknowledged, Landed, PartitionStart, RebalanceListener, Record, Topics
+from turnstile.streams.log import (
+    Acknowledged,
+    Landed,
+    LogOwned,
+    PartitionStart,
+    RebalanceListener,
+    Record,
+    Topics,
+    partition_for,
+)
 
-
-def partition_for(key: str, partitions: int) -> int:
-    """Kafka's default partitioner: the same partition a Java or Go producer picks."""
-    hashed: int = murmur2(key.encode())
-    return (hashed & 0x7FFFFFFF) % partitions
-
-
-class LogOwned(RuntimeError):
-    """Another process owns this embedded log."""
+__all__ = ["FileLog", "FileReader", "LogOwned", "partition_for"]
 
 
 class _OwnerLock:
@@ -195,6 +195,21 @@ class FileLog:
     def _partition_count(self, topic: str) -> int:
         return self.partitions if topic in (self.topics.events, self.topics.snapshots) else 1
 
+    def partition_count(self) -> int:
+        return self.partitions
+
+    def partition_for(self, key: str) -> int:
+        return partition_for(key, self.partitions)
+
+    def end_offset(self, partition: int) -> int:
+        return self._file(self.topics.events, partition).end_offset()
+
+    def reader(self) -> FileReader:
+        return FileReader(self)
+
+    async def start_producer(self) -> None:
+        return None  # appends open their file each time; a publisher owns nothing
+
     async def start(self, listener: RebalanceListener) -> None:
         self.own()
         committed = self.committed_offsets()
@@ -283,13 +298,35 @@ class FileLog:
         while reader.position < end and (batch := reader.read(partition, min(10_000, end - reader.position))):
             yield batch
 
-    def read_all(self, topic: str) -> list[Record]:
-        """Every record of a topic, partition by partition (for `tail` and tests)."""
+    def read_all(self, topic: str, partition: int | None = None) -> list[Record]:
+        """Every record of a topic (or of one of its partitions), partition by partition."""
         out: list[Record] = []
-        for p in range(self._partition_count(topic)):
+        for p in range(self._partition_count(topic)) if partition is None else (partition,):
             path = self.directory / topic / f"{p}.log"
             if path.exists():
                 reader = _PartitionReader(path)
                 while batch := reader.read(p, 10_000):
                     out.extend(batch)
         return out
+
+    def conversation_records(self, conversation_id: str) -> list[Record]:
+        """The events topic's records of the conversation's partition."""
+        return self.read_all(self.topics.events, self.partition_for(conversation_id))
+
+
+class FileReader:
+    """The embedded log's `LogReader`: reading files is blocking I/O, so whole reads run in
+    a thread and the loop keeps serving."""
+
+    def __init__(self, log: FileLog) -> None:
+        self._log = log
+
+    async def read(self, topic: str, timeout_s: float = 30.0) -> list[Record]:
+        return await asyncio.to_thread(self._log.read_all, topic)
+
+    async def conversation(self, conversation_id: str, timeout_s: float = 30.0) -> list[Record]:
+        return await asyncio.to_thread(self._log.conversation_records, conversation_id)
+
+    def follow(self, topic: str, since_ms: int) -> AsyncIterator[Record]:
+        # One process, no record times: nothing it follows was written before it started.
+        return self._log.follow(topic, from_end=True)

@@ -33,23 +33,30 @@ like any other producer's.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hmac
 import ipaddress
 import logging
+import uuid
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 import orjson
 from aiohttp import web
 from pydantic import ValidationError
 
-from turnstile.events import content_fingerprint, encode
-from turnstile.streams.log import EventLog, Record
+from turnstile.events import InputInjected, content_fingerprint, encode
+from turnstile.handlers.claim import DebouncePolicy
+from turnstile.handlers.operations import VERBS, Refused, decide_operation
+from turnstile.projections import STATUSES, Status
+from turnstile.streams.http_reads import ReadConversation, Reads, Unavailable
+from turnstile.streams.log import EventLog
 from turnstile.streams.publisher import message_event
+from turnstile.streams.read_model import ReadModel
 from turnstile.streams.runtime import Clock, SystemClock
-from turnstile.streams.views import ConversationView, build_view, state_json, turn_html, turn_json
+from turnstile.streams.views import state_json, turn_html, turn_json
 
 if TYPE_CHECKING:
     from turnstile.streams.metrics import Metrics
@@ -58,7 +65,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-ReadConversation = Callable[[str], Awaitable[list[Record]]]
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 Middleware = Callable[[web.Request, Handler], Awaitable[web.StreamResponse]]
 MAX_BODY_BYTES = 256 * 1024
@@ -68,7 +74,8 @@ MAX_ID_CHARS = 200
 # has folded them: a conflicting re-use is a 409 before the fold as after it. Bounded: the
 # oldest are forgotten first (by then the worker has folded them, or another owner has).
 PUBLISHED_IDS_KEPT = 100_000
-OPEN_PATHS = frozenset({"/healthz", "/readyz"})  # probes carry no credentials
+OPEN_PATHS = frozenset({"/healthz", "/readyz", "/ui/login"})  # probes carry no credentials
+OPEN_PREFIXES = ("/ui/assets/",)  # the console's stylesheet and script, for the sign-in page
 
 
 class InsecureBind(ValueError):
@@ -129,19 +136,59 @@ async def _json_errors(request: web.Request, handler: Handler) -> web.StreamResp
 
 
 def _bearer(token: str) -> Middleware:
+    """The token as `Authorization: Bearer`, or as the console's sign-in cookie (with the
+    console's header on a POST: a cross-site form can send the cookie's name, never the
+    header). A browser asking for a console page without either is sent to sign in."""
+    from turnstile.streams.console.routes import CONSOLE_HEADER, COOKIE
+
     expected = f"Bearer {token}".encode()
 
     @web.middleware
     async def auth(request: web.Request, handler: Handler) -> web.StreamResponse:
-        if request.path not in OPEN_PATHS:
-            given = request.headers.get("Authorization", "").encode()
-            if not hmac.compare_digest(given, expected):
-                response = _error(401, "a bearer token is required")
-                response.headers["WWW-Authenticate"] = "Bearer"
-                return response
-        return await handler(request)
+        path = request.path
+        if path in OPEN_PATHS or path.startswith(OPEN_PREFIXES):
+            return await handler(request)
+        if hmac.compare_digest(request.headers.get("Authorization", "").encode(), expected):
+            return await handler(request)
+        cookie = request.cookies.get(COOKIE, "").encode()
+        from_console = request.method == "GET" or CONSOLE_HEADER in request.headers
+        if from_console and hmac.compare_digest(cookie, token.encode()):
+            return await handler(request)
+        if path == "/ui" or path.startswith("/ui/"):
+            raise web.HTTPSeeOther("/ui/login")
+        response = _error(401, "a bearer token is required")
+        response.headers["WWW-Authenticate"] = "Bearer"
+        return response
 
     return auth
+
+
+MAX_PAGE = 500
+
+
+class PageQuery(TypedDict):
+    contains: str
+    status: Status | None
+    before: int | None
+    limit: int
+
+
+def page_query(request: web.Request) -> PageQuery | str:
+    """`?q=` (part of the id), `status=`, `before=` (a page's `next_cursor`), `limit=`
+    (1..500, default 50), or what is wrong with them."""
+    status, before, limit = request.query.get("status") or None, request.query.get("before"), request.query.get("limit")
+    if status is not None and status not in STATUSES:
+        return f"status must be one of {', '.join(STATUSES)}"
+    if before is not None and not before.isdigit():
+        return "before must be a cursor a page gave (a number)"
+    if limit is not None and not (limit.isdigit() and 1 <= int(limit) <= MAX_PAGE):
+        return f"limit must be 1..{MAX_PAGE}"
+    return {
+        "contains": request.query.get("q", ""),
+        "status": status,  # checked against STATUSES above
+        "before": None if before is None else int(before),
+        "limit": 50 if limit is None else int(limit),
+    }
 
 
 def _wants_html(request: web.Request) -> bool:
@@ -161,9 +208,13 @@ def build_app(
     clock: Clock | None = None,
     hub: ReplyHub | None = None,
     token: str | None = None,
+    read_model: ReadModel | None = None,
 ) -> web.Application:
-    """`token`: when given, every request but the probes must carry it as a bearer token."""
+    """`token`: when given, every request but the probes must carry it as a bearer token.
+    `read_model`: the worker's, to serve the conversations it owns from its state (and to
+    list them); without one every read is a bounded read of the conversation's partition."""
     clock = clock or SystemClock()
+    reads = Reads(read_model, read_conversation)
     middlewares: list[Middleware] = [_json_errors] + ([_bearer(token)] if token else [])
     app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=middlewares)  # type: ignore[arg-type]
     published: OrderedDict[tuple[str, str], str] = OrderedDict()
@@ -171,7 +222,7 @@ def build_app(
     def known_fingerprint(conversation: str, message_id: str) -> str | None:
         """The content fingerprint a message id was first used with, as far as this process
         knows: folded by its worker, or published by this port and not folded yet."""
-        state = worker.states.get(conversation) if worker is not None else None
+        state = worker.state_of(conversation) if worker is not None else None
         if state is not None and (seen := state.seen_inputs.get(message_id)) is not None:
             published.pop((conversation, message_id), None)  # folded: the state knows it now
             return seen
@@ -204,7 +255,7 @@ def build_app(
         if seen is not None:
             if seen != fingerprint:
                 return _error(409, f"message id {event.message_id!r} was already used for other content")
-            state = worker.states.get(conversation) if worker is not None else None
+            state = worker.state_of(conversation) if worker is not None else None
             status = "pending"  # published by this port, not folded yet
             if state is not None and event.message_id in state.seen_inputs:
                 status = "rejected" if event.message_id in state.rejected else "accepted"
@@ -226,31 +277,76 @@ def build_app(
             headers=headers,
         )
 
-    async def view_of(conversation: str) -> ConversationView:
-        # Folding a long partition is CPU work: in a thread, the loop keeps serving.
-        records = await read_conversation(conversation)
-        return await asyncio.to_thread(build_view, conversation, records)
+    def unavailable(problem: Unavailable) -> web.Response:
+        response = _error(problem.status, problem.message)
+        if problem.retry_after_s is not None:
+            response.headers["Retry-After"] = str(problem.retry_after_s)
+        return response
 
     async def get_conversation(request: web.Request) -> web.Response:
         conversation = request.match_info["conversation"]
         if problem := id_problem("the conversation id", conversation):
             return _error(400, problem)
-        view = await view_of(conversation)
-        if view.state.events_applied == 0:
-            return _error(404, f"no events of conversation {conversation!r}")
+        view = await reads.conversation(conversation)
+        if isinstance(view, Unavailable):
+            return unavailable(view)
         return _json(state_json(view))
 
     async def get_turn(request: web.Request) -> web.Response:
         conversation, turn_id = request.match_info["conversation"], request.match_info["turn_id"]
         if problem := id_problem("the conversation id", conversation) or id_problem("the turn id", turn_id):
             return _error(400, problem)
-        view = await view_of(conversation)
-        turn = view.turns.get(turn_id)
-        if turn is None:
-            return _error(404, f"no turn {turn_id!r} in conversation {conversation!r}")
+        found = await reads.turn(conversation, turn_id)
+        if isinstance(found, Unavailable):
+            return unavailable(found)
+        _view, turn = found
         if _wants_html(request):
             return web.Response(text=turn_html(conversation, turn), content_type="text/html")
         return _json(turn_json(conversation, turn))
+
+    async def list_conversations(request: web.Request) -> web.Response:
+        if reads.model is None:
+            return _error(404, "listing conversations needs a worker beside this port")
+        query = page_query(request)
+        if isinstance(query, str):
+            return _error(400, query)
+        page = reads.model.page(**query)
+        rows = [dataclasses.asdict(row) for row in page.rows]
+        return _json({"conversations": rows, "next_cursor": page.next_cursor})
+
+    async def operate(request: web.Request) -> web.Response:
+        conversation, verb = request.match_info["conversation"], request.match_info["verb"]
+        if problem := id_problem("the conversation id", conversation):
+            return _error(400, problem)
+        if verb not in VERBS:
+            return _error(404, f"no operation {verb!r}: approve, deny or resume")
+        try:
+            body = orjson.loads(await request.read() or b"{}")
+        except orjson.JSONDecodeError:
+            return _error(400, "the body is not JSON")
+        allowed = {"note"} if verb == "resume" else {"call_id", "note"}
+        if not isinstance(body, dict) or set(body) - allowed:
+            shape = '{"note"?: "..."}' if verb == "resume" else '{"call_id": "...", "note"?: "..."}'
+            return _error(400, f"expected {shape}")
+        call_id, note = body.get("call_id"), body.get("note")
+        if not (call_id is None or isinstance(call_id, str)) or not (note is None or isinstance(note, str)):
+            return _error(400, "call_id and note must be strings")
+        if call_id is not None and (problem := id_problem("call_id", call_id)):
+            return _error(400, problem)
+        view = await reads.conversation(conversation)
+        if isinstance(view, Unavailable):
+            return unavailable(view)
+        policy = worker.config.debounce if worker is not None else DebouncePolicy()
+        decided = decide_operation(
+            view.state, verb, call_id, note, event_id=uuid.uuid4().hex, now_ms=clock.now_ms(), policy=policy
+        )
+        if isinstance(decided, Refused):
+            return _error(409, decided.reason)
+        event = decided.event
+        partition, offset = await log_.append(log_.topics.events, conversation, encode(event))
+        input_id = event.occurrence_key if isinstance(event, InputInjected) else event.request_id
+        reply = {"conversation_id": conversation, "input_id": input_id, "turn_id": decided.turn_id}
+        return _json({**reply, "partition": partition, "offset": offset}, 202)
 
     async def stream_reply(request: web.Request) -> web.StreamResponse:
         if hub is None:
@@ -287,15 +383,20 @@ def build_app(
         return _json({"ok": True})
 
     async def ready(_request: web.Request) -> web.Response:
-        owned = worker.partitions if worker is not None else {}
-        replaying = sorted(p for p, part in owned.items() if not part.live)
+        owned = worker.partition_liveness() if worker is not None else {}
+        replaying = sorted(p for p, live in owned.items() if not live)
         body = {"ready": not replaying, "partitions": sorted(owned), "replaying": replaying}
         return _json(body, 503 if replaying else 200)
 
     app.router.add_post("/conversations/{conversation}/messages", post_message)
+    app.router.add_get("/conversations", list_conversations)
     app.router.add_get("/conversations/{conversation}", get_conversation)
+    app.router.add_post("/conversations/{conversation}/{verb}", operate)
     app.router.add_get("/conversations/{conversation}/turns/{turn_id}", get_turn)
     app.router.add_get("/conversations/{conversation}/stream", stream_reply)
+    from turnstile.streams.console.routes import add_console
+
+    add_console(app, reads, token)
     app.router.add_get("/metrics", get_metrics)
     app.router.add_get("/healthz", health)
     app.router.add_get("/readyz", ready)

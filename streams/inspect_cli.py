@@ -17,37 +17,23 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from turnstile.streams.file_log import FileLog, partition_for
+from turnstile.streams.file_log import FileLog
 from turnstile.streams.inert import printable
-from turnstile.streams.kafka_reader import group_less_consumer, read_to_end
 from turnstile.streams.log import Record, Topics
 from turnstile.streams.views import ConversationView, TurnView, build_view
 
 
 # -- reading -----------------------------------------------------------------------------
-def file_records(directory: Path, topics: Topics, conversation_id: str, partitions: int | None = None) -> list[Record]:
+def file_records(directory: Path, topics: Topics, conversation_id: str) -> list[Record]:
     """The records of the conversation's partition of the embedded log."""
-    log = FileLog(directory, topics) if partitions is None else FileLog(directory, topics, partitions)
-    partition = partition_for(conversation_id, log.partitions)
-    return [r for r in log.read_all(topics.events) if r.partition == partition]
-
-
-async def kafka_records(bootstrap: str, topic: str, conversation_id: str, timeout_s: float = 30.0) -> list[Record]:
-    """The records of the conversation's partition, up to its end at the time of the call.
-    Kafka's default partitioner (murmur2 of the key) says which partition that is."""
-    async with group_less_consumer(bootstrap, topic, timeout_s) as (consumer, assigned):
-        tp = next(p for p in assigned if p.partition == partition_for(conversation_id, len(assigned)))
-        consumer.pause(*(p for p in assigned if p != tp))
-        return await read_to_end(consumer, [tp], timeout_s)
+    return FileLog(directory, topics).conversation_records(conversation_id)
 
 
 async def conversation_records(conversation_id: str, *, broker: str | None, data: Path, topics: Topics) -> list[Record]:
     """The records of the conversation's partition, on Kafka or in the embedded log."""
-    if broker:
-        from turnstile.streams.kafka_log import bootstrap_of
+    from turnstile.streams.serving import LogPlace
 
-        return await kafka_records(bootstrap_of(broker), topics.events, conversation_id)
-    return file_records(data, topics, conversation_id)
+    return await LogPlace(broker, data, topics).open().reader().conversation(conversation_id)
 
 
 # -- rendering ---------------------------------------------------------------------------

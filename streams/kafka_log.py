@@ -28,8 +28,16 @@ from aiokafka.errors import (
 )
 from aiokafka.structs import OffsetAndMetadata
 
-from turnstile.streams.kafka_reader import ensure_snapshot_topic, record_of
-from turnstile.streams.log import Acknowledged, PartitionStart, RebalanceListener, Record, RecordRefused, Topics
+from turnstile.streams.kafka_reader import KafkaReader, ensure_snapshot_topic, record_of
+from turnstile.streams.log import (
+    Acknowledged,
+    PartitionStart,
+    RebalanceListener,
+    Record,
+    RecordRefused,
+    Topics,
+    partition_for,
+)
 
 log = logging.getLogger(__name__)
 
@@ -166,6 +174,31 @@ class KafkaLog:
         if self._producer is None:
             self._producer = AIOKafkaProducer(**self._producer_options)
         return self._producer
+
+    def own(self) -> None:
+        return None  # the consumer group decides who folds which partition
+
+    def partition_count(self) -> int | None:
+        # Known once the consumer has the topic's metadata (after it subscribed).
+        found = self._consumer.partitions_for_topic(self.topics.events) if self._consumer is not None else None
+        return len(found) if found else None
+
+    def partition_for(self, key: str) -> int | None:
+        count = self.partition_count()
+        return None if count is None else partition_for(key, count)
+
+    def end_offset(self, partition: int) -> int | None:
+        """The high watermark of the partition's last fetch (None before one)."""
+        if self._consumer is None:
+            return None
+        end: int | None = self._consumer.highwater(TopicPartition(self.topics.events, partition))
+        return end
+
+    def reader(self) -> KafkaReader:
+        return KafkaReader(self.bootstrap, self.topics)
+
+    async def start_producer(self) -> None:
+        await self.producer.start()
 
     async def start(self, listener: RebalanceListener) -> None:
         effect_topics = [self.topics.outcomes, self.topics.dead_letters]

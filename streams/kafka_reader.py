@@ -13,7 +13,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import TopicAlreadyExistsError
 
-from turnstile.streams.log import Record, Topics
+from turnstile.streams.log import Record, Topics, partition_for
 
 DELTAS_RETENTION_MS = 3_600_000
 
@@ -55,11 +55,27 @@ async def group_less_consumer(
         await consumer.stop()
 
 
-async def read_to_end(consumer: AIOKafkaConsumer, partitions: list[TopicPartition], timeout_s: float) -> list[Record]:
+class ReadTooLarge(LookupError):
+    """A bounded read would take more records than it may."""
+
+    def __init__(self, partitions: list[int], records: int, limit: int) -> None:
+        super().__init__(f"partitions {partitions} hold {records} records, more than a bounded read takes ({limit})")
+        self.partitions, self.records, self.limit = partitions, records, limit
+
+
+async def read_to_end(
+    consumer: AIOKafkaConsumer, partitions: list[TopicPartition], timeout_s: float, max_records: int | None = None
+) -> list[Record]:
     """Every record of `partitions` from the beginning up to their end at the time of the
-    call, in partition order."""
+    call, in partition order. `max_records`: refuse (`ReadTooLarge`) before reading any
+    when they hold more."""
     await consumer.seek_to_beginning(*partitions)
     ends = await consumer.end_offsets(partitions)
+    if max_records is not None:
+        starts = await consumer.beginning_offsets(partitions)
+        held = sum(ends[tp] - starts[tp] for tp in partitions)
+        if held > max_records:
+            raise ReadTooLarge([tp.partition for tp in partitions], held, max_records)
     out: list[Record] = []
     remaining = {tp for tp in partitions if ends[tp] > 0}
     deadline = asyncio.get_running_loop().time() + timeout_s
@@ -79,6 +95,35 @@ async def read_topic(bootstrap: str, topic: str, timeout_s: float = 30.0) -> lis
     """Every record of `topic` up to its end at the time of the call, in partition order."""
     async with group_less_consumer(bootstrap, topic, timeout_s) as (consumer, partitions):
         return await read_to_end(consumer, partitions, timeout_s)
+
+
+async def read_conversation(
+    bootstrap: str, topic: str, conversation_id: str, timeout_s: float = 30.0, max_records: int | None = None
+) -> list[Record]:
+    """The records of the conversation's partition, up to its end at the time of the call
+    (`ReadTooLarge`, before reading, past `max_records`). Kafka's default partitioner
+    (murmur2 of the key) says which partition that is."""
+    async with group_less_consumer(bootstrap, topic, timeout_s) as (consumer, assigned):
+        tp = next(p for p in assigned if p.partition == partition_for(conversation_id, len(assigned)))
+        consumer.pause(*(p for p in assigned if p != tp))
+        return await read_to_end(consumer, [tp], timeout_s, max_records)
+
+
+class KafkaReader:
+    """The Kafka log's `LogReader`: a consumer in no group per read."""
+
+    def __init__(self, bootstrap: str, topics: Topics) -> None:
+        self.bootstrap = bootstrap
+        self.topics = topics
+
+    async def read(self, topic: str, timeout_s: float = 30.0) -> list[Record]:
+        return await read_topic(self.bootstrap, topic, timeout_s)
+
+    async def conversation(self, conversation_id: str, timeout_s: float = 30.0) -> list[Record]:
+        return await read_conversation(self.bootstrap, self.topics.events, conversation_id, timeout_s)
+
+    def follow(self, topic: str, since_ms: int) -> AsyncIterator[Record]:
+        return follow_topic(self.bootstrap, topic, since_ms)
 
 
 # The snapshot topic keeps the latest value per key (conversation id) for ever: compaction,

@@ -1,7 +1,9 @@
-"""The seam between the worker and the log it reads and appends to.
+"""The seam between the log and everything that reads or appends to it.
 
 Two implementations share it: Kafka (aiokafka consumer group + idempotent producer) and
-the embedded file log (one process, no broker). The worker cannot tell them apart.
+the embedded file log (one process, no broker). Nothing above this seam -- the worker,
+the scheduler, metrics, the HTTP API, the CLI -- can tell them apart: partitioning, end
+offsets, a producer-only open, ownership and a reader in no group are all part of it.
 """
 
 from __future__ import annotations
@@ -10,6 +12,14 @@ import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Protocol
+
+from aiokafka.partitioner import murmur2
+
+
+def partition_for(key: str, partitions: int) -> int:
+    """Kafka's default partitioner: the same partition a Java or Go producer picks."""
+    hashed: int = murmur2(key.encode())
+    return (hashed & 0x7FFFFFFF) % partitions
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,13 +88,66 @@ class RecordRefused(ValueError):
     invalid or not ours to write): retrying cannot help, unlike a broker that is away."""
 
 
+class LogOwned(RuntimeError):
+    """Another process owns this log (the embedded log has one owner)."""
+
+
+class LogReader(Protocol):
+    """Reads topics in no consumer group: it commits nothing and disturbs no worker. For
+    `tail`, `inspect`, `audit`, the HTTP views and tests that judge the log itself."""
+
+    async def read(self, topic: str, timeout_s: float = 30.0) -> list[Record]:
+        """Every record of `topic` up to its end at the time of the call, in partition order."""
+        ...
+
+    async def conversation(self, conversation_id: str, timeout_s: float = 30.0) -> list[Record]:
+        """The events topic's records of the conversation's partition, up to its end now."""
+        ...
+
+    def follow(self, topic: str, since_ms: int) -> AsyncIterator[Record]:
+        """The records of `topic` from `since_ms` (Unix ms, by record time) on, as they
+        arrive, until cancelled. The embedded log keeps no record times and has one
+        process: it follows from the end."""
+        ...
+
+
 AppendFn = Callable[[str, str, bytes, int | None], Awaitable[tuple[int, int]]]
 
 
 class EventLog(Protocol):
     topics: Topics
 
-    async def start(self, listener: RebalanceListener) -> None: ...
+    async def start(self, listener: RebalanceListener) -> None:
+        """Consume the events topic (partitions come through `listener`) and append."""
+        ...
+
+    async def start_producer(self) -> None:
+        """Append only: no consumer, no group, no ownership (a publisher, `send`, the
+        operations commands). `stop` closes it."""
+        ...
+
+    def own(self) -> None:
+        """Become the process that folds this log and writes its effects, or raise
+        `LogOwned` naming the owner. `start` does it; a command may do it sooner, to refuse
+        before it starts anything else. On Kafka the group decides: nothing to do."""
+        ...
+
+    def partition_count(self) -> int | None:
+        """Partitions of the events topic; None while the log does not know yet (Kafka
+        before its first metadata)."""
+        ...
+
+    def partition_for(self, key: str) -> int | None:
+        """The events partition a record with this key lands in (None: not known yet)."""
+        ...
+
+    def end_offset(self, partition: int) -> int | None:
+        """The last known end of an events partition this process consumes (None: unknown)."""
+        ...
+
+    def reader(self) -> LogReader:
+        """A reader of this log's topics in no group."""
+        ...
 
     async def poll(self, timeout_s: float) -> list[Record]: ...
 

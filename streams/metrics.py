@@ -28,8 +28,7 @@ Each `Metrics` has its own registry, so several workers in one process (tests) d
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterator
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily
@@ -46,8 +45,8 @@ from turnstile.handlers.provider import (
 )
 from turnstile.projections import ConversationState
 
-if TYPE_CHECKING:
-    from turnstile.streams.worker import Worker
+# Per owned partition, records of the events topic not yet consumed (what the worker knows).
+LagSource = Callable[[], dict[int, int]]
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 _LATENCY_BUCKETS = (0.1, 0.25, 0.5, 1, 1.5, 2, 3, 5, 10, 30, 60, 300)
@@ -66,17 +65,17 @@ class _LagCollector(Collector):
             "Records of the events topic not yet consumed, per owned partition (end offset - position)",
             labels=["partition"],
         )
-        worker = self.metrics.worker
-        if worker is not None:
-            for partition, lag in sorted(consumer_lag(worker).items()):
-                family.add_metric([str(partition)], lag)
+        lag = self.metrics.lag
+        if lag is not None:
+            for partition, records in sorted(lag().items()):
+                family.add_metric([str(partition)], records)
         yield family
 
 
 class Metrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
-        self.worker: Worker | None = None
+        self.lag: LagSource | None = None
         r = self.registry
         self.turns = Counter("turnstile_turns", "Terminal outcomes of turns", ["outcome"], registry=r)
         self.claim_latency = Histogram(
@@ -120,12 +119,13 @@ class Metrics:
         )
         r.register(_LagCollector(self))
 
-    def attach(self, worker: Worker) -> None:
-        """The worker whose partitions the lag gauge reports, and whose provider's requests
-        are timed from now on."""
-        self.worker = worker
-        if not isinstance(worker.provider, MeasuredProvider):
-            worker.provider = MeasuredProvider(worker.provider, self)
+    def report_lag(self, lag: LagSource) -> None:
+        """Where the lag gauge reads the consumer lag at scrape time."""
+        self.lag = lag
+
+    def measured(self, provider: Provider) -> Provider:
+        """`provider` with every request timed and counted here."""
+        return provider if isinstance(provider, MeasuredProvider) else MeasuredProvider(provider, self)
 
     def on_event(self, state: ConversationState, event: Event) -> None:
         """Called after `event` was folded into `state`."""
@@ -191,23 +191,3 @@ class MeasuredProvider:
 
     async def aclose(self) -> None:
         await self.inner.aclose()
-
-
-def consumer_lag(worker: Worker) -> dict[int, int]:
-    """End offset minus position for each partition the worker owns, where the end is known:
-    the Kafka consumer's last seen high watermark, or the embedded log's file length."""
-    log: Any = worker.log
-    topic = log.topics.events
-    out: dict[int, int] = {}
-    for partition, part in list(worker.partitions.items()):
-        end: int | None = None
-        consumer = getattr(log, "consumer", None)
-        if consumer is not None:
-            from aiokafka import TopicPartition
-
-            end = consumer.highwater(TopicPartition(topic, partition))
-        elif hasattr(log, "_file"):
-            end = log._file(topic, partition).end_offset()
-        if end is not None:
-            out[partition] = max(0, end - part.position)
-    return out

@@ -10,33 +10,31 @@ import uuid
 from collections.abc import Callable
 
 from turnstile.events import InputEvent
-from turnstile.handlers.operations import Operation, Refused, decide_approval, decide_resume
+from turnstile.handlers.operations import Refused, decide_operation
 from turnstile.streams.cli_errors import NOT_FOUND, CliError
-from turnstile.streams.inspect_cli import conversation_records
-from turnstile.streams.publisher import KafkaPublisher, publish
+from turnstile.streams.publisher import publish
 from turnstile.streams.runtime import SystemClock
 from turnstile.streams.serving import LogPlace
 from turnstile.streams.views import build_view
 
 
 async def publish_input(place: LogPlace, event: InputEvent) -> tuple[int, int]:
-    """(partition, offset) of `event` once the log has it: one idempotent producer on Kafka."""
-    if place.bootstrap is not None:
-        async with KafkaPublisher(place.bootstrap, place.topics) as publisher:
-            return await publisher.publish(event)
-    return await publish(place.open(), event)
+    """(partition, offset) of `event` once the log has it, through a producer-only open of
+    the log (no consumer, no group)."""
+    log = place.open()
+    await log.start_producer()
+    try:
+        return await publish(log, event)
+    finally:
+        await log.stop()
 
 
 async def operate(args: argparse.Namespace, place: LogPlace) -> int:
-    records = await conversation_records(args.conversation, broker=place.broker, data=place.data, topics=place.topics)
+    records = await place.open().reader().conversation(args.conversation)
     state = build_view(args.conversation, records).state
     event_id, now_ms = uuid.uuid4().hex, SystemClock().now_ms()
-    decided: Operation | Refused
-    if args.command == "resume":
-        decided = decide_resume(state, args.note, event_id=event_id, now_ms=now_ms)
-    else:
-        approved = args.command == "approve"
-        decided = decide_approval(state, args.call_id, approved, args.note, event_id=event_id, now_ms=now_ms)
+    call_id = None if args.command == "resume" else args.call_id
+    decided = decide_operation(state, args.command, call_id, args.note, event_id=event_id, now_ms=now_ms)
     if isinstance(decided, Refused):
         raise CliError(NOT_FOUND, decided.reason)  # nothing to act on, as an unknown conversation
     partition, offset = await publish_input(place, decided.event)
@@ -52,10 +50,10 @@ def add_parsers(
     for verb, says in (("approve", "let the paused tool call run"), ("deny", "refuse the paused tool call")):
         parser = sub.add_parser(verb, help=f"{says}: its turn continues in a new logical turn")
         add_log_args(parser)
-        parser.add_argument("conversation")
+        parser.add_argument("conversation", help="the conversation whose turn is paused")
         parser.add_argument("call_id", help="the call the turn paused on (turnstile inspect shows it)")
         parser.add_argument("--note", default=None, help="a sentence for the model, e.g. why it was denied")
     resume = sub.add_parser("resume", help="continue a turn paused on its budget, failed or exhausted, in a new turn")
     add_log_args(resume)
-    resume.add_argument("conversation")
+    resume.add_argument("conversation", help="the conversation whose last turn paused, failed or was exhausted")
     resume.add_argument("--note", default=None, help="what the model reads instead of 'Continue.'")

@@ -14,19 +14,24 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from turnstile.events import InputInjected, encode
 from turnstile.handlers.schedule import Schedule, due, injected, next_due, occurrence_key
-from turnstile.streams.file_log import partition_for
+from turnstile.projections import ConversationState
 from turnstile.streams.log import EventLog
+from turnstile.streams.metrics import Metrics
 from turnstile.streams.runtime import Clock, Ids, RandomIds, SystemClock
 
-if TYPE_CHECKING:
-    from turnstile.streams.metrics import Metrics
-    from turnstile.streams.worker import Worker
-
 log = logging.getLogger(__name__)
+
+
+class Owner(Protocol):
+    """What the scheduler asks of the worker beside it (`streams.worker.Worker` is one)."""
+
+    def live_here(self, conversation_id: str) -> bool: ...
+
+    def state_of(self, conversation_id: str) -> ConversationState | None: ...
 
 
 class Scheduler:
@@ -35,7 +40,7 @@ class Scheduler:
         log_: EventLog,
         schedules: Sequence[Schedule],
         *,
-        worker: Worker | None = None,
+        worker: Owner | None = None,
         clock: Clock | None = None,
         ids: Ids | None = None,
         max_sleep_s: float = 1.0,
@@ -50,28 +55,12 @@ class Scheduler:
         self.metrics = metrics
         self.last_fired: dict[str, int] = {}
 
-    def _partition_count(self) -> int | None:
-        count = getattr(self.log, "partitions", None)  # the embedded log
-        if isinstance(count, int):
-            return count
-        consumer = getattr(self.log, "consumer", None)  # Kafka: known once subscribed
-        partitions = consumer.partitions_for_topic(self.log.topics.events) if consumer is not None else None
-        return len(partitions) if partitions else None
-
     def _ours(self, schedule: Schedule) -> bool:
         """Beside a worker: only for conversations on a partition it owns and has replayed."""
-        if self.worker is None:
-            return True
-        count = self._partition_count()
-        if count is None:
-            return False
-        part = self.worker.partitions.get(partition_for(schedule.conversation_id, count))
-        return part is not None and part.live
+        return self.worker is None or self.worker.live_here(schedule.conversation_id)
 
     def _on_log(self, schedule: Schedule, key: str) -> bool:
-        if self.worker is None:
-            return False
-        state = self.worker.states.get(schedule.conversation_id)
+        state = self.worker.state_of(schedule.conversation_id) if self.worker is not None else None
         return state is not None and key in state.seen_inputs
 
     async def tick(self) -> list[InputInjected]:

@@ -7,56 +7,32 @@ import contextlib
 from collections.abc import Sequence
 
 from turnstile.handlers.schedule import Schedule
-from turnstile.streams.file_log import FileLog
-from turnstile.streams.http_api import HttpServer, ReadConversation, build_app
-from turnstile.streams.inspect_cli import file_records, kafka_records
-from turnstile.streams.kafka_reader import follow_topic
-from turnstile.streams.log import EventLog, Record
+from turnstile.streams.http_api import HttpServer, build_app
+from turnstile.streams.http_reads import BOUNDED_READ_RECORDS, ReadConversation, bounded_reader
+from turnstile.streams.log import EventLog
 from turnstile.streams.metrics import Metrics
+from turnstile.streams.read_model import WorkerReadModel
 from turnstile.streams.reply_hub import Follow, ReplyHub
 from turnstile.streams.scheduler import Scheduler
 from turnstile.streams.worker import Worker
 
 
-def conversation_reader(log: EventLog, bootstrap: str | None = None) -> ReadConversation:
-    """How the HTTP views read one conversation from the log, independent of the worker."""
-    if isinstance(log, FileLog):
-        directory, topics, partitions = log.directory, log.topics, log.partitions
-
-        async def read_file(conversation: str) -> list[Record]:
-            # Reading the files is blocking I/O: in a thread, so the loop keeps serving.
-            return await asyncio.to_thread(file_records, directory, topics, conversation, partitions)
-
-        return read_file
-    if bootstrap is None:
-        raise ValueError("reading a Kafka log needs the bootstrap servers")
-    topic = log.topics.events
-
-    async def read_kafka(conversation: str) -> list[Record]:
-        return await kafka_records(bootstrap, topic, conversation)
-
-    return read_kafka
+def conversation_reader(log: EventLog, max_records: int | None = BOUNDED_READ_RECORDS) -> ReadConversation:
+    """How the HTTP views read one conversation from the log, independent of the worker:
+    its partition, refused (`ReadTooLarge`) when it holds more than `max_records`."""
+    return bounded_reader(log.reader(), max_records)
 
 
-# How far back a freshly started reply hub reads both topics on Kafka: replies that began
-# earlier (and are still streaming) are joined from their next delta on.
+# How far back a freshly started reply hub reads both topics: replies that began earlier
+# (and are still streaming) are joined from their next delta on.
 HUB_LOOKBACK_MS = 10 * 60 * 1000
 
 
-def reply_hub_sources(log: EventLog, bootstrap: str | None, now_ms: int) -> tuple[Follow, Follow]:
-    """Followers of the deltas and the events topic for a `ReplyHub`. The embedded log is
-    one process: nothing streamed before it started. On Kafka both topics are read from
-    the same moment, so that replies that ended meanwhile are known to have ended."""
-    topics = log.topics
-    if isinstance(log, FileLog):
-        return (lambda: log.follow(topics.deltas, from_end=True), lambda: log.follow(topics.events, from_end=True))
-    if bootstrap is None:
-        raise ValueError("following a Kafka log needs the bootstrap servers")
-    since = now_ms - HUB_LOOKBACK_MS
-    return (
-        lambda: follow_topic(bootstrap, topics.deltas, since),
-        lambda: follow_topic(bootstrap, topics.events, since),
-    )
+def reply_hub_sources(log: EventLog, now_ms: int) -> tuple[Follow, Follow]:
+    """Followers of the deltas and the events topic for a `ReplyHub`, both read from the same
+    moment, so that replies that ended meanwhile are known to have ended."""
+    reader, topics, since = log.reader(), log.topics, now_ms - HUB_LOOKBACK_MS
+    return (lambda: reader.follow(topics.deltas, since), lambda: reader.follow(topics.events, since))
 
 
 class Service:
@@ -66,13 +42,11 @@ class Service:
         *,
         schedules: Sequence[Schedule] = (),
         http: tuple[str, int] | None = None,
-        bootstrap: str | None = None,
         http_token: str | None = None,
     ) -> None:
         self.worker = worker
         if worker.metrics is None and http is not None:
-            worker.metrics = Metrics()
-            worker.metrics.attach(worker)
+            worker.measure(Metrics())
         self.scheduler = (
             Scheduler(worker.log, schedules, worker=worker, clock=worker.clock, ids=worker.ids, metrics=worker.metrics)
             if schedules
@@ -83,16 +57,19 @@ class Service:
         self._hub_sources: tuple[Follow, Follow] | None = None
         if http is not None and worker.config.stream_replies:
             self.hub = ReplyHub()
-            self._hub_sources = reply_hub_sources(worker.log, bootstrap, worker.clock.now_ms())
+            self._hub_sources = reply_hub_sources(worker.log, worker.clock.now_ms())
+        self.read_model: WorkerReadModel | None = None
         if http is not None:
+            self.read_model = WorkerReadModel(worker)
             app = build_app(
                 worker.log,
-                conversation_reader(worker.log, bootstrap),
+                conversation_reader(worker.log),
                 worker=worker,
                 metrics=worker.metrics,
                 clock=worker.clock,
                 hub=self.hub,
                 token=http_token,
+                read_model=self.read_model,
             )
             self.http = HttpServer(app, *http, token=http_token)
 

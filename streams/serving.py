@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING, TypedDict
 from turnstile.handlers.pricing import unpriced
 from turnstile.handlers.provider import Provider
 from turnstile.handlers.schedule import Schedule
-from turnstile.streams.file_log import FileLog, LogOwned
-from turnstile.streams.log import EventLog, Topics
+from turnstile.streams.file_log import FileLog
+from turnstile.streams.log import EventLog, LogOwned, Topics
 from turnstile.streams.worker import Worker, WorkerConfig
 
 if TYPE_CHECKING:
@@ -77,35 +77,44 @@ async def serve(
     http_token: str | None = None,
     stop: asyncio.Event | None = None,
     signals: bool = True,
+    effective_config: str | None = None,
 ) -> int:
     """Runs the worker (with its scheduler and HTTP port) until `stop` is set or SIGINT/
     SIGTERM: the first signal drains, a second stops at once (exit code 130). An embedded
-    log another process owns is refused before anything starts (exit code 3). Closes the
-    provider and every fallback's provider on the way out."""
+    log another process owns is refused before anything starts (exit code 3). Logs
+    `effective_config` (one line, secrets masked: `streams/run_config.py`) once it runs.
+    Closes the provider and every fallback's provider on the way out."""
     from turnstile.streams.replay_gc import ReplayGc
+    from turnstile.streams.replay_progress import ReplayReporter
+    from turnstile.streams.replay_progress import report as report_replay
     from turnstile.streams.service import Service
 
     log = place.open()
-    if isinstance(log, FileLog):
-        try:
-            log.own()  # before anything starts: a second worker on one folder must not run at all
-        except LogOwned as exc:
-            print(f"turnstile run: {exc}", file=sys.stderr)
-            await provider.aclose()
-            return 3
+    try:
+        log.own()  # before anything starts: a second worker on one embedded log must not run at all
+    except LogOwned as exc:
+        print(f"turnstile run: {exc}", file=sys.stderr)
+        await provider.aclose()
+        return 3
+    if effective_config is not None:
+        log_.info("%s", effective_config)
     turn = config.turn
     for model in unpriced(turn.prices, [turn.model, *(route.model for route in turn.fallbacks)]):
         log_.warning(
             "model %s has no price: its cost is unknown, so each turn on it pauses on its cost budget after the"
-            " first reply; give it one: Model(price=ModelPrice(...)) in an Agent, or run --price %s=INPUT,OUTPUT"
-            " (USD per million tokens)",
+            " first reply; give it one: Model(price=ModelPrice(...)) in an Agent, [prices.\"%s\"] in"
+            " turnstile.toml, or run --price %s=INPUT,OUTPUT (USD per million tokens)",
+            model,
             model,
             model,
         )
     # Process-wide: the cyclic GC is eased while partitions replay, and the replayed state frozen.
     worker = Worker(log, provider, config, replay_hooks=ReplayGc())
-    service = Service(worker, schedules=schedules, http=http, bootstrap=place.bootstrap, http_token=http_token)
+    service = Service(worker, schedules=schedules, http=http, http_token=http_token)
     stop = stop or asyncio.Event()
+    loop = asyncio.get_running_loop()
+    reporter = ReplayReporter(lambda line: print(f"turnstile: {line}", file=sys.stderr, flush=True))
+    progress = asyncio.create_task(report_replay(worker, reporter, loop.time))
     ready = asyncio.Event()
     waiting = asyncio.create_task(ready.wait())
     running = asyncio.create_task(service.run(stop, ready))
@@ -115,7 +124,6 @@ async def serve(
             running.cancel()  # the second signal: stop now, the next owner resumes the turns
         stop.set()
 
-    loop = asyncio.get_running_loop()
     handled = (signal.SIGINT, signal.SIGTERM) if signals else ()
     for sig in handled:
         loop.add_signal_handler(sig, on_signal)
@@ -135,6 +143,7 @@ async def serve(
         for sig in handled:
             loop.remove_signal_handler(sig)
         waiting.cancel()
+        progress.cancel()
         providers = {id(p): p for p in (provider, *(r.provider for r in config.turn.fallbacks))}
         for each in providers.values():
             await each.aclose()

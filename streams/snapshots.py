@@ -39,6 +39,7 @@ import logging
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
+from turnstile.events import Event
 from turnstile.projections import ConversationState
 from turnstile.projections.snapshot import (
     WATERMARK_KEY,
@@ -163,9 +164,10 @@ class Snapshotter:
     """Tracks which conversations changed since their snapshot and writes snapshots and
     watermarks at the worker's checkpoints."""
 
-    def __init__(self, log_: EventLog, policy: SnapshotPolicy) -> None:
+    def __init__(self, log_: EventLog, policy: SnapshotPolicy, now_ms: Callable[[], int]) -> None:
         self.log = log_
         self.policy = policy
+        self._now_ms = now_ms
         self._partitions: dict[int, _Partition] = {}
         self._writing: asyncio.Task[None] | None = None
         self._too_large: set[str] = set()
@@ -203,16 +205,22 @@ class Snapshotter:
         writing = self._writing is not None and not self._writing.done()
         return writing or (part is not None and bool(part.dirty))
 
-    def changed(self, partition: int, conversation: str, offset: int, now_ms: int) -> None:
-        """An event of `conversation` at `offset` was folded."""
-        part = self._partitions.get(partition)
+    # -- the worker's fold observer: what changed since the last snapshots ----------------------
+    def folded(self, record: Record, event: Event, state: ConversationState, ignored: str | None) -> None:
+        part = self._partitions.get(record.partition)
         if part is None:
             return
-        dirty = part.dirty.get(conversation)
+        dirty = part.dirty.get(state.conversation_id)
         if dirty is None:
-            part.dirty[conversation] = _Dirty(offset, offset, 1, now_ms)
+            part.dirty[state.conversation_id] = _Dirty(record.offset, record.offset, 1, self._now_ms())
         else:
-            dirty.last, dirty.events, dirty.last_ms = offset, dirty.events + 1, now_ms
+            dirty.last, dirty.events, dirty.last_ms = record.offset, dirty.events + 1, self._now_ms()
+
+    def forgotten(self, conversations: set[str]) -> None:
+        pass  # their partitions' changes were dropped on revoke (`revoked`)
+
+    def restored(self, state: ConversationState) -> None:
+        pass  # its snapshot is the one just read: nothing changed
 
     def checkpoint(
         self,

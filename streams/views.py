@@ -36,12 +36,28 @@ from turnstile.streams.timeline import describe
 
 @dataclass(slots=True)
 class TimelineEntry:
+    """One event of a turn. It keeps the record's bytes, not a rendering: a worker's read
+    model adds an entry per folded event, and decoding and describing it again is paid by
+    the page that shows it, not by the fold."""
+
     partition: int
     offset: int
     occurred_at: int
     type: str
-    text: str
+    value: bytes
     ignored: str | None = None  # why the fold ignored it
+
+    @property
+    def event(self) -> Event:
+        event = decode(self.value)
+        assert not isinstance(event, DecodeError), "an entry is made from a decoded event"
+        return event
+
+    @property
+    def text(self) -> str:
+        event = self.event
+        turn = getattr(event, "turn_id", "")
+        return describe(event).removeprefix(f"{event.type:<17} ").removeprefix(f"turn {turn[:8]} ")
 
 
 @dataclass(slots=True)
@@ -82,13 +98,25 @@ class TurnView:
     ended_at: int | None = None
     duration_ms: int | None = None
     entries: list[TimelineEntry] = field(default_factory=list)
+    # A worker's read model keeps the timelines of recent turns only: this one's must be
+    # read from the log.
+    entries_dropped: bool = False
 
 
 @dataclass(slots=True)
 class ConversationView:
+    """`state` is the conversation's fold: the view's own (`build_view`), or a worker's,
+    which `add` is then told about event by event (`streams.read_model`)."""
+
     state: ConversationState
     turns: dict[str, TurnView] = field(default_factory=dict)  # in claim order
     undecodable: int = 0
+    last_event_at: int | None = None
+
+    def add(self, record: Record, event: Event, ignored: str | None) -> None:
+        """Note an event the state's fold has just applied (`ignored`: why it refused it)."""
+        self.last_event_at = max(self.last_event_at or 0, event.occurred_at)
+        _record(self, record, event, ignored)
 
 
 def build_view(conversation_id: str, records: list[Record]) -> ConversationView:
@@ -102,7 +130,7 @@ def build_view(conversation_id: str, records: list[Record]) -> ConversationView:
         if event.conversation_id != conversation_id:
             continue
         rejection = apply_event(view.state, event)
-        _record(view, record, event, None if rejection is None else rejection.reason)
+        view.add(record, event, None if rejection is None else rejection.reason)
     return view
 
 
@@ -115,8 +143,8 @@ def _record(view: ConversationView, record: Record, event: Event, ignored: str |
         if not isinstance(event, TurnClaimed) or ignored is not None:
             return
         turn = view.turns[turn_id] = TurnView(turn_id, event.input_ids, event.occurred_at)
-    text = describe(event).removeprefix(f"{event.type:<17} ").removeprefix(f"turn {turn_id[:8]} ")
-    turn.entries.append(TimelineEntry(record.partition, record.offset, event.occurred_at, event.type, text, ignored))
+    entry = TimelineEntry(record.partition, record.offset, event.occurred_at, event.type, record.value or b"", ignored)
+    turn.entries.append(entry)
     if ignored is not None:
         return
     match event:

@@ -44,6 +44,7 @@ from turnstile.handlers.claim import (
 from turnstile.handlers.provider import ChatMessage, Provider
 from turnstile.projections import ConversationState, apply_event, new_state
 from turnstile.streams.log import Acknowledged, EventLog, PartitionStart, Record, RecordRefused
+from turnstile.streams.metrics import Metrics
 from turnstile.streams.reply_deltas import DeltaPublisher
 from turnstile.streams.runtime import Clock, Ids, RandomIds, SystemClock
 from turnstile.streams.snapshots import Loaded, SnapshotPolicy, Snapshotter
@@ -52,7 +53,6 @@ from turnstile.streams.turn_runner import TurnRunner, TurnSettings
 if TYPE_CHECKING:
     from opentelemetry.trace import TracerProvider
 
-    from turnstile.streams.metrics import Metrics
     from turnstile.streams.tracing import TurnTracer
 
 log = logging.getLogger(__name__)
@@ -77,6 +77,21 @@ class ReplayHooks(Protocol):
     def replayed(self) -> None: ...
 
 
+class FoldObserver(Protocol):
+    """Told of every event the worker folds (after its fold; `ignored`: why the fold
+    refused it) and of the conversations it forgets when their partition is revoked;
+    e.g. `streams.read_model.WorkerReadModel`, which serves HTTP reads from this state."""
+
+    def folded(self, record: Record, event: Event, state: ConversationState, ignored: str | None) -> None: ...
+
+    def forgotten(self, conversations: set[str]) -> None: ...
+
+    def restored(self, state: ConversationState) -> None:
+        """A conversation of a newly assigned partition starts from its snapshot: its events
+        up to the snapshot are not folded (told) again."""
+        ...
+
+
 @dataclass(frozen=True, slots=True)
 class WorkerConfig:
     debounce: DebouncePolicy = DebouncePolicy()
@@ -99,6 +114,16 @@ class WorkerConfig:
     # Conversation states on the compacted snapshot topic (`streams/snapshots.py`): an
     # assignment folds only the events after them.
     snapshots: SnapshotPolicy = SnapshotPolicy()
+
+
+@dataclass(frozen=True, slots=True)
+class ReplayProgress:
+    """How far the assigned partitions are replayed (`Worker.replay_progress`)."""
+
+    partitions: int  # assigned
+    replaying: int  # of them, not live yet
+    events_done: int  # records read, up to each partition's replay end
+    events_total: int  # records to read before every assigned partition is live
 
 
 @dataclass(slots=True)
@@ -143,10 +168,10 @@ class Worker:
         self.log = log_
         self.replay_hooks = replay_hooks
         self._replaying = False
-        self.metrics = metrics
+        self.metrics: Metrics | None = None
         self.provider = provider
         if metrics is not None:
-            metrics.attach(self)  # after the provider: it times the provider's requests
+            self.measure(metrics)
         self.config = config
         self.clock = clock or SystemClock()
         self.ids = ids or RandomIds()
@@ -155,8 +180,7 @@ class Worker:
         )
         self.tracer = self._tracer(tracer_provider) if self.config.tracing else None
         self.states: dict[str, ConversationState] = {}
-        self.snapshots = Snapshotter(log_, config.snapshots) if config.snapshots.enabled else None
-        self.partitions: dict[int, _Partition] = {}
+        self._partitions: dict[int, _Partition] = {}
         self.runners: dict[str, _Runner] = {}
         self._partition_of: dict[str, int] = {}
         self._dirty: set[str] = set()
@@ -178,6 +202,41 @@ class Worker:
         # Per conversation, its history rendered as prompt messages, kept across its turns
         # (history is append-only): a turn start then does not re-render all of it.
         self._rendered: dict[str, list[ChatMessage]] = {}
+        self.fold_observers: list[FoldObserver] = []
+        self.snapshots = Snapshotter(log_, config.snapshots, self.clock.now_ms) if config.snapshots.enabled else None
+        if self.snapshots is not None:
+            self.fold_observers.append(self.snapshots)
+
+    # -- what others may ask -----------------------------------------------------------
+    def measure(self, metrics: Metrics) -> None:
+        """Report to `metrics` from now on: what is folded as new, this worker's consumer lag,
+        and the provider's requests (timed from here on)."""
+        self.metrics = metrics
+        self.provider = metrics.measured(self.provider)
+        metrics.report_lag(self.consumer_lag)
+
+    def state_of(self, conversation_id: str) -> ConversationState | None:
+        """The conversation as this worker has folded it (None: not on a partition it owns)."""
+        return self.states.get(conversation_id)
+
+    def live_here(self, conversation_id: str) -> bool:
+        """Whether the conversation's partition is assigned here and replayed to its present."""
+        partition = self.log.partition_for(conversation_id)
+        part = self._partitions.get(partition) if partition is not None else None
+        return part is not None and part.live
+
+    def partition_liveness(self) -> dict[int, bool]:
+        """Each partition assigned here: True once replayed to the end it had when assigned."""
+        return {p: part.live for p, part in self._partitions.items()}
+
+    def consumer_lag(self) -> dict[int, int]:
+        """End offset minus position for each owned partition whose end the log knows."""
+        out: dict[int, int] = {}
+        for partition, part in list(self._partitions.items()):
+            end = self.log.end_offset(partition)
+            if end is not None:
+                out[partition] = max(0, end - part.position)
+        return out
 
     # -- rebalance -------------------------------------------------------------------
     async def on_assigned(self, partitions: dict[int, PartitionStart]) -> dict[int, int]:
@@ -193,8 +252,10 @@ class Worker:
                     self.states[conversation] = snapshot.state
                     self._partition_of[conversation] = p
                     part.conversations.add(conversation)
+                    for observer in self.fold_observers:
+                        observer.restored(snapshot.state)
         # Only now: records of these partitions fetched while the snapshots loaded are dropped.
-        self.partitions.update(added)
+        self._partitions.update(added)
         starts = {p: part.position for p, part in sorted(added.items())}
         log.info("assigned partitions %s; replaying them from %s", sorted(partitions), starts)
         for part in added.values():
@@ -211,7 +272,7 @@ class Worker:
         # fold their records nor decide for them -- a runner started now (e.g. to take over
         # the turns we are cancelling) would outlive the revoke and write to a partition
         # another worker owns.
-        leaving = [part for p in partitions if (part := self.partitions.pop(p, None)) is not None]
+        leaving = [part for p in partitions if (part := self._partitions.pop(p, None)) is not None]
         stopping = [r.task for c, r in self.runners.items() if r.partition in partitions]
         stopping += [t for c, t in self._rejecting.items() if self._partition_of.get(c) in partitions]
         for task in stopping:
@@ -231,6 +292,8 @@ class Worker:
                 self._to_reject.pop(conversation, None)
                 self._refusing.pop(conversation, None)
                 self._rendered.pop(conversation, None)
+            for observer in self.fold_observers:
+                observer.forgotten(part.conversations)
         log.info("revoked partitions %s", sorted(partitions))
         self._note_replay()
 
@@ -240,9 +303,19 @@ class Worker:
         self._dirty.update(part.conversations)
         self._note_replay()
 
+    def replay_progress(self) -> ReplayProgress:
+        """Read-only, for progress reports (`streams/replay_progress.py`)."""
+        parts = list(self._partitions.values())
+        return ReplayProgress(
+            len(parts),
+            sum(not part.live for part in parts),
+            sum(min(part.position, part.end_offset) for part in parts),
+            sum(part.end_offset for part in parts),
+        )
+
     def _note_replay(self) -> None:
         """Tell the replay hooks when replaying starts and when every partition is live."""
-        replaying = any(not part.live for part in self.partitions.values())
+        replaying = any(not part.live for part in self._partitions.values())
         if replaying == self._replaying:
             return
         self._replaying = replaying
@@ -333,7 +406,7 @@ class Worker:
         return 0.0 if self._dirty else wait
 
     async def _consume(self, record: Record) -> None:
-        part = self.partitions.get(record.partition)
+        part = self._partitions.get(record.partition)
         if part is None or record.offset < part.position:
             return  # a record of a partition revoked while this batch was in flight, or before its start
         was_live = part.live
@@ -359,8 +432,8 @@ class Worker:
             self._partition_of[conversation] = record.partition
             part.conversations.add(conversation)
         rejection = apply_event(state, event)
-        if self.snapshots is not None:
-            self.snapshots.changed(record.partition, conversation, record.offset, self.clock.now_ms())
+        for observer in self.fold_observers:
+            observer.folded(record, event, state, None if rejection is None else rejection.reason)
         self._read_back(conversation, event, rejection is None)
         if rejection is not None:
             if rejection.conflict:
@@ -448,7 +521,7 @@ class Worker:
         partition = self._partition_of.get(conversation)
         if state is None or partition is None:
             return
-        part = self.partitions.get(partition)
+        part = self._partitions.get(partition)
         if part is None or not part.live:
             return  # being revoked, or still replaying: the state is not the log's present yet
         if self._refusals_pending(conversation, state, partition):
@@ -574,14 +647,14 @@ class Worker:
         self._effects = [e for e in self._effects if not e[2].done()]
         for p, offset, _write in self._effects:
             unwritten[p] = min(unwritten.get(p, offset), offset)
-        parts = {p: part for p, part in self.partitions.items() if part.live and part.position > 0}
+        parts = {p: part for p, part in self._partitions.items() if part.live and part.position > 0}
         offsets = {p: min(part.position, unwritten.get(p, part.position)) for p, part in parts.items()}
         if offsets:
             await self.log.commit(offsets)
         if self.snapshots is not None:
             # Only the consumer loop folds, and it is here: the partitions still ours (not
             # reassigned while the commit was awaited) are folded to exactly their positions.
-            positions = {p: part.position for p, part in parts.items() if self.partitions.get(p) is part}
+            positions = {p: part.position for p, part in parts.items() if self._partitions.get(p) is part}
             self.snapshots.checkpoint(positions, offsets, self.clock.now_ms(), self.states.get, self._owes_nothing,
                                       final=force)  # fmt: skip
 

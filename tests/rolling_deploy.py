@@ -123,7 +123,7 @@ async def rolling_deploy(bootstrap: str, topics: Topics, shape: Shape) -> Figure
         stop.set()
         await task  # the drain
         fresh = start(name)
-        await until(lambda: bool(fresh.partitions), 60)
+        await until(lambda: bool(fresh.partition_liveness()), 60)
 
     crash_at: list[float] = []
     survivor_live: list[float] = []
@@ -134,13 +134,13 @@ async def rolling_deploy(bootstrap: str, topics: Topics, shape: Shape) -> Figure
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
         survivor = running["worker-2"][0]
-        await until(lambda: len(survivor.partitions) == 8 and all(p.live for p in survivor.partitions.values()), 60)
+        await until(lambda: len(survivor.partition_liveness()) == 8 and all(survivor.partition_liveness().values()), 60)
         survivor_live.append(time.monotonic())
 
     def settled() -> bool:
         # Both members hold a share, disjoint and live: the group's first rebalance is over.
-        owned = [set(w.partitions) for w, _, _ in running.values()]
-        live = all(p.live for w, _, _ in running.values() for p in w.partitions.values())
+        owned = [set(w.partition_liveness()) for w, _, _ in running.values()]
+        live = all(live for w, _, _ in running.values() for live in w.partition_liveness().values())
         return all(owned) and len(set.union(*owned)) == sum(map(len, owned)) == 8 and live
 
     async def rolling() -> None:

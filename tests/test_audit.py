@@ -376,6 +376,48 @@ def test_given_no_dlq_read_when_audited_then_nothing_is_said_of_letters() -> Non
     assert report.dead_letters == [] and report.not_dead_lettered == []
 
 
+def test_given_inputs_unclaimed_while_their_partition_went_on_when_audited_then_the_conversation_is_stalled() -> None:
+    waiting = message("m1", 1_000, conv="quiet")
+    busy = [message(f"b{i}", 91_000, conv=f"busy-{i}") for i in range(3)]  # the partition goes on, 90 s later
+    report = Auditor().feed_all(records(waiting, *busy)).report(stall_after_s=60)
+    assert [(f.where, f.conversation_id) for f in report.stalled] == [("0@0", "quiet")]  # the busy ones just arrived
+    assert "1 input(s) pending with no claim for 90 s" in report.stalled[0].detail
+    assert report.ok  # a finding, not a violation ...
+    assert not Auditor().feed_all(records(waiting, *busy)).report(strict=True, stall_after_s=120).stalled
+    strict = Auditor().feed_all(records(waiting, *busy)).report(strict=True, stall_after_s=60)
+    assert strict.violations == 1  # ... unless --strict
+    assert "not progressing: 1 stalled conversation(s)" in render(report)
+
+
+def test_given_a_conversation_whose_turn_answered_its_inputs_when_audited_then_it_is_not_stalled() -> None:
+    _, turn = one_turn()
+    later = message("other", 500_000, conv="other")
+    assert Auditor().feed_all(records(message("m1", 1), *turn, later)).report(stall_after_s=60).stalled == []
+
+
+def test_given_the_workers_committed_offsets_when_audited_then_a_partition_stuck_at_a_poison_value_is_named() -> None:
+    log = records(message("m1", 1), message("m2", 2), b"not json", message("m3", 4), message("m4", 5))
+    stuck = Auditor().feed_all(log).feed_committed({0: 2}).report()
+    [finding] = stuck.not_committed_past
+    assert finding.where == "0@2" and "3 record(s) behind the end" in finding.detail
+    assert "the record there does not decode (not_json" in finding.detail
+    assert Auditor().feed_all(log).feed_committed({0: 2}).report(strict=True).violations == 1
+    caught_up = Auditor().feed_all(log).feed_committed({0: 5}).report()
+    assert caught_up.not_committed_past == [] and caught_up.poisoned
+    verdict = "no violation; poisoned: 1 value(s) that do not decode, 0 dead letter(s)"
+    assert render(caught_up).rstrip().endswith(verdict)
+    assert Auditor().feed_all(log).report().not_committed_past == []  # no offsets given: not reported
+
+
+def test_turnstile_audit_reads_how_far_the_embedded_worker_committed(tmp_path: Path) -> None:
+    write_file_log(tmp_path, records(message("m1", 1), b"not json", message("m2", 3)))
+    asyncio.run(FileLog(tmp_path).commit({0: 1}))
+    result = turnstile_audit("--data", str(tmp_path), "--json", "--strict")
+    assert result.returncode == 1, result.stdout + result.stderr
+    [finding] = json.loads(result.stdout)["not_committed_past"]
+    assert finding["at"] == "0@1" and "does not decode" in finding["detail"]
+
+
 # -- report ------------------------------------------------------------------------------------
 
 
@@ -390,7 +432,7 @@ def test_render_names_each_rule_with_counts_and_places() -> None:
     assert "FAIL one_active_turn" in text and "0@4" in text
     assert "ok   claim_once" in text
     assert text.rstrip().endswith("1 violation(s)")
-    assert render(audit(records(message("m1", 1)))).rstrip().endswith("no violation")
+    assert render(audit(records(message("m1", 1)))).rstrip().endswith("no violation; the log is clean")
 
 
 def test_json_report_and_incremental_reporting() -> None:

@@ -83,7 +83,8 @@ async def test_a_log_written_by_real_workers_has_no_violation(kafka_bootstrap: s
 
     audit_group = f"audit-{uuid.uuid4().hex[:8]}"
     result = turnstile_audit(kafka_bootstrap, fresh_topics, "--from-beginning", "--strict", "--json",
-                             "--group", audit_group, "--max-iterations", "8", "--max-tool-calls", "16")  # fmt: skip
+                             "--group", audit_group, "--worker-group", group, "--max-iterations", "8",
+                             "--max-tool-calls", "16")  # fmt: skip
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr
     report = json.loads(result.stdout)
     assert report["ok"] and report["violations"] == 0
@@ -94,7 +95,7 @@ async def test_a_log_written_by_real_workers_has_no_violation(kafka_bootstrap: s
     assert not report["undecodable"]
 
     text = turnstile_audit(kafka_bootstrap, fresh_topics, "--from-beginning", "--group", audit_group)
-    assert text.returncode == 0 and text.stdout.rstrip().endswith("no violation"), text.stdout
+    assert text.returncode == 0 and text.stdout.rstrip().endswith("no violation; the log is clean"), text.stdout
 
 
 async def test_a_violation_on_kafka_exits_1_and_is_reported_once_per_group(

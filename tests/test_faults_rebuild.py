@@ -80,8 +80,8 @@ async def test_a_worker_with_empty_state_rebuilds_equal_projections_and_repeats_
     task = asyncio.create_task(second.run(stop))
     try:
         await until(
-            lambda: second.partitions
-            and all(p.live for p in second.partitions.values())
+            lambda: bool(second.partition_liveness())
+            and all(second.partition_liveness().values())
             and len(second.states) == CONVERSATIONS,
             90,
             "the rebuild",

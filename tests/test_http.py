@@ -180,7 +180,7 @@ async def test_the_service_on_kafka_with_a_schedule(kafka_bootstrap: str, fresh_
     group = f"g-{uuid.uuid4().hex[:8]}"
     worker = Worker(KafkaLog(kafka_bootstrap, group, fresh_topics), ScriptedProvider(), FAST)
     ping = Schedule("ping", "sched", "anything new?", Interval(3_600_000))
-    svc = Service(worker, schedules=[ping], http=("127.0.0.1", 0), bootstrap=kafka_bootstrap)
+    svc = Service(worker, schedules=[ping], http=("127.0.0.1", 0))
     stop, ready = asyncio.Event(), asyncio.Event()
     task = asyncio.create_task(svc.run(stop, ready))
     try:

@@ -190,7 +190,7 @@ async def test_the_probes_are_answered_during_a_long_replay(tmp_path):
     try:
         async with serving(worker) as (_svc, client):
             lag.start()  # from here: the service and its client are set up
-            while not worker.partitions or replay.running:
+            while not worker.partition_liveness() or replay.running:
                 health, ready = await client.get("/healthz"), await client.get("/readyz")
                 if replay.running:
                     answered.append((health.status_code, ready.status_code))

@@ -89,7 +89,7 @@ async def test_fifty_conversations_two_workers_every_message_claimed_once_every_
     replies = Counter((e.conversation_id, e.reply) for e in events if e.type == "TurnCompleted")
     assert all(n == 1 for n in replies.values())
     # Both workers ran turns: the partitions were really shared.
-    by_partition = {p for w in workers for p in w.partitions}
+    by_partition = {p for w in workers for p in w.partition_liveness()}
     assert len(by_partition) == 8
     outcome_records = await read_topic(kafka_bootstrap, fresh_topics.outcomes)
     assert {decode(r.value).turn_id for r in outcome_records} == set(outcomes)
@@ -120,7 +120,7 @@ async def test_a_worker_restarted_in_the_same_group_rebuilds_state_from_offset_z
     stop = asyncio.Event()
     task = asyncio.create_task(second.run(stop))
     try:
-        while not (second.partitions and all(p.live for p in second.partitions.values()) and len(second.states) == 5):
+        while not ((live := second.partition_liveness()) and all(live.values()) and len(second.states) == 5):
             assert asyncio.get_running_loop().time() < deadline + 60
             await asyncio.sleep(0.1)
         await asyncio.sleep(0.5)

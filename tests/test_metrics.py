@@ -19,7 +19,7 @@ from turnstile.handlers.providers.scripted import ScriptedProvider
 from turnstile.streams.file_log import FileLog
 from turnstile.streams.kafka_log import KafkaLog
 from turnstile.streams.log import Topics
-from turnstile.streams.metrics import Metrics, consumer_lag
+from turnstile.streams.metrics import Metrics
 from turnstile.streams.publisher import message_event, publish
 from turnstile.streams.runtime import SystemClock
 from turnstile.streams.worker import Worker, WorkerConfig
@@ -79,18 +79,17 @@ async def test_metrics_after_turns_a_dead_letter_and_a_refusal(tmp_path):
 
 
 async def test_consumer_lag_is_end_offset_minus_position(tmp_path):
-    log = FileLog(tmp_path, partitions=1)
+    log = FileLog(tmp_path, partitions=2)
     worker = Worker(log, ScriptedProvider(), FAST, metrics=Metrics())
-    await worker.on_assigned({})  # nothing yet
+    assert worker.consumer_lag() == {}  # nothing assigned yet
     for i in range(5):
         await publish(log, message_event("c1", f"text {i}", NOW(), f"m{i}"))
-    from turnstile.streams.log import PartitionStart
-
-    await worker.on_assigned({0: PartitionStart(end_offset=5, committed=0)})
-    worker.partitions[0].position = 2
-    assert consumer_lag(worker) == {0: 3}
-    worker.partitions[0].position = 5
-    assert consumer_lag(worker) == {0: 0}
+    await log.start(worker)  # assigned, nothing consumed yet
+    mine = log.partition_for("c1")
+    assert worker.consumer_lag() == {mine: 5, 1 - mine: 0}
+    await publish(log, message_event("c1", "one more", NOW(), "m5"))
+    assert worker.consumer_lag()[mine] == 6  # the end is the log's, read when asked
+    await log.stop()
 
 
 @pytest.mark.kafka
@@ -99,7 +98,7 @@ async def test_metrics_of_a_worker_on_kafka(kafka_bootstrap: str, fresh_topics: 
     metrics = Metrics()
     worker = Worker(KafkaLog(kafka_bootstrap, group, fresh_topics), ScriptedProvider(), FAST, metrics=metrics)
     publisher = KafkaLog(kafka_bootstrap, group, fresh_topics)
-    await publisher.producer.start()
+    await publisher.start_producer()
     stop = asyncio.Event()
     task = asyncio.create_task(worker.run(stop))
     try:
@@ -109,7 +108,7 @@ async def test_metrics_of_a_worker_on_kafka(kafka_bootstrap: str, fresh_topics: 
             assert asyncio.get_running_loop().time() < deadline and not task.done(), "no completed turn in time"
             await asyncio.sleep(0.2)
         # Lag is reported for owned partitions once the consumer has seen their high watermark.
-        while not (lags := consumer_lag(worker)):
+        while not (lags := worker.consumer_lag()):
             assert asyncio.get_running_loop().time() < deadline
             await asyncio.sleep(0.2)
         assert all(v >= 0 for v in lags.values()) and set(lags) <= set(range(8))

@@ -64,7 +64,10 @@ def test_the_wheel_has_one_namespace_with_every_subpackage_and_the_contract_file
     assert shipped == package_folders()
     assert "turnstile/py.typed" in names
     assert "turnstile/events/asyncapi.yaml" in names
+    assert "turnstile/streams/prices.toml" in names  # the shipped price table
     assert any(n.startswith("turnstile/events/schemas/") and n.endswith(".json") for n in names)
+    # The console's stylesheet and script ship inside the package (no CDN, no build step).
+    assert {"turnstile/streams/console/assets/console.css", "turnstile/streams/console/assets/console.js"} <= set(names)
     assert not any(n.startswith("turnstile/tests/") or n.startswith("turnstile/bench/") for n in names)
 
 
@@ -86,6 +89,14 @@ def test_the_wheel_installed_outside_the_repository_runs_the_command(wheel: Path
         assert run(python, "-c", f"import {generic}").returncode != 0, generic
     imported = run(python, "-c", "import turnstile.handlers.providers.openai_chat, turnstile.streams.cli")
     assert imported.returncode == 0, imported.stderr
+    priced = run(python, "-c", "from turnstile.streams.config_file import shipped_prices as s; print(s().taken)")
+    assert priced.returncode == 0 and priced.stdout.strip() == "2026-12-03", priced.stderr  # read from the wheel
+    assets = (
+        "from turnstile.streams.console.pages import asset;"
+        " print(len(asset('console.css')), 'EventSource' in asset('console.js'))"
+    )
+    served = run(python, "-c", assets)
+    assert served.returncode == 0 and served.stdout.split()[1] == "True", served.stderr
 
 
 def test_the_wheel_runs_the_example_agent_from_a_folder_outside_the_repository(wheel: Path, tmp_path: Path) -> None:

@@ -60,22 +60,40 @@ def start_worker(tmp_path, *flags: str) -> tuple[str, int]:
 
 
 def test_a_worker_warns_at_start_for_a_model_without_a_price(tmp_path):
-    said, code = start_worker(tmp_path, "--model", "gpt-4.1")
-    assert "model gpt-4.1 has no price" in said and "--price gpt-4.1=INPUT,OUTPUT" in said
+    said, code = start_worker(tmp_path, "--model", "acme-7b")
+    assert "model acme-7b has no price" in said and "--price acme-7b=INPUT,OUTPUT" in said
+    assert '[prices."acme-7b"] in turnstile.toml' in said
     assert code == 0
 
 
 def test_a_priced_model_starts_without_the_warning(tmp_path):
-    said, code = start_worker(tmp_path, "--model", "gpt-4.1", "--price", "gpt-4.1=2,8")
+    said, code = start_worker(tmp_path, "--model", "acme-7b", "--price", "acme-7b=2,8")
     assert "worker running" in said and "has no price" not in said  # the warning comes before this line
+    assert code == 0
+
+
+def test_a_model_of_the_shipped_table_is_priced_without_a_flag(tmp_path):
+    said, code = start_worker(tmp_path, "--model", "gpt-4.1", "--fallback", "claude-haiku-4-5")
+    assert "has no price" not in said and "prices.gpt-4.1=2/8/0.5/0 [shipped table of" in said
     assert code == 0
 
 
 def test_an_agent_with_an_unpriced_fallback_is_warned_about_once(tmp_path):
     (tmp_path / "shop.py").write_text(
         "from turnstile import Agent, Model, ModelPrice\n"
-        "agent = Agent('shop', model=Model('gpt-4.1', price=ModelPrice(2, 8)), fallbacks=[Model('gpt-4.1-mini')])\n"
+        "agent = Agent('shop', model=Model('acme-7b', price=ModelPrice(2, 8)), fallbacks=[Model('acme-3b')])\n"
     )
     said, code = start_worker(tmp_path, "shop:agent")
-    assert said.count("has no price") == 1 and "model gpt-4.1-mini has no price" in said
+    assert said.count("has no price") == 1 and "model acme-3b has no price" in said
+    assert code == 0
+
+
+def test_the_models_of_a_config_file_are_warned_about_once_each(tmp_path):
+    (tmp_path / "turnstile.toml").write_text(
+        '[model]\nname = "acme-7b"\nfallbacks = ["acme-3b", "gpt-4.1-mini"]\n'
+        '[prices."acme-3b"]\ninput = 1\noutput = 2\n'
+    )
+    said, code = start_worker(tmp_path)
+    assert said.count("has no price") == 1 and "model acme-7b has no price" in said
+    assert "prices.acme-3b=1/2/?/? [turnstile.toml]" in said
     assert code == 0

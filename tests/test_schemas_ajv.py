@@ -40,11 +40,16 @@ def test_ajv_in_strict_mode_loads_every_schema_and_accepts_every_golden_event(no
     assert result.stdout.strip().endswith(f"{len(golden)} values checked, 0 failures")
 
 
-def test_ajv_refuses_a_value_that_breaks_its_schema(node_modules: Path, tmp_path: Path) -> None:
-    broken = tmp_path / "TurnPaused.json"
+def broken_value(folder: Path) -> Path:
+    """The golden TurnPaused with a reason its schema does not allow (for every validator's test)."""
+    broken = folder / "TurnPaused.json"
     text = (ROOT / "tests" / "golden" / "v1" / "TurnPaused.json").read_text()
     broken.write_text(text.replace('"reason": "approval"', '"reason": "bored"'))
     assert '"reason": "bored"' in broken.read_text()
-    result = validate(node_modules, ROOT / "events" / "schemas", broken)
+    return broken
+
+
+def test_ajv_refuses_a_value_that_breaks_its_schema(node_modules: Path, tmp_path: Path) -> None:
+    result = validate(node_modules, ROOT / "events" / "schemas", broken_value(tmp_path))
     assert result.returncode == 1
     assert "against TurnPaused.schema.json" in result.stdout and "against outcome.schema.json" in result.stdout

@@ -20,7 +20,9 @@ from turnstile.events import DecodeError, Event, decode, encode
 from turnstile.handlers.providers.scripted import ScriptedProvider
 from turnstile.projections import ConversationState
 from turnstile.streams.file_log import FileLog
+from turnstile.streams.read_model import WorkerReadModel
 from turnstile.streams.snapshots import SnapshotPolicy
+from turnstile.streams.views import ConversationView
 from turnstile.streams.worker import Worker, WorkerConfig
 
 # Every checkpoint snapshots whatever changed (idle_ms=0), as often as commits run.
@@ -52,6 +54,7 @@ class Run:
     def __init__(self, log: FileLog, config: WorkerConfig = EAGER) -> None:
         self.worker = Worker(log, ScriptedProvider(), config)
         self.worker.draining = True
+        self.reads = WorkerReadModel(self.worker)
         self.log = log
         self.task: asyncio.Task[None] | None = None
         self.stop = asyncio.Event()
@@ -63,9 +66,8 @@ class Run:
 
     async def caught_up(self) -> None:
         def done() -> bool:
-            ends = _ends(self.log)
-            parts = self.worker.partitions
-            return len(parts) == PARTITIONS and all(parts[p].position == ends[p] for p in ends)
+            lag = self.worker.consumer_lag()
+            return len(lag) == PARTITIONS and not any(lag.values())
 
         await until(done)
 
@@ -145,7 +147,13 @@ async def test_a_restart_reads_only_the_events_after_the_snapshots(tmp_path: Pat
     async with Run(log) as second:
         snapshots = second.worker.snapshots
         assert snapshots is not None and snapshots.seeks == ends  # nothing left to replay
-        assert second.worker.states == _log_states(log)
+        states = _log_states(log)
+        assert second.worker.states == states
+        # reads from state see the conversations restored from their snapshots
+        for conversation, state in states.items():
+            view = second.reads.lookup(conversation)
+            assert isinstance(view, ConversationView) and view.state == state
+        assert len(second.reads.page(limit=100).rows) == len(states)
 
 
 async def test_a_corrupt_snapshot_is_ignored_counted_and_its_conversation_replayed(tmp_path: Path, caplog) -> None:

@@ -150,10 +150,10 @@ async def http_api_on_kafka(bootstrap: str, topics: Topics) -> AsyncIterator[htt
     """The HTTP API in a process of its own (here: the test's), reading the broker: it
     outlives the workers that are killed under it."""
     log = KafkaLog(bootstrap, "unused", topics)
-    await log.producer.start()
+    await log.start_producer()
     hub = ReplyHub()
-    following = asyncio.create_task(hub.run(*reply_hub_sources(log, bootstrap, NOW())))
-    http = HttpServer(build_app(log, conversation_reader(log, bootstrap), hub=hub), "127.0.0.1", 0)
+    following = asyncio.create_task(hub.run(*reply_hub_sources(log, NOW())))
+    http = HttpServer(build_app(log, conversation_reader(log), hub=hub), "127.0.0.1", 0)
     try:
         async with client_of(http, timeout_s=30) as client:
             yield client

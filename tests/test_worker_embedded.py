@@ -133,7 +133,7 @@ async def test_a_restarted_worker_rebuilds_the_same_state_and_repeats_nothing(tm
     outcomes_before = len(log.read_all(log.topics.outcomes))
     count_before = len(events_of(log))
     async with running(FileLog(tmp_path), ScriptedProvider()) as second:
-        await until(lambda: all(p.live for p in second.partitions.values()) and len(second.states) == 3)
+        await until(lambda: all(second.partition_liveness().values()) and len(second.states) == 3)
         await asyncio.sleep(0.3)
         assert second.states == before
     assert len(events_of(log)) == count_before

@@ -1,0 +1,219 @@
+"""Reads served from a worker's folded state: the seam between the worker and its readers
+(the HTTP API and the console).
+
+`WorkerReadModel` is a fold observer of one worker (`Worker.fold_observers`): for every
+event the worker folds it extends that conversation's view (turn summaries and timelines,
+whose entries keep the record's bytes and are rendered only when a page asks) and moves
+the conversation to the front of the recency order the list is paginated in. Nothing is
+read from the log to answer: a GET costs the size of its answer, whatever the log's.
+
+What it cannot answer it says, so the caller can choose: a conversation on a partition
+this worker does not own (`NotOwned`: the caller does a bounded read of that partition, or
+refers the client to the owner), one whose partition is still replaying (`Replaying`: the
+state is not the log's present yet), and old turns whose timelines were dropped to bound
+memory (`TurnView.entries_dropped`). The views share the worker's state objects, so they
+must be read on the worker's event loop, as the HTTP handlers do.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
+
+from turnstile.events import Event, TurnClaimed
+from turnstile.projections import STATUSES, ConversationState, Status, conversation_status
+from turnstile.streams.log import Record
+from turnstile.streams.views import ConversationView
+
+if TYPE_CHECKING:
+    from turnstile.streams.worker import Worker
+
+# Finished turns per conversation whose timelines stay in memory; older ones keep their
+# summary and are read from the log on demand (bounded by their partition).
+TURN_DETAILS_KEPT = 100
+# Live followers of one conversation are told at most this many events behind; a slower
+# one gets `None` (re-read the page) instead of an unbounded queue.
+FOLLOW_QUEUE = 256
+
+
+@dataclass(frozen=True, slots=True)
+class NotOwned:
+    """The conversation's partition (None when unknown) is not this worker's."""
+
+    partition: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class Replaying:
+    """This worker owns the partition but has not replayed it to its end yet."""
+
+    partition: int
+
+
+Lookup = ConversationView | NotOwned | Replaying | None  # None: owned, live, and no event of it
+
+
+@dataclass(frozen=True, slots=True)
+class ConversationRow:
+    conversation_id: str
+    status: Status
+    last_event_at: int | None
+    events: int
+    turns: int
+    pending: int
+
+
+@dataclass(frozen=True, slots=True)
+class ConversationPage:
+    rows: list[ConversationRow]
+    # Pass back as `before` for the next page; None on the last. Conversations that move
+    # (a new event) while a client pages appear at the front again, not twice in one walk.
+    next_cursor: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class Folded:
+    """What a live follower of a conversation is told about each event folded."""
+
+    partition: int
+    offset: int
+    type: str
+    turn_id: str | None
+    status: Status
+
+
+class ReadModel(Protocol):
+    def lookup(self, conversation: str) -> Lookup: ...
+
+    def page(
+        self, *, contains: str = "", status: Status | None = None, before: int | None = None, limit: int = 50
+    ) -> ConversationPage: ...
+
+    def follow(self, conversation: str) -> asyncio.Queue[Folded | None]: ...
+
+    def unfollow(self, conversation: str, queue: asyncio.Queue[Folded | None]) -> None: ...
+
+
+class WorkerReadModel:
+    def __init__(self, worker: Worker, turn_details_kept: int = TURN_DETAILS_KEPT) -> None:
+        self._worker = worker
+        self.turn_details_kept = turn_details_kept
+        self._views: dict[str, ConversationView] = {}
+        # conversation -> its last fold's sequence number, most recent last: all of them, and
+        # by status (a status changes only when the conversation folds an event), so that a
+        # page filtered by status walks that status's conversations only.
+        self._recent: OrderedDict[str, int] = OrderedDict()
+        self._by_status: dict[Status, OrderedDict[str, int]] = {status: OrderedDict() for status in STATUSES}
+        self._status: dict[str, Status] = {}
+        self._sequence = itertools.count(1)
+        self._followers: dict[str, list[asyncio.Queue[Folded | None]]] = {}
+        worker.fold_observers.append(self)
+
+    # -- the worker's side ----------------------------------------------------------------
+    def folded(self, record: Record, event: Event, state: ConversationState, ignored: str | None) -> None:
+        conversation = state.conversation_id
+        view = self._views.get(conversation)
+        if view is None:
+            view = self._views[conversation] = ConversationView(state)
+        view.state = state  # the worker's, whichever object that is now
+        view.add(record, event, ignored)
+        if isinstance(event, TurnClaimed) and ignored is None:
+            self._drop_old_details(view)
+        status = self._moved(state)
+        followers = self._followers.get(conversation)
+        if followers:
+            told = Folded(record.partition, record.offset, event.type, getattr(event, "turn_id", None), status)
+            for queue in followers:
+                try:
+                    queue.put_nowait(told)
+                except asyncio.QueueFull:  # a slow follower: what it missed is in the state
+                    while not queue.empty():
+                        queue.get_nowait()
+                    queue.put_nowait(None)
+
+    def restored(self, state: ConversationState) -> None:
+        """From its snapshot: the state, without the timelines of the turns it covers."""
+        self._views[state.conversation_id] = ConversationView(state)
+        self._moved(state)
+
+    def _moved(self, state: ConversationState) -> Status:
+        """Put the conversation first in the recency orders; returns its status."""
+        conversation = state.conversation_id
+        sequence, status = next(self._sequence), conversation_status(state)
+        was = self._status.get(conversation)
+        if was != status:
+            if was is not None:
+                del self._by_status[was][conversation]
+            self._status[conversation] = status
+        for order in (self._recent, self._by_status[status]):
+            order[conversation] = sequence
+            order.move_to_end(conversation)
+        return status
+
+    def forgotten(self, conversations: set[str]) -> None:
+        for conversation in conversations:
+            self._views.pop(conversation, None)
+            self._recent.pop(conversation, None)
+            if (status := self._status.pop(conversation, None)) is not None:
+                del self._by_status[status][conversation]
+
+    def _drop_old_details(self, view: ConversationView) -> None:
+        finished = [t for t in view.turns.values() if t.outcome is not None and not t.entries_dropped]
+        for turn in finished[: max(0, len(finished) - self.turn_details_kept)]:
+            turn.entries.clear()
+            turn.entries_dropped = True
+
+    # -- the readers' side ----------------------------------------------------------------
+    def lookup(self, conversation: str) -> Lookup:
+        partition = self._worker.log.partition_for(conversation)
+        live = self._worker.partition_liveness().get(partition) if partition is not None else None
+        if live is None or partition is None:
+            return NotOwned(partition)
+        if not live:
+            return Replaying(partition)
+        return self._views.get(conversation)
+
+    def page(
+        self, *, contains: str = "", status: Status | None = None, before: int | None = None, limit: int = 50
+    ) -> ConversationPage:
+        """The conversations this worker owns, the most recently active first."""
+        rows: list[ConversationRow] = []
+        last_sequence: int | None = None
+        order = self._recent if status is None else self._by_status[status]
+        for conversation, sequence in reversed(order.items()):
+            if before is not None and sequence >= before:
+                continue
+            if contains and contains not in conversation:
+                continue
+            if len(rows) == limit:
+                return ConversationPage(rows, last_sequence)
+            view = self._views[conversation]
+            state = view.state
+            row = ConversationRow(
+                conversation,
+                self._status[conversation],
+                view.last_event_at,
+                state.events_applied,
+                len(view.turns),
+                len(state.pending),
+            )
+            rows.append(row)
+            last_sequence = sequence
+        return ConversationPage(rows, None)
+
+    def follow(self, conversation: str) -> asyncio.Queue[Folded | None]:
+        """A queue of the conversation's events as the worker folds them (`None`: some were
+        missed, re-read the state)."""
+        queue: asyncio.Queue[Folded | None] = asyncio.Queue(FOLLOW_QUEUE)
+        self._followers.setdefault(conversation, []).append(queue)
+        return queue
+
+    def unfollow(self, conversation: str, queue: asyncio.Queue[Folded | None]) -> None:
+        followers = self._followers.get(conversation, [])
+        if queue in followers:
+            followers.remove(queue)
+        if not followers:
+            self._followers.pop(conversation, None)

@@ -1,0 +1,82 @@
+"""Approve, deny and resume over HTTP: the same decisions as the CLI's, the input event
+written, the new logical turn id answered; every refusal a JSON 4xx that says why."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import httpx
+from mail_agent import mail_worker
+from worker_harness import events_of, serving, until
+
+from turnstile.events import InputInjected, ResumeRequested, TurnClaimed, TurnCompleted
+from turnstile.streams.file_log import FileLog
+
+
+async def until_status(client: httpx.AsyncClient, conversation: str, status: str = "paused") -> None:
+    """Until the worker has folded the conversation to `status`: operations are decided
+    from its state, which may be a moment behind the log."""
+    for _ in range(200):
+        listed = (await client.get("/conversations", params={"status": status})).json()["conversations"]
+        if [row["conversation_id"] for row in listed] == [conversation]:
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"{conversation} never {status}")
+
+
+async def test_a_paused_call_is_approved_over_http_and_its_turn_is_the_one_answered(tmp_path: Path) -> None:
+    sent: list[str] = []
+    async with serving(mail_worker(tmp_path, sent)) as (_svc, client):
+        assert (await client.post("/conversations/c1/messages", json={"content": "mail me"})).status_code == 202
+        log = FileLog(tmp_path)
+        await until_status(client, "c1")
+
+        wrong = await client.post("/conversations/c1/approve", json={"call_id": "call-9"})
+        assert wrong.status_code == 409 and "not 'call-9'" in wrong.json()["error"]
+        resume = await client.post("/conversations/c1/resume", json={})
+        assert resume.status_code == 409 and "turnstile approve|deny c1 call-1" in resume.json()["error"]
+        approved = await client.post("/conversations/c1/approve", json={"call_id": "call-1", "note": "fine"})
+        assert approved.status_code == 202, approved.text
+        body = approved.json()
+        assert body["input_id"].startswith("approval:") and body["input_id"].endswith(":call-1")
+
+        await until(lambda: any(isinstance(e, TurnCompleted) for e in events_of(log, "c1")))
+        events = events_of(log, "c1")
+        [injected] = [e for e in events if isinstance(e, InputInjected)]
+        assert injected.approval is not None and injected.approval.approved and "Note: fine" in injected.content
+        assert [e.turn_id for e in events if isinstance(e, TurnClaimed)][-1] == body["turn_id"]
+        assert sent == ["a@b.c"]
+        await until_status(client, "c1", "idle")
+        # Twice is harmless: the input's id is derived from the paused turn, and it is decided now.
+        again = await client.post("/conversations/c1/approve", json={"call_id": "call-1"})
+        assert again.status_code == 409 and "nothing paused" in again.json()["error"]
+
+
+async def test_deny_and_resume_and_the_requests_that_are_refused(tmp_path: Path) -> None:
+    sent: list[str] = []
+    async with serving(mail_worker(tmp_path, sent)) as (_svc, client):
+        await client.post("/conversations/c1/messages", json={"content": "mail me"})
+        log = FileLog(tmp_path)
+        await until_status(client, "c1")
+        for path, body, status in (
+            ("/conversations/c1/approve", {}, 409),  # no call id: the refusal says what is needed
+            ("/conversations/c1/approve", {"call_id": 5}, 400),
+            ("/conversations/c1/approve", {"call_id": "call-1", "extra": 1}, 400),
+            ("/conversations/c1/resume", {"call_id": "call-1"}, 400),
+            ("/conversations/c1/approve", {"call_id": "a\nb"}, 400),
+            ("/conversations/c1/explode", {}, 404),
+            ("/conversations/nobody/resume", {}, 404),
+        ):
+            response = await client.post(path, json=body)
+            assert response.status_code == status and "error" in response.json(), (path, body, response.text)
+        assert (await client.post("/conversations/c1/deny", content=b"not json")).status_code == 400
+
+        denied = await client.post("/conversations/c1/deny", json={"call_id": "call-1", "note": "not now"})
+        assert denied.status_code == 202
+        await until(lambda: any(isinstance(e, TurnCompleted) for e in events_of(log, "c1")))
+        assert sent == []  # denied: the tool never ran
+        await until_status(client, "c1", "idle")
+        nothing = await client.post("/conversations/c1/resume")
+        assert nothing.status_code == 409 and "nothing to resume" in nothing.json()["error"]
+        assert not any(isinstance(e, ResumeRequested) for e in events_of(log, "c1"))

@@ -1,0 +1,164 @@
+"""GETs served from the worker's folded state: no log read for what it owns, a listing with
+each conversation's state, 503 while a partition replays, and a bounded read (refused past
+its bound) for a conversation it does not hold."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+from builders import claim, completed, message
+from worker_harness import FAST, client_of, serving, until
+
+from turnstile.events import encode
+from turnstile.handlers.providers.scripted import ScriptedProvider
+from turnstile.projections import conversation_status, new_state
+from turnstile.projections.state import ActiveTurn, PendingInput, TurnRecord
+from turnstile.streams.file_log import FileLog
+from turnstile.streams.http_api import HttpServer, build_app
+from turnstile.streams.log import PartitionStart, Record
+from turnstile.streams.read_model import Folded, NotOwned, Replaying, WorkerReadModel
+from turnstile.streams.service import conversation_reader
+from turnstile.streams.worker import Worker
+
+
+async def no_log_read(conversation: str) -> list[Record]:
+    raise AssertionError(f"the log was read for {conversation}")
+
+
+def test_given_folded_states_when_listed_then_each_has_the_status_an_operator_reads() -> None:
+    state = new_state("c")
+    assert conversation_status(state) == "idle"
+    state.pending["m1"] = PendingInput("m1", "message", "hi", 1)
+    assert conversation_status(state) == "debouncing"
+    state.active = ActiveTurn("t1", (), 0, 1, "r1", 1)
+    assert conversation_status(state) == "active"
+    state.active, state.pending = None, {}
+    for outcome, status in (("paused", "paused"), ("failed", "failed"), ("exhausted", "failed"), ("completed", "idle")):
+        state.turns = {"t1": TurnRecord("t1", ("m1",), outcome, 1)}  # type: ignore[arg-type]
+        assert conversation_status(state) == status
+
+
+async def test_gets_of_owned_conversations_never_read_the_log_and_the_list_pages_by_recency(tmp_path: Path) -> None:
+    log = FileLog(tmp_path)
+    for i in range(5):
+        await log.append(log.topics.events, f"c{i}", encode(message(f"m{i}", 1_000 + i, conv=f"c{i}")))
+    worker = Worker(log, ScriptedProvider(), FAST)
+    model = WorkerReadModel(worker)
+    server = HttpServer(build_app(log, no_log_read, worker=worker, read_model=model), "127.0.0.1", 0)
+    stop = asyncio.Event()
+    running = asyncio.create_task(worker.run(stop))
+    try:
+        async with client_of(server) as client:
+            await until(lambda: all((s := worker.state_of(f"c{i}")) is not None and s.turns for i in range(5)))
+            state = (await client.get("/conversations/c3")).json()
+            assert [h["content"] for h in state["history"]] == ["text of m3", "(scripted reply to) text of m3"]
+            [turn] = state["turns"]
+            timeline = (await client.get(f"/conversations/c3/turns/{turn['turn_id']}")).json()
+            assert [e["type"] for e in timeline["timeline"]][-1] == "TurnCompleted"
+            assert (await client.get("/conversations/nobody")).status_code == 404  # owned partition, no event
+
+            first = (await client.get("/conversations", params={"limit": 2})).json()
+            assert len(first["conversations"]) == 2 and first["next_cursor"] is not None
+            rest = (await client.get("/conversations", params={"before": first["next_cursor"]})).json()
+            listed = [r["conversation_id"] for r in first["conversations"] + rest["conversations"]]
+            assert sorted(listed) == [f"c{i}" for i in range(5)] and rest["next_cursor"] is None
+            row = first["conversations"][0]
+            assert row["status"] == "idle" and row["turns"] == 1 and row["last_event_at"] > 1_000
+            assert (await client.get("/conversations", params={"status": "paused"})).json()["conversations"] == []
+            only = (await client.get("/conversations", params={"q": "c4", "status": "idle"})).json()
+            assert [r["conversation_id"] for r in only["conversations"]] == ["c4"]
+            for bad in ({"status": "asleep"}, {"limit": "0"}, {"limit": "501"}, {"before": "x"}):
+                response = await client.get("/conversations", params=bad)
+                assert response.status_code == 400 and "error" in response.json(), bad
+    finally:
+        stop.set()
+        await asyncio.wait_for(running, 10)
+
+
+async def test_a_partition_still_replaying_is_a_503_with_retry_after(tmp_path: Path) -> None:
+    log = FileLog(tmp_path)
+    worker = Worker(log, ScriptedProvider(), FAST)
+    model = WorkerReadModel(worker)
+    # Assigned, and nothing of it folded yet: the state is not the log's present.
+    await worker.on_assigned({p: PartitionStart(end_offset=10, committed=0) for p in range(log.partitions)})
+    async with client_of(HttpServer(build_app(log, no_log_read, worker=worker, read_model=model), "127.0.0.1", 0)) as c:
+        response = await c.get("/conversations/c1")
+        assert response.status_code == 503 and response.headers["Retry-After"] == "1"
+        assert "still replaying" in response.json()["error"]
+
+
+async def test_a_conversation_not_held_is_read_boundedly_and_refused_past_the_bound(tmp_path: Path) -> None:
+    log = FileLog(tmp_path)
+    c = claim(["m1"], 20, 0, conv="c1")
+    for event in (message("m1", 10, conv="c1"), c, completed(c, 30)):
+        await log.append(log.topics.events, "c1", encode(event))
+    for bound, status in ((3, 200), (2, 503)):
+        app = build_app(log, conversation_reader(log, max_records=bound))  # no worker: nothing is held
+        async with client_of(HttpServer(app, "127.0.0.1", 0)) as client:
+            response = await client.get("/conversations/c1")
+            assert response.status_code == status, response.text
+            if status == 503:
+                assert "exceed the bounded read (2)" in response.json()["error"]
+            else:
+                assert [t["outcome"] for t in response.json()["turns"]] == ["completed"]
+            assert (await client.get("/conversations")).status_code == 404  # listing needs a worker
+
+
+async def test_old_turns_timelines_leave_memory_and_are_read_from_the_log_on_demand(tmp_path: Path) -> None:
+    worker = Worker(FileLog(tmp_path), ScriptedProvider(), FAST)
+    async with serving(worker) as (svc, client):
+        assert svc.read_model is not None
+        svc.read_model.turn_details_kept = 1
+        for i in range(3):
+            await client.post("/conversations/c1/messages", json={"message_id": f"m{i}", "content": f"q{i}"})
+
+            def answered(i: int = i) -> bool:
+                state = worker.state_of("c1")
+                return state is not None and len(state.turns) == i + 1 and state.active is None
+
+            await until(answered)
+        turns = (await client.get("/conversations/c1")).json()["turns"]
+        held = svc.read_model.lookup("c1")
+        assert not isinstance(held, (NotOwned, Replaying)) and held is not None
+        assert [held.turns[t["turn_id"]].entries_dropped for t in turns] == [True, False, False]
+        for turn in turns:  # the first from a read of the partition, the others from memory
+            timeline = (await client.get(f"/conversations/c1/turns/{turn['turn_id']}")).json()
+            assert timeline["timeline"][0]["type"] == "TurnClaimed"
+            assert timeline["timeline"][-1]["type"] == "TurnCompleted"
+
+
+async def test_a_follower_is_told_each_folded_event_and_a_slow_one_to_re_read(tmp_path: Path) -> None:
+    worker = Worker(FileLog(tmp_path), ScriptedProvider(), FAST)
+    model = WorkerReadModel(worker)
+    queue = model.follow("c1")
+    state = new_state("c1")
+    record = Record(0, 7, b"c1", b"")
+    event = message("m1", 1, conv="c1")
+    model.folded(record, event, state, None)
+    assert queue.get_nowait() == Folded(0, 7, "MessageReceived", None, "idle")
+    for _ in range(300):
+        model.folded(record, event, state, None)
+    # It overflowed at the 257th: what it held is dropped for one "re-read", then it goes on.
+    assert queue.get_nowait() is None and queue.qsize() == 300 - 257
+    model.unfollow("c1", queue)
+
+
+async def test_a_client_can_page_a_hundred_thousand_conversations(tmp_path: Path) -> None:
+    worker = Worker(FileLog(tmp_path), ScriptedProvider(), FAST)
+    model = WorkerReadModel(worker)
+    for i in range(100_000):
+        conversation = f"conv-{i:06d}"
+        model.folded(Record(0, i, conversation.encode(), b""), message("m", i, conv=conversation),
+                     new_state(conversation), None)
+    seen, cursor = 0, None
+    while True:
+        page = model.page(limit=500, before=cursor)
+        seen += len(page.rows)
+        if page.next_cursor is None:
+            break
+        cursor = page.next_cursor
+    assert seen == 100_000
+    assert [r.conversation_id for r in model.page(contains="099999").rows] == ["conv-099999"]
+
+
