@@ -247,6 +247,8 @@ class Worker:
         if self.snapshots is not None:
             for p, part in added.items():
                 part.loaded = await self.snapshots.load(p)
+                if part.loaded.ignored and self.metrics is not None:
+                    self.metrics.on_snapshots_ignored(len(part.loaded.ignored))
                 part.position = part.loaded.seek
                 for conversation, snapshot in part.loaded.snapshots.items():
                     self.states[conversation] = snapshot.state

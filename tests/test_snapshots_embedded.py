@@ -20,6 +20,7 @@ from turnstile.events import DecodeError, Event, decode, encode
 from turnstile.handlers.providers.scripted import ScriptedProvider
 from turnstile.projections import ConversationState
 from turnstile.streams.file_log import FileLog
+from turnstile.streams.metrics import Metrics
 from turnstile.streams.read_model import WorkerReadModel
 from turnstile.streams.snapshots import SnapshotPolicy
 from turnstile.streams.views import ConversationView
@@ -51,8 +52,8 @@ class Run:
     """A worker that claims nothing (it is draining from the start), so the log changes only
     as the test says; it still folds, checkpoints and snapshots."""
 
-    def __init__(self, log: FileLog, config: WorkerConfig = EAGER) -> None:
-        self.worker = Worker(log, ScriptedProvider(), config)
+    def __init__(self, log: FileLog, config: WorkerConfig = EAGER, metrics: Metrics | None = None) -> None:
+        self.worker = Worker(log, ScriptedProvider(), config, metrics=metrics)
         self.worker.draining = True
         self.reads = WorkerReadModel(self.worker)
         self.log = log
@@ -164,9 +165,11 @@ async def test_a_corrupt_snapshot_is_ignored_counted_and_its_conversation_replay
     corrupted = _corrupt(log, random.Random(1), 1.0)
     assert corrupted
     log = FileLog(tmp_path, partitions=PARTITIONS)
-    async with Run(log) as second:
+    metrics = Metrics()
+    async with Run(log, metrics=metrics) as second:
         snapshots = second.worker.snapshots
         assert snapshots is not None and snapshots.ignored == len(corrupted)
+        assert b"turnstile_snapshots_ignored_total %.1f" % len(corrupted) in metrics.exposition()
         assert snapshots.seeks == {p: 0 for p in range(PARTITIONS)}
         assert second.worker.states == _log_states(log)
     assert "ignored the snapshot of" in caplog.text
