@@ -139,6 +139,13 @@ class WorkerReadModel:
         self._views[state.conversation_id] = ConversationView(state)
         self._moved(state)
 
+    def evicted(self, state: ConversationState) -> None:
+        """Out of the worker's memory: its view goes too; it stays listed, read back from the
+        worker's local store when a page or a lookup shows it."""
+        self._views.pop(state.conversation_id, None)
+        if state.conversation_id not in self._status:
+            self._moved(state)
+
     def _moved(self, state: ConversationState) -> Status:
         """Put the conversation first in the recency orders; returns its status."""
         conversation = state.conversation_id
@@ -174,7 +181,10 @@ class WorkerReadModel:
             return NotOwned(partition)
         if not live:
             return Replaying(partition)
-        return self._views.get(conversation)
+        view = self._views.get(conversation)
+        if view is None and (state := self._worker.state_of(conversation)) is not None:
+            return ConversationView(state)  # out of memory (evicted): its state from the local store
+        return view
 
     def page(
         self, *, contains: str = "", status: Status | None = None, before: int | None = None, limit: int = 50
@@ -190,14 +200,16 @@ class WorkerReadModel:
                 continue
             if len(rows) == limit:
                 return ConversationPage(rows, last_sequence)
-            view = self._views[conversation]
-            state = view.state
+            view = self._views.get(conversation)
+            state = view.state if view is not None else self._worker.state_of(conversation)
+            if state is None:
+                continue
             row = ConversationRow(
                 conversation,
                 self._status[conversation],
-                view.last_event_at,
+                view.last_event_at if view is not None else None,
                 state.events_applied,
-                len(view.turns),
+                len(view.turns) if view is not None else len(state.turns),
                 len(state.pending),
             )
             rows.append(row)

@@ -43,14 +43,15 @@ from turnstile.events import Event
 from turnstile.projections import ConversationState
 from turnstile.projections.snapshot import (
     WATERMARK_KEY,
-    Snapshot,
     SnapshotError,
     decode_snapshot,
     decode_watermark,
     encode_snapshot,
     encode_watermark,
 )
+from turnstile.streams.eviction import settled
 from turnstile.streams.log import Acknowledged, EventLog, Record
+from turnstile.streams.state_store import StateStore
 
 log = logging.getLogger(__name__)
 
@@ -72,32 +73,42 @@ class Loaded:
     """What a newly assigned partition starts from."""
 
     seek: int  # read the events partition from here
-    snapshots: dict[str, Snapshot]
+    covered: dict[str, int]  # conversation -> the offset its snapshot covers
+    # The states to hold in memory from the start: all of them without a local store, else
+    # those with something to decide (the others wait in the store until an event comes).
+    resident: dict[str, ConversationState]
+    # The others, for the worker to tell its observers about once and let go.
+    stored: list[ConversationState]
     ignored: list[str]  # conversations whose snapshots did not decode (folded from offset 0)
     # Past this offset no snapshot covers anything: the skip test is over.
     _skip_until: int = -1
 
     def __post_init__(self) -> None:
-        self._skip_until = max((s.covered for s in self.snapshots.values()), default=-1)
+        self._skip_until = max(self.covered.values(), default=-1)
 
     def folded_already(self, record: Record) -> bool:
         """The record is an event its conversation's snapshot includes."""
-        if record.offset > self._skip_until or record.key is None:
+        if record.offset > self._skip_until:
+            self.covered.clear()  # no longer needed: let it go
             return False
-        snapshot = self.snapshots.get(record.key.decode("utf-8", "replace"))
-        return snapshot is not None and record.offset <= snapshot.covered
+        covered = self.covered.get(record.key.decode("utf-8", "replace")) if record.key is not None else None
+        return covered is not None and record.offset <= covered
 
 
 @dataclass(slots=True)
 class _Found:
-    best: Snapshot | None = None
-    source: int = -1  # offset of `best` in the snapshot topic
+    """Of one conversation: its decodable snapshot covering most, so far."""
+
+    covered: int = -1  # -1: none yet
+    state: ConversationState | None = None
+    value: bytes = b""
+    source: int = -1  # its offset in the snapshot topic
     broken: bool = False  # some record of it did not decode
 
 
-async def load_partition(log_: EventLog, partition: int) -> Loaded:
-    """Read the partition of the snapshot topic and say where the events partition must be
-    read from."""
+async def load_partition(log_: EventLog, partition: int, store: StateStore | None = None) -> Loaded:
+    """Read the partition of the snapshot topic (into `store`, if given) and say where the
+    events partition must be read from."""
     topic = log_.topics.snapshots
     found: dict[str, _Found] = {}
     watermark, watermark_source = 0, -1
@@ -119,21 +130,30 @@ async def load_partition(log_: EventLog, partition: int) -> Loaded:
                     "ignored the snapshot of %r at %s[%d]@%d: %s", key, topic, partition, record.offset, snapshot.detail
                 )
                 entry.broken = True
-            elif entry.best is None or snapshot.covered >= entry.best.covered:
-                entry.best, entry.source = snapshot, record.offset
+            elif snapshot.covered >= entry.covered:
+                entry.covered, entry.value, entry.source = snapshot.covered, record.value or b"", record.offset
+                entry.state = snapshot.state
     seek = watermark
     ignored: list[str] = []
     for key, entry in found.items():
-        if entry.best is None:
+        if entry.covered < 0:
             ignored.append(key)
             seek = 0
-        elif entry.best.covered < watermark - 1 and (entry.source > watermark_source or entry.broken):
-            seek = min(seek, entry.best.covered + 1)
+        elif entry.covered < watermark - 1 and (entry.source > watermark_source or entry.broken):
+            seek = min(seek, entry.covered + 1)
     if ignored:
         log.warning("%d conversation(s) of partition %d have no usable snapshot: replaying it from 0", len(ignored),
                     partition)  # fmt: skip
-    snapshots = {key: entry.best for key, entry in found.items() if entry.best is not None}
-    return Loaded(seek, snapshots, ignored)
+    usable = {key: entry for key, entry in found.items() if entry.covered >= 0}
+    if store is not None:
+        store.drop_partitions([partition])
+        store.put((key, partition, entry.value) for key, entry in usable.items())
+    covered = {key: entry.covered for key, entry in usable.items()}
+    states = [entry.state for entry in usable.values() if entry.state is not None]
+    if store is None:
+        return Loaded(seek, covered, {s.conversation_id: s for s in states}, [], ignored)
+    resident = {s.conversation_id: s for s in states if not settled(s)}
+    return Loaded(seek, covered, resident, [s for s in states if settled(s)], ignored)
 
 
 # -- writing -----------------------------------------------------------------------------------
@@ -164,10 +184,14 @@ class Snapshotter:
     """Tracks which conversations changed since their snapshot and writes snapshots and
     watermarks at the worker's checkpoints."""
 
-    def __init__(self, log_: EventLog, policy: SnapshotPolicy, now_ms: Callable[[], int]) -> None:
+    def __init__(
+        self, log_: EventLog, policy: SnapshotPolicy, now_ms: Callable[[], int], store: StateStore | None = None
+    ) -> None:
         self.log = log_
         self.policy = policy
         self._now_ms = now_ms
+        self.store = store  # gets every snapshot once it is on the topic
+        self._flying: frozenset[str] = frozenset()  # captured, not acknowledged yet
         self._partitions: dict[int, _Partition] = {}
         self._writing: asyncio.Task[None] | None = None
         self._too_large: set[str] = set()
@@ -179,10 +203,12 @@ class Snapshotter:
         """The partition's snapshots; none (a full replay) when they cannot be read: a
         snapshot topic that is away must cost time, never the assignment."""
         try:
-            loaded = await load_partition(self.log, partition)
+            loaded = await load_partition(self.log, partition, self.store)
         except Exception as exc:
             log.warning("reading the snapshots of partition %d failed, replaying it from 0: %r", partition, exc)
-            loaded = Loaded(0, {}, [])
+            if self.store is not None:
+                self.store.drop_partitions([partition])
+            loaded = Loaded(0, {}, {}, [], [])
         self._partitions[partition] = _Partition(watermark=loaded.seek)
         self.ignored += len(loaded.ignored)
         self.seeks[partition] = loaded.seek
@@ -194,6 +220,13 @@ class Snapshotter:
         await self.drain()
         for p in partitions:
             self._partitions.pop(p, None)
+        if self.store is not None:
+            self.store.drop_partitions(partitions)
+
+    def clean(self, partition: int, conversation: str) -> bool:
+        """Its latest state is on the snapshot topic (and in the store, if any)."""
+        part = self._partitions.get(partition)
+        return part is not None and conversation not in part.dirty and conversation not in self._flying
 
     async def drain(self) -> None:
         if self._writing is not None:
@@ -221,6 +254,9 @@ class Snapshotter:
 
     def restored(self, state: ConversationState) -> None:
         pass  # its snapshot is the one just read: nothing changed
+
+    def evicted(self, state: ConversationState) -> None:
+        pass  # evicted only once its snapshot is written
 
     def checkpoint(
         self,
@@ -264,6 +300,7 @@ class Snapshotter:
                 watermarks[p] = watermark
         captured = {p: items for p, items in captured.items() if items}
         if captured or watermarks:
+            self._flying = frozenset(c.conversation for items in captured.values() for c in items)
             self._writing = asyncio.create_task(self._write(captured, watermarks), name="snapshots")
 
     def _fits(self, conversation: str, value: bytes) -> bool:
@@ -277,6 +314,12 @@ class Snapshotter:
         return False
 
     async def _write(self, captured: dict[int, list[_Captured]], watermarks: dict[int, int]) -> None:
+        try:
+            await self._write_partitions(captured, watermarks)
+        finally:
+            self._flying = frozenset()
+
+    async def _write_partitions(self, captured: dict[int, list[_Captured]], watermarks: dict[int, int]) -> None:
         topic = self.log.topics.snapshots
         for p in captured.keys() | watermarks.keys():
             items = captured.get(p, [])
@@ -289,6 +332,9 @@ class Snapshotter:
                 acks = [exc] * len(items)
             failed = [c for c, ack in zip(items, acks, strict=True) if isinstance(ack, BaseException)]
             self.written += len(items) - len(failed)
+            if self.store is not None and p in self._partitions:
+                landed = zip(items, acks, strict=True)
+                self.store.put((c.conversation, p, c.value) for c, ack in landed if not isinstance(ack, BaseException))
             if failed:
                 log.warning("%d snapshot(s) of %s[%d] not written (tried again later): %r", len(failed), topic, p,
                             next(a for a in acks if isinstance(a, BaseException)))  # fmt: skip

@@ -43,11 +43,13 @@ from turnstile.handlers.claim import (
 )
 from turnstile.handlers.provider import ChatMessage, Provider
 from turnstile.projections import ConversationState, apply_event, new_state
+from turnstile.streams.eviction import EvictionPolicy, Evictor, settled
 from turnstile.streams.log import Acknowledged, EventLog, PartitionStart, Record, RecordRefused
 from turnstile.streams.metrics import Metrics
 from turnstile.streams.reply_deltas import DeltaPublisher
 from turnstile.streams.runtime import Clock, Ids, RandomIds, SystemClock
 from turnstile.streams.snapshots import Loaded, SnapshotPolicy, Snapshotter
+from turnstile.streams.state_store import StateStore
 from turnstile.streams.turn_runner import TurnRunner, TurnSettings
 
 if TYPE_CHECKING:
@@ -87,8 +89,13 @@ class FoldObserver(Protocol):
     def forgotten(self, conversations: set[str]) -> None: ...
 
     def restored(self, state: ConversationState) -> None:
-        """A conversation of a newly assigned partition starts from its snapshot: its events
-        up to the snapshot are not folded (told) again."""
+        """A conversation of a newly assigned partition starts from its snapshot (or an
+        evicted one comes back): its events up to the snapshot are not folded (told) again."""
+        ...
+
+    def evicted(self, state: ConversationState) -> None:
+        """The conversation is out of memory (still owned: `Worker.state_of` reads it from the
+        local store); `state` is how it left, to look at now, not to keep."""
         ...
 
 
@@ -114,6 +121,8 @@ class WorkerConfig:
     # Conversation states on the compacted snapshot topic (`streams/snapshots.py`): an
     # assignment folds only the events after them.
     snapshots: SnapshotPolicy = SnapshotPolicy()
+    # Idle conversations leave memory for the local store (`streams/eviction.py`); needs snapshots.
+    eviction: EvictionPolicy = EvictionPolicy()
 
 
 @dataclass(frozen=True, slots=True)
@@ -203,9 +212,13 @@ class Worker:
         # (history is append-only): a turn start then does not re-render all of it.
         self._rendered: dict[str, list[ChatMessage]] = {}
         self.fold_observers: list[FoldObserver] = []
-        self.snapshots = Snapshotter(log_, config.snapshots, self.clock.now_ms) if config.snapshots.enabled else None
-        if self.snapshots is not None:
-            self.fold_observers.append(self.snapshots)
+        evicting = config.snapshots.enabled and config.eviction.enabled
+        self._store = StateStore(config.eviction.state_dir, log_.topics.events) if evicting else None
+        self.snapshots = (
+            Snapshotter(log_, config.snapshots, self.clock.now_ms, self._store) if config.snapshots.enabled else None
+        )
+        self.evictor = Evictor(config.eviction, self._store, self.clock.now_ms) if self._store is not None else None
+        self.fold_observers.extend(o for o in (self.snapshots, self.evictor) if o is not None)
 
     # -- what others may ask -----------------------------------------------------------
     def measure(self, metrics: Metrics) -> None:
@@ -216,8 +229,13 @@ class Worker:
         metrics.report_lag(self.consumer_lag)
 
     def state_of(self, conversation_id: str) -> ConversationState | None:
-        """The conversation as this worker has folded it (None: not on a partition it owns)."""
-        return self.states.get(conversation_id)
+        """The conversation as this worker has folded it (None: not on a partition it owns);
+        one out of memory is read from the local store, and left there."""
+        state = self.states.get(conversation_id)
+        partition = self.log.partition_for(conversation_id)
+        if state is None and self.evictor is not None and partition in self._partitions:
+            return self.evictor.reload(conversation_id, partition)
+        return state
 
     def live_here(self, conversation_id: str) -> bool:
         """Whether the conversation's partition is assigned here and replayed to its present."""
@@ -250,12 +268,16 @@ class Worker:
                 if part.loaded.ignored and self.metrics is not None:
                     self.metrics.on_snapshots_ignored(len(part.loaded.ignored))
                 part.position = part.loaded.seek
-                for conversation, snapshot in part.loaded.snapshots.items():
-                    self.states[conversation] = snapshot.state
+                for conversation, state in part.loaded.resident.items():
+                    self.states[conversation] = state
                     self._partition_of[conversation] = p
                     part.conversations.add(conversation)
                     for observer in self.fold_observers:
-                        observer.restored(snapshot.state)
+                        observer.restored(state)
+                for state in part.loaded.stored:  # waiting in the local store
+                    for observer in self.fold_observers:
+                        observer.evicted(state)
+                part.loaded.stored = []
         # Only now: records of these partitions fetched while the snapshots loaded are dropped.
         self._partitions.update(added)
         starts = {p: part.position for p, part in sorted(added.items())}
@@ -303,6 +325,7 @@ class Worker:
         # Decisions were held while replaying: every conversation of the partition is due
         # one now, not only those a later event happens to touch.
         self._dirty.update(part.conversations)
+        part.loaded = None  # its snapshots cover less than the end the partition was live at
         self._note_replay()
 
     def replay_progress(self) -> ReplayProgress:
@@ -356,6 +379,8 @@ class Worker:
             if self.replies is not None:
                 await self.replies.aclose()
             await self.log.stop()
+            if self._store is not None:
+                self._store.close()
 
     async def _step(self) -> None:
         """One turn of the consumer loop: fold what arrived, decide, commit when due."""
@@ -413,9 +438,10 @@ class Worker:
             return  # a record of a partition revoked while this batch was in flight, or before its start
         was_live = part.live
         part.position = record.offset + 1
+        in_snapshot = part.loaded is not None and part.loaded.folded_already(record)
         if not was_live and part.live:
             self._went_live(part)
-        if part.loaded is not None and part.loaded.folded_already(record):
+        if in_snapshot:
             return
         effects = record.offset >= part.committed
         event = decode(record.value, self.config.max_value_bytes)
@@ -430,7 +456,7 @@ class Worker:
         conversation = event.conversation_id
         state = self.states.get(conversation)
         if state is None:
-            state = self.states[conversation] = new_state(conversation)
+            state = self.states[conversation] = self._back_from_store(conversation, record.partition)
             self._partition_of[conversation] = record.partition
             part.conversations.add(conversation)
         rejection = apply_event(state, event)
@@ -659,6 +685,43 @@ class Worker:
             positions = {p: part.position for p, part in parts.items() if self._partitions.get(p) is part}
             self.snapshots.checkpoint(positions, offsets, self.clock.now_ms(), self.states.get, self._owes_nothing,
                                       final=force)  # fmt: skip
+        self._evict()
+
+    def _back_from_store(self, conversation: str, partition: int) -> ConversationState:
+        """An evicted conversation's state, or a new one's."""
+        state = self.evictor.reload(conversation, partition) if self.evictor is not None else None
+        if state is None:
+            return new_state(conversation)
+        for observer in self.fold_observers:
+            observer.restored(state)
+        return state
+
+    def _evict(self) -> None:
+        if self.evictor is None:
+            return
+        for conversation in self.evictor.evict(self._evictable):
+            state = self.states.pop(conversation)
+            part = self._partitions.get(self._partition_of.pop(conversation, -1))
+            if part is not None:
+                part.conversations.discard(conversation)
+            self._rendered.pop(conversation, None)
+            for observer in self.fold_observers:
+                observer.evicted(state)
+
+    def _evictable(self, conversation: str) -> bool:
+        """Nothing to decide or under way for it, and its latest state is in the store."""
+        state = self.states.get(conversation)
+        partition = self._partition_of.get(conversation)
+        return (
+            state is not None
+            and partition is not None
+            and settled(state)
+            and conversation not in self.runners
+            and conversation not in self._dirty
+            and self._owes_nothing(conversation)
+            and self.snapshots is not None
+            and self.snapshots.clean(partition, conversation)
+        )
 
     def _owes_nothing(self, conversation: str) -> bool:
         """No refusal is owed for it: one not yet on the log is the worker's alone, so a

@@ -98,8 +98,8 @@ async def test_a_rebalance_while_snapshots_are_written_loses_nothing(
             await asyncio.sleep(0.1)
         assert last.snapshots is not None and sum(last.snapshots.seeks.values()) > 0  # not from offset 0
         audit = fold_records(records)
-        assert set(last.states) == set(audit.states)
-        assert all(last.states[c] == audit.states[c] for c in audit.states)
+        assert set(last.states) <= set(audit.states)  # the others wait in its local store
+        assert all(last.state_of(c) == audit.states[c] for c in audit.states)
     finally:
         stop.set()
         await task

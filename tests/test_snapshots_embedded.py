@@ -8,20 +8,25 @@ import asyncio
 import dataclasses
 import random
 import shutil
+from collections import Counter
 from pathlib import Path
 
 import orjson
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from log_generator import fold, generated_log
-from worker_harness import FAST, until
+from worker_harness import FAST, events_of, running, until
 
-from turnstile.events import DecodeError, Event, decode, encode
+from turnstile.events import DecodeError, Event, TurnClaimed, TurnCompleted, decode, encode
 from turnstile.handlers.providers.scripted import ScriptedProvider
 from turnstile.projections import ConversationState
+from turnstile.projections.audit import Auditor
+from turnstile.streams.eviction import EvictionPolicy
 from turnstile.streams.file_log import FileLog
 from turnstile.streams.metrics import Metrics
+from turnstile.streams.publisher import message_event, publish
 from turnstile.streams.read_model import WorkerReadModel
+from turnstile.streams.runtime import SystemClock
 from turnstile.streams.snapshots import SnapshotPolicy
 from turnstile.streams.views import ConversationView
 from turnstile.streams.worker import Worker, WorkerConfig
@@ -29,6 +34,7 @@ from turnstile.streams.worker import Worker, WorkerConfig
 # Every checkpoint snapshots whatever changed (idle_ms=0), as often as commits run.
 EAGER = dataclasses.replace(FAST, snapshots=SnapshotPolicy(idle_ms=0))
 PARTITIONS = 2
+NOW = SystemClock().now_ms
 
 
 async def _publish(log: FileLog, events: list[Event]) -> None:
@@ -46,6 +52,12 @@ def _ends(log: FileLog) -> dict[int, int]:
     for record in log.read_all(log.topics.events):
         counts[record.partition] += 1
     return counts
+
+
+def assert_holds(worker: Worker, states: dict[str, ConversationState]) -> None:
+    """The worker holds exactly these conversations, in memory or in its local store."""
+    assert set(worker.states) <= set(states)
+    assert {c: worker.state_of(c) for c in states} == states
 
 
 class Run:
@@ -135,7 +147,7 @@ async def test_a_worker_restarting_from_snapshots_rebuilds_the_state_a_full_repl
     await _publish(log, events[b:])
     log = FileLog(log.directory, partitions=PARTITIONS)  # a new process
     async with Run(log) as second:
-        assert second.worker.states == _log_states(log)
+        assert_holds(second.worker, _log_states(log))
 
 
 async def test_a_restart_reads_only_the_events_after_the_snapshots(tmp_path: Path) -> None:
@@ -149,7 +161,7 @@ async def test_a_restart_reads_only_the_events_after_the_snapshots(tmp_path: Pat
         snapshots = second.worker.snapshots
         assert snapshots is not None and snapshots.seeks == ends  # nothing left to replay
         states = _log_states(log)
-        assert second.worker.states == states
+        assert_holds(second.worker, states)
         # reads from state see the conversations restored from their snapshots
         for conversation, state in states.items():
             view = second.reads.lookup(conversation)
@@ -171,7 +183,7 @@ async def test_a_corrupt_snapshot_is_ignored_counted_and_its_conversation_replay
         assert snapshots is not None and snapshots.ignored == len(corrupted)
         assert b"turnstile_snapshots_ignored_total %.1f" % len(corrupted) in metrics.exposition()
         assert snapshots.seeks == {p: 0 for p in range(PARTITIONS)}
-        assert second.worker.states == _log_states(log)
+        assert_holds(second.worker, _log_states(log))
     assert "ignored the snapshot of" in caplog.text
 
 
@@ -185,4 +197,31 @@ async def test_without_snapshots_the_worker_replays_from_the_beginning(tmp_path:
     async with Run(FileLog(tmp_path, partitions=PARTITIONS)) as second:
         snapshots = second.worker.snapshots
         assert snapshots is not None and snapshots.seeks == {p: 0 for p in range(PARTITIONS)}
-        assert second.worker.states == _log_states(log)
+        assert_holds(second.worker, _log_states(log))
+
+
+async def test_a_message_for_an_evicted_conversation_is_claimed_once_and_every_rule_holds(tmp_path: Path) -> None:
+    """Every conversation leaves memory as soon as its settled state is snapshotted; each new
+    message brings it back from the local store, and its turn sees the whole history."""
+    config = dataclasses.replace(EAGER, eviction=EvictionPolicy(idle_ms=0))
+    log = FileLog(tmp_path, partitions=PARTITIONS)
+    rounds, conversations = 3, 6
+    async with running(log, ScriptedProvider(), config) as worker:
+        evictor = worker.evictor
+        assert evictor is not None
+        for round_ in range(rounds):
+            for i in range(conversations):
+                await publish(log, message_event(f"c{i}", f"question {round_} of {i}", NOW(), f"c{i}-m{round_}"))
+            done = conversations * (round_ + 1)
+            await until(lambda: sum(isinstance(e, TurnCompleted) for e in events_of(log)) == done)  # noqa: B023
+            await until(lambda: evictor.evictions >= done and not worker.states)  # noqa: B023
+        assert evictor.reloads >= conversations * (rounds - 1)
+    events = events_of(log)
+    claims = Counter(i for e in events if isinstance(e, TurnClaimed) for i in e.input_ids)
+    assert sorted(claims) == sorted(f"c{i}-m{r}" for i in range(conversations) for r in range(rounds))
+    assert set(claims.values()) == {1}
+    report = Auditor().feed_all(log.read_all(log.topics.events)).report()
+    assert report.ok, report
+    # each later turn was claimed at the full history length: its state came back whole
+    boundaries = sorted(e.history_boundary for e in events if isinstance(e, TurnClaimed))
+    assert boundaries == sorted(2 * r for r in range(rounds) for _ in range(conversations))
