@@ -35,6 +35,7 @@ before it is acknowledged.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -54,6 +55,10 @@ from turnstile.streams.log import Acknowledged, EventLog, Record
 from turnstile.streams.state_store import StateStore
 
 log = logging.getLogger(__name__)
+
+
+# The longest a revoke or a stop waits for snapshots in flight.
+DRAIN_S = 10.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -229,8 +234,12 @@ class Snapshotter:
         return part is not None and conversation not in part.dirty and conversation not in self._flying
 
     async def drain(self) -> None:
+        """Wait for the write in flight, for a while: a broker that is away must not hold up a
+        revoke or a stop. One cut short writes no watermark; its snapshots that land later are
+        still true states (a new owner takes the one covering most)."""
         if self._writing is not None:
-            await asyncio.gather(self._writing, return_exceptions=True)
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(asyncio.gather(self._writing, return_exceptions=True), DRAIN_S)
 
     def pending(self, partition: int) -> bool:
         """Some change of the partition is not on the snapshot topic yet."""
