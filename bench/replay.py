@@ -105,9 +105,11 @@ class Filled:
     seconds: float
 
 
-async def fill(broker: Broker, events: int) -> Filled:
+async def fill(broker: Broker, events: int, per_conversation: int | None = None) -> Filled:
+    """`per_conversation`: every conversation that many messages (5 events each) instead of
+    the long-tailed mix."""
     topics = await broker.fresh_topics("replay")
-    lengths = _lengths(events)
+    lengths = _lengths(events) if per_conversation is None else [per_conversation] * (events // 5 // per_conversation)
     templates = {n: _template(n) for n in set(lengths)}
     producer = AIOKafkaProducer(
         bootstrap_servers=broker.bootstrap, acks="all", linger_ms=50, max_batch_size=BATCH_BYTES

@@ -48,6 +48,7 @@ _OPERATION_STATUSES: tuple[OperationStatus, ...] = get_args(OperationStatus)
 _ATTEMPT_STATES: tuple[AttemptState, ...] = get_args(AttemptState)
 _OUTCOMES: tuple[OutcomeKind, ...] = get_args(OutcomeKind)
 _Choice = TypeVar("_Choice", bound=str)
+_T = TypeVar("_T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -170,10 +171,14 @@ def _list(value: object, length: int | None = None) -> list[Any]:
     return value
 
 
-def _str(value: object) -> str:
-    if not isinstance(value, str):
-        _bad(f"expected a string, got {_shown(value)}")
+def _of(value: object, kind: type[_T], what: str) -> _T:
+    if not isinstance(value, kind):
+        _bad(f"expected {what}, got {_shown(value)}")
     return value
+
+
+def _str(value: object) -> str:
+    return _of(value, str, "a string")
 
 
 def _opt_str(value: object) -> str | None:
@@ -187,9 +192,7 @@ def _int(value: object) -> int:
 
 
 def _bool(value: object) -> bool:
-    if not isinstance(value, bool):
-        _bad(f"expected true or false, got {_shown(value)}")
-    return value
+    return _of(value, bool, "true or false")
 
 
 def _choice(value: object, choices: tuple[_Choice, ...]) -> _Choice:
