@@ -4,7 +4,8 @@ The scenario is `tests/rolling_deploy.py` (two workers, each turn model -> side-
 `transfer` -> answer; worker 1 then worker 2 stopped and started again mid-stream). Three
 runs in the same session: no deploy (the baseline), a deploy with drain and static
 membership (`--instance-id`), a deploy with drain only (every stop rebalances the group),
-and worker 1 dying with no restart (the survivor takes its partitions after the session timeout).
+worker 1 dying with no restart (the survivor takes its partitions after the session
+timeout), and a third worker joining (scale-out: an eager rebalance of every partition).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ RUNS = (
     ("deploy: drain + static membership", Shape(deploy="rolling", static=True)),
     ("deploy: drain, no instance id", Shape(deploy="rolling", static=False)),
     ("worker 1 dies (static member, 10 s session)", Shape(deploy="crash", static=True)),
+    ("scale-out: a third worker joins", Shape(deploy="scale-out", static=True)),
 )
 
 
@@ -36,6 +38,8 @@ async def deploy(broker: Broker) -> Section:
             "answered",
             "turns failed",
             "attempts interrupted",
+            "of them unmoved",
+            "moved",
             "model steps re-asked",
             "dup outcome records",
             "side effects twice",
@@ -53,6 +57,8 @@ async def deploy(broker: Broker) -> Section:
             f"{figures.answered}/{run_shape.messages}",
             str(figures.turns_failed),
             str(figures.attempts_interrupted),
+            str(figures.attempts_interrupted_unmoved),
+            str(figures.partitions_moved),
             str(figures.model_requests_repeated),
             str(figures.outcome_records_duplicated),
             str(figures.transfers_run_twice),
@@ -62,6 +68,10 @@ async def deploy(broker: Broker) -> Section:
             "" if figures.takeover_s is None else fmt(figures.takeover_s),
         )
     section.notes.append("publish -> outcome latency; the longest gap is between consecutive outcomes on any partition")
+    section.notes.append(
+        "unmoved: interrupted attempts on partitions no other worker (by name) was given during the deploy;"
+        " moved: partitions that were"
+    )
     section.notes.append(
         "takeover: from the death to the survivor owning every partition, replayed (goal: session timeout + 2 s);"
         " turns failed there had the side-effecting call in flight when the worker died"

@@ -8,7 +8,9 @@ with the replay GC hooks `turnstile run` uses, replays it. Once every partition 
 (`/readyz`), from one keep-alive httpx client on loopback, in turn:
 after 50 untimed GETs (warm-up):
 * `GET /conversations/{id}` of random conversations (the state as JSON),
-* `GET /conversations/{id}/turns/{turn_id}` (a turn's timeline, decoded on demand),
+* `GET /conversations/{id}/turns/{turn_id}` of one of their last 10 turns (a timeline
+  held in memory, decoded on demand), and of a few first turns of conversations longer
+  than that (dropped from memory: one bounded read of the partition),
 * `GET /conversations?limit=50` (the first page of the list) and `?status=paused` (a
   filter no conversation matches: the whole list is walked, the worst case);
 * baseline, same run: the read the API did before, a read and fold of the conversation's
@@ -31,6 +33,7 @@ from bench.replay import fill
 from turnstile.handlers.providers.scripted import ScriptedProvider
 from turnstile.streams.kafka_log import KafkaLog
 from turnstile.streams.log import Topics
+from turnstile.streams.read_model import TURN_DETAILS_KEPT
 from turnstile.streams.replay_gc import ReplayGc
 from turnstile.streams.service import Service, conversation_reader
 from turnstile.streams.views import build_view
@@ -90,15 +93,19 @@ async def _at(broker: Broker, events: int) -> dict[str, list[float] | float]:
             # Warm-up (connection, first-use allocations, the worker's first decisions once live): untimed.
             await _timed(client, [f"/conversations/{rng.choice(conversations)}" for _ in range(WARM_UP)])
             picked = [rng.choice(conversations) for _ in range(SAMPLES)]
-            turns = []
+            turns, old_turns = [], []
             for conversation in picked[: SAMPLES // 4]:
                 state = (await client.get(f"/conversations/{conversation}")).json()
-                turns.append(f"/conversations/{conversation}/turns/{rng.choice(state['turns'])['turn_id']}")
+                held = state["turns"][-TURN_DETAILS_KEPT:]  # the turns whose timelines are in memory
+                turns.append(f"/conversations/{conversation}/turns/{rng.choice(held)['turn_id']}")
+                if len(state["turns"]) > TURN_DETAILS_KEPT and len(old_turns) < BASELINE_SAMPLES:
+                    old_turns.append(f"/conversations/{conversation}/turns/{state['turns'][0]['turn_id']}")
             results: dict[str, list[float] | float] = {
                 "conversation": await _timed(client, [f"/conversations/{c}" for c in picked]),
                 "turn": await _timed(client, turns),
                 "list": await _timed(client, ["/conversations?limit=50"] * (SAMPLES // 4)),
                 "list walked": await _timed(client, ["/conversations?status=paused"] * 10),
+                "old turn": await _timed(client, old_turns),
             }
         read = conversation_reader(log, max_records=None)
         baseline = []
@@ -109,7 +116,39 @@ async def _at(broker: Broker, events: int) -> dict[str, list[float] | float]:
         results["baseline"] = baseline
         results["filled_s"], results["replayed_s"] = filled.seconds, replayed_s
         results["conversations"] = float(filled.conversations)
+        results["replayed_plain_s"] = await _replay_without_reads(broker, topics)
         return results
+    finally:
+        stop.set()
+        await running
+
+
+class _Replayed(ReplayGc):
+    """`turnstile run`'s replay hooks, which also say when every partition is live."""
+
+    def __init__(self, live: asyncio.Event) -> None:
+        super().__init__()
+        self.live = live
+
+    def replayed(self) -> None:
+        super().replayed()
+        self.live.set()
+
+
+async def _replay_without_reads(broker: Broker, topics: Topics) -> float:
+    """Seconds from start to live of the same worker on the same topic with no HTTP port
+    (hence no read model): what serving reads from state costs the replay."""
+    group = f"{topics.events}-plain"
+    await _commit_at_end(broker.bootstrap, topics.events, group)
+    live = asyncio.Event()
+    hooks = _Replayed(live)
+    worker = Worker(KafkaLog(broker.bootstrap, group, topics), ScriptedProvider(), WorkerConfig(), replay_hooks=hooks)
+    stop = asyncio.Event()
+    started = time.perf_counter()
+    running = asyncio.create_task(Service(worker).run(stop))
+    try:
+        await live.wait()
+        return time.perf_counter() - started
     finally:
         stop.set()
         await running
@@ -119,7 +158,7 @@ async def http_reads(broker: Broker, sizes: tuple[int, ...] = (10_000, 1_000_000
     section = Section(
         "10. HTTP GET latency, served from the worker's state (ms, client side)",
         ("log", "conversations", "GET conversation p50 / p99", "GET turn p50 / p99", "list page p50 / p99",
-         "list, walk all p50", "baseline: read+fold the partition p50"),
+         "list, walk all p50", "old turn (bounded read) p50", "baseline: read+fold the partition p50"),
     )
     for events in sizes:
         r = await _at(broker, events)
@@ -129,14 +168,15 @@ async def http_reads(broker: Broker, sizes: tuple[int, ...] = (10_000, 1_000_000
             assert isinstance(values, list)
             return f"{fmt(percentile(values, 50))} / {fmt(percentile(values, 99))}"
 
-        walked, baseline = r["list walked"], r["baseline"]
-        assert isinstance(walked, list) and isinstance(baseline, list)
+        walked, old, baseline = r["list walked"], r["old turn"], r["baseline"]
+        assert isinstance(walked, list) and isinstance(old, list) and isinstance(baseline, list)
         section.add(
             f"{events:,} events", f"{int(r['conversations']):,}", pp("conversation"), pp("turn"), pp("list"),
-            fmt(percentile(walked, 50)), fmt(percentile(baseline, 50)),
+            fmt(percentile(walked, 50)), fmt(percentile(old, 50)) if old else "-", fmt(percentile(baseline, 50)),
         )
         section.notes.append(
             f"{events:,} events: log written in {r['filled_s']:.0f} s, replayed to live in {r['replayed_s']:.1f} s"
+            f" with the read model, {r['replayed_plain_s']:.1f} s without an HTTP port (no read model), same topic"
         )
     section.notes.append("goal (issue 13): GET p99 <= 10 ms, flat from 10k to 1M events")
     return section

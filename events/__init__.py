@@ -16,6 +16,7 @@ from turnstile.events.lifecycle import (
     ToolCallFinished,
     ToolCallStarted,
     TurnClaimed,
+    TurnInterrupted,
     Usage,
 )
 from turnstile.events.outcomes import (
@@ -70,6 +71,7 @@ __all__ = [
     "TurnEvent",
     "TurnExhausted",
     "TurnFailed",
+    "TurnInterrupted",
     "TurnMetrics",
     "TurnPaused",
     "Usage",

@@ -19,6 +19,7 @@ from turnstile.events.lifecycle import (
     ToolCallFinished,
     ToolCallStarted,
     TurnClaimed,
+    TurnInterrupted,
     Usage,
 )
 from turnstile.events.outcomes import OperationRecord, TurnCompleted, TurnExhausted, TurnFailed, TurnMetrics, TurnPaused
@@ -124,6 +125,7 @@ def event_examples() -> dict[str, Event]:
             reason="HTTP 503 from the provider",
         ),
         AttemptFailed(**_turn(12, 2700), reason="provider timeout after 30 s", retryable=True),
+        TurnInterrupted(**_turn(19, 1300), message_id="m-4"),
         TurnCompleted(
             **_turn(13, 3410),
             statuses=statuses,

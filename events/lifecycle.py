@@ -152,3 +152,14 @@ class AttemptFailed(TurnEnvelope):
     type: Literal["AttemptFailed"] = "AttemptFailed"
     reason: str
     retryable: bool
+
+
+class TurnInterrupted(TurnEnvelope):
+    """The `interrupt` double-text policy withdrew this turn: `message_id` arrived while the
+    turn had started no side-effecting tool. The turn ends without an outcome, its claimed
+    inputs return to the pending set, and the next claim takes them together with the new
+    message, in order, as one final input. Written by the run it interrupts; a turn whose
+    side effect has started cannot be interrupted (the message waits, as under `enqueue`)."""
+
+    type: Literal["TurnInterrupted"] = "TurnInterrupted"
+    message_id: Identifier

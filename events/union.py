@@ -17,6 +17,7 @@ from turnstile.events.lifecycle import (
     ToolCallFinished,
     ToolCallStarted,
     TurnClaimed,
+    TurnInterrupted,
 )
 from turnstile.events.outcomes import TurnCompleted, TurnExhausted, TurnFailed, TurnPaused
 from turnstile.events.rejections import MessageRejected
@@ -33,6 +34,7 @@ TurnEvent = (
     | ContextCompacted
     | FallbackEngaged
     | AttemptFailed
+    | TurnInterrupted
     | TerminalOutcome
 )
 

@@ -75,7 +75,8 @@ def claim_event(state: ConversationState, plan: ClaimPlan, *, event_id: str, run
     )
 
 
-DoubleText = Literal["enqueue", "reject"]
+DoubleText = Literal["enqueue", "reject", "interrupt"]
+DOUBLE_TEXT_POLICIES: tuple[DoubleText, ...] = ("enqueue", "reject", "interrupt")
 REJECTION_TEXT = (
     "I'm still answering your earlier message, so this one was not taken. "
     "Please send it again once the reply has arrived."
@@ -87,6 +88,9 @@ class DoubleTextPolicy:
     """What a conversation does with a message that arrives while one of its turns is
     active. `enqueue` (the default): it stays pending and starts the next turn (rule 3).
     `reject`: it is answered at once with `MessageRejected` and never claimed.
+    `interrupt`: it withdraws the turn if no side-effecting call has started yet
+    (`TurnInterrupted`; the turn's messages return to pending and the next claim takes old
+    and new together); once a side effect has started it waits, as under `enqueue`.
 
     "Arrives while a turn is active" is judged on the log: the message is folded while the
     conversation has an active turn (between a `TurnClaimed` and its outcome), so every
@@ -97,7 +101,7 @@ class DoubleTextPolicy:
 
     def __post_init__(self) -> None:
         for policy in (self.default, *self.per_conversation.values()):
-            if policy not in ("enqueue", "reject"):
+            if policy not in DOUBLE_TEXT_POLICIES:
                 raise ValueError(f"unknown double-text policy {policy!r}")
 
     def of(self, conversation_id: str) -> DoubleText:
@@ -113,6 +117,18 @@ def rejects_on_arrival(policy: DoubleTextPolicy, state: ConversationState, messa
         and item.kind == "message"
         and policy.of(state.conversation_id) == "reject"
     )
+
+
+def interrupts_on_arrival(policy: DoubleTextPolicy, state: ConversationState, event: Event) -> MessageReceived | None:
+    """Call right after `event` was folded: the message that asks the active turn to stop
+    under the `interrupt` policy (whether it can, the turn's own state decides:
+    `handlers.turn_machine.interruptible`)."""
+    if not isinstance(event, MessageReceived) or state.active is None:
+        return None
+    item = state.pending.get(event.message_id)
+    if item is None or item.kind != "message" or policy.of(state.conversation_id) != "interrupt":
+        return None
+    return event
 
 
 def resume_refusal(state: ConversationState, resume: ResumeRequested) -> str | None:

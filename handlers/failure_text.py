@@ -43,3 +43,28 @@ def provider_failure(error: ProviderError, *, attempts: int, side_effect_ran: bo
         case "malformed_response":
             sentence = f"The model provider sent a reply that could not be used: {error.message.rstrip('.')}."
     return sentence + (SIDE_EFFECT_NOTE if side_effect_ran else "")
+
+
+# What a user reads when a turn cannot go on after its worker stopped, or the engine broke.
+NOT_REPLAYED = (
+    "A tool with side effects started before the worker stopped; the turn was not "
+    "replayed. Check the operation record before continuing."
+)
+MAX_ATTEMPTS = "The turn failed after the maximum number of attempts."
+INTERNAL_ERROR = "The turn failed because of an internal error."
+STOPPED_MID_ATTEMPT = "the worker running this attempt stopped before it ended"
+
+
+def unresumable(tool: str, call_id: str) -> str:
+    return (
+        f"A tool with side effects ({tool}, call {call_id}) started before the worker "
+        "stopped and cannot be run again safely; the turn was not resumed. Check the operation record "
+        "before continuing."
+    )
+
+
+def reconcile_unknown(tool: str, call_id: str) -> str:
+    return (
+        f"A tool with side effects ({tool}, call {call_id}) started before the worker stopped "
+        "and its reconciler could not tell whether it ran. Check the operation record before continuing."
+    )

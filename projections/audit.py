@@ -33,6 +33,7 @@ from turnstile.events import (
     TurnEnvelope,
     TurnExhausted,
     TurnFailed,
+    TurnInterrupted,
     TurnPaused,
     decode,
     logical_turn_id,
@@ -44,7 +45,7 @@ from turnstile.projections.state import ActiveTurn, ConversationState
 # Rule id -> what it checks. The order is the order of the report.
 RULES: dict[str, str] = {
     "one_partition": "a conversation's events are all in one partition (the log keys by conversation id)",
-    "claim_once": "rule 1: a message is claimed by at most one logical turn",
+    "claim_once": "rule 1: a message is claimed by at most one logical turn (an interrupted turn releases its own)",
     "claim_exact": (
         "rules 1, 2, 6: a claim names received, pending inputs once each; its turn id is sha256 of the "
         "sorted ids and its history boundary the history length (the claimed messages are the final input)"
@@ -66,6 +67,10 @@ RULES: dict[str, str] = {
     "double_text": (
         "double-text refusals: a MessageRejected names a received, unclaimed message that arrived "
         "while the turn it names was active"
+    ),
+    "interrupt": (
+        "double-text interrupts: a TurnInterrupted withdraws its open turn only for a message that arrived "
+        "during it, and never after a side-effecting tool of the turn started"
     ),
     "budgets": (
         "rule 7: each outcome's metrics and operation record match the events of its turn; with limits "
@@ -373,6 +378,8 @@ class Auditor:
                 self._check_deadline(state, event, started=False)
             case MessageRejected():
                 return self._check_refusal(state, event)
+            case TurnInterrupted():
+                return self._check_interrupt(state, event)
             case _:
                 pass
         return False
@@ -513,6 +520,19 @@ class Auditor:
         if problem is None:
             return False
         return self._violate("double_text", conv, refusal.active_turn_id, problem)
+
+    def _check_interrupt(self, state: ConversationState, event: TurnInterrupted) -> bool:
+        conv, turn_id = event.conversation_id, event.turn_id
+        self._rules["interrupt"].checked += 1
+        turn = _open_run(state, event)
+        if turn is None:
+            return False  # a stale run's: the fold ignores it and the notice says so
+        if turn.side_effect_started:
+            return self._violate("interrupt", conv, turn_id, "interrupted after a side-effecting tool started")
+        if self._arrived_during.get((conv, event.message_id)) != turn_id:
+            detail = f"interrupted by message {event.message_id!r}, which did not arrive during this turn"
+            return self._violate("interrupt", conv, turn_id, detail)
+        return False
 
     def _check_model_request(self, state: ConversationState, response: ModelResponded) -> bool:
         turn = _open_run(state, response)

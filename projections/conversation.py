@@ -32,6 +32,7 @@ from turnstile.events import (
     TurnEnvelope,
     TurnExhausted,
     TurnFailed,
+    TurnInterrupted,
     TurnPaused,
     content_fingerprint,
     logical_turn_id,
@@ -92,6 +93,8 @@ def _dispatch(state: ConversationState, event: Event) -> Rejection | None:
             return _start_attempt(state, event)
         case TurnCompleted() | TurnFailed() | TurnPaused() | TurnExhausted():
             return _finish(state, event)
+        case TurnInterrupted():
+            return _interrupt(state, event)
         case _:
             return _record_step(state, event)
 
@@ -243,6 +246,27 @@ def _record_step(state: ConversationState, event: Event) -> Rejection | None:
     turn.step_ids.add(event.event_id)
     if isinstance(event, ModelResponded | ToolCallStarted | ToolCallFinished | ProtocolFailure):
         turn.journal.append(event)
+    return None
+
+
+def _interrupt(state: ConversationState, event: TurnInterrupted) -> Rejection | None:
+    """The `interrupt` double-text policy withdrew the open turn: its inputs return to the
+    pending set (the claim is released: rule 1 counts claims that stand) and nothing goes to
+    history, so the next claim takes them with the message that interrupted, in order.
+    Refused once a side-effecting call started: that turn runs on, as under `enqueue`."""
+    turn = _active_run(state, event)
+    if isinstance(turn, Rejection):
+        return turn
+    if turn.side_effect_started:
+        return Rejection("a turn whose side-effecting tool started is not interrupted")
+    item = state.pending.get(event.message_id)
+    if item is None or item.kind != "message":
+        return Rejection(f"interrupted by {event.message_id!r}, which is not a pending message")
+    released = {i.input_id: i for i in turn.inputs}
+    state.pending = {**released, **state.pending}
+    for input_id in released:
+        state.claimed_by.pop(input_id, None)
+    state.active = None
     return None
 
 

@@ -11,12 +11,16 @@ import sys
 from pathlib import Path
 
 from turnstile.events import DecodeError, decode
+from turnstile.handlers.claim import DOUBLE_TEXT_POLICIES
 from turnstile.handlers.pricing import ModelPrice, parse_price
 from turnstile.handlers.schedule import Schedule, parse_schedules
 from turnstile.streams import audit_cli, config_file, log_format, run_config
 from turnstile.streams.cli_errors import (
+    DATA_ERR,
+    NO_INPUT,
     NOT_FOUND,
     UNAVAILABLE,
+    USAGE,
     CliError,
     broker_url,
     explain,
@@ -34,7 +38,7 @@ log = logging.getLogger("turnstile.run")
 
 DEFAULTS = config_file.Config()
 # Configured commands: their flags, the environment and turnstile.toml are merged (config_file).
-CONFIGURED = ("run", "send", "tail", "inspect", "approve", "deny", "resume")
+CONFIGURED = ("run", "send", "tail", "inspect", "approve", "deny", "resume", "export-turn")
 
 
 def _add_log_args(parser: argparse.ArgumentParser) -> None:
@@ -96,7 +100,9 @@ async def _run(args: argparse.Namespace) -> int:
         token = read_token(os.environ, config.http.token_file)
         if http is not None:
             check_bind(http[0], token)  # before anything is opened: a refusal leaves nothing behind
-    except (InsecureBind, OSError, ValueError) as exc:
+    except OSError as exc:
+        raise CliError(NO_INPUT, f"cannot read the token file {config.http.token_file} ({exc.strerror})") from None
+    except (InsecureBind, ValueError) as exc:
         print(f"turnstile run: {exc}", file=sys.stderr)
         return 2
     schedules = _schedules(config.schedules) if config.schedules else ()
@@ -104,7 +110,11 @@ async def _run(args: argparse.Namespace) -> int:
     if args.agent is not None:
         from turnstile.streams.agent import Model, load_agent
 
-        agent, ignored = run_config.configure_agent(load_agent(args.agent), resolved)
+        try:
+            loaded = load_agent(args.agent)
+        except ValueError as exc:  # no such module or attribute, not an Agent: a usage error
+            raise CliError(USAGE, str(exc)) from None
+        agent, ignored = run_config.configure_agent(loaded, resolved)
         for warning in ignored:
             log.warning("%s", warning)
         keys = [m.api_key_env for m in agent.models() if isinstance(m, Model)]
@@ -121,8 +131,14 @@ async def _run(args: argparse.Namespace) -> int:
 
 
 async def _send(args: argparse.Namespace) -> int:
+    from turnstile.streams.http_api import id_problem
     from turnstile.streams.operations_cli import publish_input
 
+    # The ids HTTP and the console take (1..200 characters, no control character): one sent
+    # from here that they refuse could never be read or approved there.
+    for what, value in (("the conversation id", args.conversation), ("the message id", args.message_id)):
+        if value is not None and (problem := id_problem(what, value)):
+            raise CliError(DATA_ERR, f"{problem} (ids are 1..200 characters without control characters)")
     place = _place(args.resolved.config, args.command)
     text = sys.stdin.read() if args.text == "-" else args.text
     event = message_event(args.conversation, non_empty(text), SystemClock().now_ms(), args.message_id)
@@ -135,6 +151,12 @@ async def _operate(args: argparse.Namespace) -> int:
     from turnstile.streams.operations_cli import operate
 
     return await operate(args, _place(args.resolved.config, args.command))
+
+
+async def _export_turn(args: argparse.Namespace) -> int:
+    from turnstile.streams.console.export_cli import export_turn
+
+    return await export_turn(args, _place(args.resolved.config, args.command))
 
 
 async def _tail(args: argparse.Namespace) -> int:
@@ -171,8 +193,8 @@ def _price(text: str) -> tuple[str, ModelPrice]:
 
 def _conversation_policy(text: str) -> tuple[str, str]:
     conversation, _, policy = text.rpartition("=")
-    if not conversation or policy not in ("enqueue", "reject"):
-        raise argparse.ArgumentTypeError(f"expected CONVERSATION=enqueue|reject, got {text!r}")
+    if not conversation or policy not in DOUBLE_TEXT_POLICIES:
+        raise argparse.ArgumentTypeError(f"expected CONVERSATION=enqueue|reject|interrupt, got {text!r}")
     return conversation, policy
 
 
@@ -280,14 +302,17 @@ def _add_run_args(run: argparse.ArgumentParser) -> None:
     run.add_argument("--max-batch", type=int, help=f"inputs one turn claims at most (default: {q.max_batch})")
     run.add_argument(
         "--double-text",
-        choices=["enqueue", "reject"],
-        help="a message that arrives during a turn: queue it for the next turn (default) or refuse it",
+        choices=DOUBLE_TEXT_POLICIES,
+        help=(
+            "a message that arrives during a turn: queue it for the next turn (default), refuse it, or "
+            "interrupt the turn if no side-effecting tool has started and answer old and new together"
+        ),
     )
     run.add_argument(
         "--double-text-for",
         type=_conversation_policy,
         action="append",
-        metavar="CONVERSATION=enqueue|reject",
+        metavar="CONVERSATION=enqueue|reject|interrupt",
         help="the policy of one conversation (repeatable)",
     )
 
@@ -339,6 +364,9 @@ def build_parser() -> argparse.ArgumentParser:
     from turnstile.streams.operations_cli import add_parsers
 
     add_parsers(sub, _add_log_args)
+    from turnstile.streams.console import export_cli
+
+    export_cli.add_parser(sub, _add_log_args)
     audit_cli.add_parser(sub)
     for command in sub.choices.values():  # the global flags work after the subcommand too
         command.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS, help="as above")
@@ -366,7 +394,7 @@ def main(argv: list[str] | None = None) -> int:
 
         return demo_main(args.data)
     handler = {"run": _run, "send": _send, "tail": _tail, "inspect": _inspect, "audit": audit_cli.run,
-               "approve": _operate, "deny": _operate, "resume": _operate}[args.command]
+               "approve": _operate, "deny": _operate, "resume": _operate, "export-turn": _export_turn}[args.command]
 
     async def checked() -> int:
         config: config_file.Config | None = getattr(args, "resolved", None) and args.resolved.config

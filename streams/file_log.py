@@ -35,6 +35,11 @@ from turnstile.streams.log import (
 
 __all__ = ["FileLog", "FileReader", "LogOwned", "partition_for"]
 
+# Records one poll returns at most, over all partitions (each is decoded before the worker
+# can yield), and the bytes a partition reader reads at a time.
+POLL_RECORDS = 256
+_READ_BYTES = 256 << 10
+
 
 class _OwnerLock:
     """`owner.lock` in the log's folder, held (flock) by the one process that owns the log.
@@ -112,27 +117,22 @@ class _PartitionReader:
         self.position = 0
         self._byte_pos = 0
 
-    def skip(self, offset: int) -> None:
-        """Move to `offset` (or to the end, if there are fewer records) without decoding
-        them: a partition file has no index, so this counts line ends."""
+    def seek(self, offset: int) -> None:
+        """Read on from record `offset` (or the end, if the file holds fewer)."""
+        self.position = self._byte_pos = 0
         with open(self.path, "rb") as fh:
-            fh.seek(self._byte_pos)
-            while self.position < offset and (chunk := fh.read(4 << 20)):
-                start = 0
-                while self.position < offset and (end := chunk.find(b"\n", start)) >= 0:
-                    self.position += 1
-                    start = end + 1
-                if start == 0:
-                    break  # a line still being written (or longer than the chunk): read from here
-                self._byte_pos += start
-                fh.seek(self._byte_pos)
+            for line in fh:
+                if self.position >= offset or not line.endswith(b"\n"):
+                    break
+                self.position += 1
+                self._byte_pos += len(line)
 
     def read(self, partition: int, limit: int) -> list[Record]:
         with open(self.path, "rb") as fh:
             fh.seek(self._byte_pos)
-            chunk = fh.read(4 << 20)
+            chunk = fh.read(_READ_BYTES)
             while chunk and b"\n" not in chunk:  # one record longer than the read size
-                more = fh.read(4 << 20)
+                more = fh.read(_READ_BYTES)
                 if not more:
                     break
                 chunk += more
@@ -215,16 +215,21 @@ class FileLog:
         committed = self.committed_offsets()
         starts = {}
         for p in range(self.partitions):
-            starts[p] = PartitionStart(self._file(self.topics.events, p).end_offset(), committed.get(p, 0))
-        seeks = await listener.on_assigned(starts) or {}
-        for p in range(self.partitions):
             self._readers[p] = _PartitionReader(self._file(self.topics.events, p).path)
-            self._readers[p].skip(seeks.get(p, 0))
+            starts[p] = PartitionStart(self._file(self.topics.events, p).end_offset(), committed.get(p, 0))
+        for p, offset in (await listener.on_assigned(starts)).items():
+            self.seek(p, offset)
+
+    def seek(self, partition: int, offset: int) -> None:
+        """Where `poll` reads the events partition from next (as Kafka's consumer seek)."""
+        self._readers[partition].seek(offset)
 
     async def poll(self, timeout_s: float) -> list[Record]:
         deadline = asyncio.get_running_loop().time() + timeout_s
         while True:
-            records = [r for p, reader in self._readers.items() for r in reader.read(p, 500)]
+            # A poll is not a yield point of the consumer loop: decoding is bounded per poll.
+            share = max(1, POLL_RECORDS // max(1, len(self._readers)))
+            records = [r for p, reader in self._readers.items() for r in reader.read(p, share)]
             if records or asyncio.get_running_loop().time() >= deadline:
                 return records
             await asyncio.sleep(min(0.02, max(0.0, deadline - asyncio.get_running_loop().time())))
@@ -253,6 +258,7 @@ class FileLog:
 
     async def commit(self, offsets: dict[int, int]) -> None:
         merged = self.committed_offsets() | offsets
+        self._committed_path.parent.mkdir(parents=True, exist_ok=True)
         tmp = self._committed_path.with_suffix(".tmp")
         tmp.write_bytes(orjson.dumps({str(k): v for k, v in merged.items()}))
         tmp.replace(self._committed_path)
@@ -326,6 +332,10 @@ class FileReader:
 
     async def conversation(self, conversation_id: str, timeout_s: float = 30.0) -> list[Record]:
         return await asyncio.to_thread(self._log.conversation_records, conversation_id)
+
+    async def span(self, topic: str, partition: int, start: int, end: int, timeout_s: float = 30.0) -> list[Record]:
+        records = await asyncio.to_thread(self._log.read_all, topic, partition)
+        return [r for r in records if start <= r.offset < end]
 
     def follow(self, topic: str, since_ms: int) -> AsyncIterator[Record]:
         # One process, no record times: nothing it follows was written before it started.

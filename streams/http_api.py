@@ -4,10 +4,10 @@
   `MessageReceived` and answers 202 with the message id. Idempotent by id: the same id and
   content again is 202 again and answered once (`duplicate: true` and `status` accepted or
   rejected once the worker has folded the first); the same id with other content is 409.
-* `GET /conversations/{id}`: the conversation's state, folded from the log (history,
+* `GET /conversations/{id}`: the conversation's state as the worker folded it (history,
   pending, rejected, active turn, a summary per turn); 404 if the log has nothing of it.
-* `GET /conversations/{id}/turns/{turn_id}`: the turn's timeline as JSON, or as a small
-  HTML page with `Accept: text/html` or `?format=html`.
+* `GET /conversations/{id}/turns/{turn_id}`: the turn's timeline as JSON, or as the
+  console's page of it with `Accept: text/html` or `?format=html`.
 * `GET /conversations/{id}/stream`: server-sent events of the conversation's reply in
   progress (or its next one): the text so far, then `delta`s as they arrive, `restart` and
   `interrupted` when an attempt starts over, and the `outcome`, which ends the stream (see
@@ -23,11 +23,14 @@ refused without one. Every error, the framework's 404/405/413 included, is a JSO
 `{"error": ..., "status": ...}`. Ids in paths and bodies are 1-200 characters with no
 control character (400 otherwise).
 
-Reads come from the log itself (the conversation's partition, read by an independent
-reader), not from the worker's memory: they are right whichever worker of the group owns
-the conversation. Reading and folding run in a thread, so the event loop (and the probes)
-stay answered meanwhile. Writes are appends to the events topic keyed by conversation id,
-like any other producer's.
+Reads are served from the worker's state (`streams/read_model.py`) for the conversations
+it owns, without reading the log; for another worker's partition, from one bounded read
+of it (`streams/http_reads.py`); 503 while the partition replays. `GET /conversations`
+lists the worker's conversations (`?q=`, `status=`, `limit=`, `before=`). `POST
+/conversations/{id}/approve|deny|resume` are the CLI's operations. The console
+(`streams/console`) is served at `/ui` with the same authentication (or its sign-in
+cookie). Writes are appends to the events topic keyed by conversation id, like any other
+producer's.
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypedDict
+from urllib.parse import urlsplit
 
 import orjson
 from aiohttp import web
@@ -56,7 +60,7 @@ from turnstile.streams.log import EventLog
 from turnstile.streams.publisher import message_event
 from turnstile.streams.read_model import ReadModel
 from turnstile.streams.runtime import Clock, SystemClock
-from turnstile.streams.views import state_json, turn_html, turn_json
+from turnstile.streams.views import state_json, turn_json
 
 if TYPE_CHECKING:
     from turnstile.streams.metrics import Metrics
@@ -133,6 +137,26 @@ async def _json_errors(request: web.Request, handler: Handler) -> web.StreamResp
             if name in exc.headers:
                 response.headers[name] = exc.headers[name]
         return response
+
+
+SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+
+
+@web.middleware
+async def _same_origin(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """A browser sends `Origin` with every cross-site POST, and a text/plain one needs no
+    CORS preflight: without this any web page the operator visits could post messages and
+    approve side effects on a tokenless loopback worker. curl and other clients send no
+    Origin; the console's own requests carry this server's. (With a token the bearer
+    middleware already refuses them: a cross-site request cannot add the console's header.)"""
+    # A name that resolves to 127.0.0.1 (DNS rebinding) makes a hostile page same-origin:
+    # a tokenless port is only loopback, so it answers only to a loopback Host.
+    if not _loopback(urlsplit(f"//{request.host}").hostname or ""):
+        return _error(403, f"a request for host {request.host[:100]!r} is refused: without a token only loopback")
+    origin = request.headers.get("Origin")
+    if request.method in SAFE_METHODS or origin is None or urlsplit(origin).netloc == request.host:
+        return await handler(request)
+    return _error(403, f"a cross-origin request from {origin[:100]!r} is refused")
 
 
 def _bearer(token: str) -> Middleware:
@@ -215,7 +239,7 @@ def build_app(
     list them); without one every read is a bounded read of the conversation's partition."""
     clock = clock or SystemClock()
     reads = Reads(read_model, read_conversation)
-    middlewares: list[Middleware] = [_json_errors] + ([_bearer(token)] if token else [])
+    middlewares: list[Middleware] = [_json_errors, _bearer(token) if token else _same_origin]
     app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=middlewares)  # type: ignore[arg-type]
     published: OrderedDict[tuple[str, str], str] = OrderedDict()
 
@@ -299,9 +323,11 @@ def build_app(
         found = await reads.turn(conversation, turn_id)
         if isinstance(found, Unavailable):
             return unavailable(found)
-        _view, turn = found
-        if _wants_html(request):
-            return web.Response(text=turn_html(conversation, turn), content_type="text/html")
+        view, turn = found
+        if _wants_html(request):  # the console's page of the turn
+            from turnstile.streams.console.pages import turn_page
+
+            return web.Response(text=turn_page(view, turn), content_type="text/html")
         return _json(turn_json(conversation, turn))
 
     async def list_conversations(request: web.Request) -> web.Response:
@@ -333,6 +359,8 @@ def build_app(
             return _error(400, "call_id and note must be strings")
         if call_id is not None and (problem := id_problem("call_id", call_id)):
             return _error(400, problem)
+        if verb != "resume" and call_id is None:  # a malformed request, not a refused decision
+            return _error(400, f'{verb} needs {{"call_id": "..."}}: the call the turn paused on')
         view = await reads.conversation(conversation)
         if isinstance(view, Unavailable):
             return unavailable(view)

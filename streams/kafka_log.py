@@ -46,6 +46,9 @@ log = logging.getLogger(__name__)
 MAX_REQUEST_BYTES = 1 << 20
 # Kafka's broker default for `max.message.bytes`, when a topic's config cannot be read.
 BROKER_DEFAULT_MAX_MESSAGE_BYTES = 1_048_588
+# Records one poll returns at most: the consumer loop decodes them before it can let the
+# event loop run, so a poll stays a small slice of it (bench section 11).
+POLL_RECORDS = 250
 # What a record batch of one record adds to its key and value: the batch header (61 bytes)
 # and the record's own varints and attributes, rounded up.
 RECORD_OVERHEAD_BYTES = 128
@@ -75,19 +78,18 @@ class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]
             await self.listener.on_revoked({tp.partition for tp in revoked})
 
     async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
-        if not assigned:
-            return
+        # Called with nothing too: the listener learns that what it held moved away.
         consumer = self.owner.consumer
-        ends = await consumer.end_offsets(list(assigned))
+        ends = await consumer.end_offsets(list(assigned)) if assigned else {}
         starts = {}
         for tp in assigned:
             committed = await consumer.committed(tp)
             starts[tp.partition] = PartitionStart(ends[tp], committed or 0)
-        # The worker may start a partition past its beginning (from its snapshots).
-        seeks = await self.listener.on_assigned(starts) or {}
-        owned = consumer.assignment()
-        for tp in assigned & owned:  # (one lost to a rebalance meanwhile is the next owner's)
-            consumer.seek(tp, seeks.get(tp.partition, 0))
+        positions = await self.listener.on_assigned(starts)
+        # At once (seek does not await): the listener reads nothing of these partitions
+        # until it returns, and nothing from elsewhere must reach it after.
+        for tp in assigned & consumer.assignment():  # (one lost to a rebalance meanwhile: not ours)
+            consumer.seek(tp, positions.get(tp.partition, 0))
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,8 +116,11 @@ class Membership:
 
     @property
     def heartbeat_interval_ms(self) -> int:
-        # A third of the session: two heartbeats may be lost before the member is dropped.
-        return min(3_000, self.session_timeout_ms // 3)
+        # A member learns of a rebalance only from its next heartbeat's answer: after a crash
+        # the survivors join up to one interval after the session timeout. Once a second (a
+        # small request) keeps that under 1 s; at most a third of the session, so that two
+        # lost heartbeats do not drop a live member.
+        return min(1_000, self.session_timeout_ms // 3)
 
 
 class KafkaLog:
@@ -140,7 +145,7 @@ class KafkaLog:
             enable_auto_commit=False,
             auto_offset_reset="earliest",
             isolation_level="read_committed",
-            max_poll_records=1000,
+            max_poll_records=POLL_RECORDS,
         )
         # Idempotent: a retried send after a lost acknowledgement is written once.
         self._producer_options: dict[str, Any] = dict(
@@ -209,7 +214,7 @@ class KafkaLog:
         self.consumer.subscribe([self.topics.events], listener=_Listener(self, listener))
 
     async def poll(self, timeout_s: float) -> list[Record]:
-        batches = await self.consumer.getmany(timeout_ms=int(timeout_s * 1000), max_records=1000)
+        batches = await self.consumer.getmany(timeout_ms=int(timeout_s * 1000), max_records=POLL_RECORDS)
         return [record_of(tp.partition, m) for tp, messages in batches.items() for m in messages]
 
     async def append(

@@ -28,6 +28,16 @@ def reachable(bootstrap: str, timeout_s: float = 2.0) -> bool:
         return False
 
 
+def _no_group(bootstrap: str, *topics: str) -> AIOKafkaConsumer:
+    return AIOKafkaConsumer(
+        *topics,
+        bootstrap_servers=bootstrap,
+        enable_auto_commit=False,
+        auto_offset_reset="earliest",
+        isolation_level="read_committed",
+    )
+
+
 @contextlib.asynccontextmanager
 async def group_less_consumer(
     bootstrap: str, topic: str, timeout_s: float = 30.0
@@ -36,13 +46,7 @@ async def group_less_consumer(
     disturbs no worker. The reset policy must be "earliest": the fetcher resets new
     partitions by it on its own, and a "latest" reset racing a seek would silently skip
     the whole topic."""
-    consumer = AIOKafkaConsumer(
-        topic,
-        bootstrap_servers=bootstrap,
-        enable_auto_commit=False,
-        auto_offset_reset="earliest",
-        isolation_level="read_committed",
-    )
+    consumer = _no_group(bootstrap, topic)
     await consumer.start()
     try:
         deadline = asyncio.get_running_loop().time() + timeout_s
@@ -109,6 +113,28 @@ async def read_conversation(
         return await read_to_end(consumer, [tp], timeout_s, max_records)
 
 
+async def read_span(
+    bootstrap: str, topic: str, partition: int, start: int, end: int, timeout_s: float = 30.0
+) -> list[Record]:
+    """The records of one partition from `start` up to `end`, by a consumer in no group."""
+    if end <= start:
+        return []
+    consumer = _no_group(bootstrap)
+    await consumer.start()
+    try:
+        tp = TopicPartition(topic, partition)
+        consumer.assign([tp])
+        consumer.seek(tp, start)
+        out: list[Record] = []
+        async with asyncio.timeout(timeout_s):
+            while await consumer.position(tp) < end:
+                batch = await consumer.getmany(tp, timeout_ms=200)
+                out.extend(record_of(partition, m) for m in batch.get(tp, ()) if m.offset < end)
+        return out
+    finally:
+        await consumer.stop()
+
+
 class KafkaReader:
     """The Kafka log's `LogReader`: a consumer in no group per read."""
 
@@ -121,6 +147,9 @@ class KafkaReader:
 
     async def conversation(self, conversation_id: str, timeout_s: float = 30.0) -> list[Record]:
         return await read_conversation(self.bootstrap, self.topics.events, conversation_id, timeout_s)
+
+    async def span(self, topic: str, partition: int, start: int, end: int, timeout_s: float = 30.0) -> list[Record]:
+        return await read_span(self.bootstrap, topic, partition, start, end, timeout_s)
 
     def follow(self, topic: str, since_ms: int) -> AsyncIterator[Record]:
         return follow_topic(self.bootstrap, topic, since_ms)

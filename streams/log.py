@@ -76,8 +76,8 @@ class Landed:
 
 
 class RebalanceListener(Protocol):
-    async def on_assigned(self, partitions: dict[int, PartitionStart]) -> dict[int, int] | None:
-        """Returns where to start reading each partition (left out: the beginning)."""
+    async def on_assigned(self, partitions: dict[int, PartitionStart]) -> Mapping[int, int]:
+        """Returns the offset to read each partition from (0: replay it whole)."""
         ...
 
     async def on_revoked(self, partitions: set[int]) -> None: ...
@@ -102,6 +102,10 @@ class LogReader(Protocol):
 
     async def conversation(self, conversation_id: str, timeout_s: float = 30.0) -> list[Record]:
         """The events topic's records of the conversation's partition, up to its end now."""
+        ...
+
+    async def span(self, topic: str, partition: int, start: int, end: int, timeout_s: float = 30.0) -> list[Record]:
+        """The records of one partition from offset `start` up to (not including) `end`."""
         ...
 
     def follow(self, topic: str, since_ms: int) -> AsyncIterator[Record]:

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
@@ -31,9 +31,10 @@ from turnstile.streams.views import ConversationView
 if TYPE_CHECKING:
     from turnstile.streams.worker import Worker
 
-# Finished turns per conversation whose timelines stay in memory; older ones keep their
-# summary and are read from the log on demand (bounded by their partition).
-TURN_DETAILS_KEPT = 100
+# Turns per conversation (the latest, the active one included) whose timelines stay in
+# memory; older ones keep their summary and are read from the log on demand (a bounded read
+# of their partition). The timelines hold the records' bytes: this bounds that memory.
+TURN_DETAILS_KEPT = 10
 # Live followers of one conversation are told at most this many events behind; a slower
 # one gets `None` (re-read the page) instead of an unbounded queue.
 FOLLOW_QUEUE = 256
@@ -102,6 +103,7 @@ class WorkerReadModel:
         self._worker = worker
         self.turn_details_kept = turn_details_kept
         self._views: dict[str, ConversationView] = {}
+        self._detailed: dict[str, deque[str]] = {}  # conversation -> turns with timelines, oldest first
         # conversation -> its last fold's sequence number, most recent last: all of them, and
         # by status (a status changes only when the conversation folds an event), so that a
         # page filtered by status walks that status's conversations only.
@@ -121,7 +123,7 @@ class WorkerReadModel:
         view.state = state  # the worker's, whichever object that is now
         view.add(record, event, ignored)
         if isinstance(event, TurnClaimed) and ignored is None:
-            self._drop_old_details(view)
+            self._drop_old_details(view, event.turn_id)
         status = self._moved(state)
         followers = self._followers.get(conversation)
         if followers:
@@ -163,15 +165,19 @@ class WorkerReadModel:
     def forgotten(self, conversations: set[str]) -> None:
         for conversation in conversations:
             self._views.pop(conversation, None)
+            self._detailed.pop(conversation, None)
             self._recent.pop(conversation, None)
             if (status := self._status.pop(conversation, None)) is not None:
                 del self._by_status[status][conversation]
 
-    def _drop_old_details(self, view: ConversationView) -> None:
-        finished = [t for t in view.turns.values() if t.outcome is not None and not t.entries_dropped]
-        for turn in finished[: max(0, len(finished) - self.turn_details_kept)]:
-            turn.entries.clear()
-            turn.entries_dropped = True
+    def _drop_old_details(self, view: ConversationView, claimed: str) -> None:
+        detailed = self._detailed.setdefault(view.state.conversation_id, deque())
+        detailed.append(claimed)
+        while len(detailed) > self.turn_details_kept:
+            turn = view.turns.get(detailed.popleft())
+            if turn is not None:
+                turn.entries.clear()
+                turn.entries_dropped = True
 
     # -- the readers' side ----------------------------------------------------------------
     def lookup(self, conversation: str) -> Lookup:

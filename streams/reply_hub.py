@@ -7,7 +7,8 @@ then it hands each subscriber, in order:
 
     delta        {turn_id, run_id, attempt, iteration, text}   text that follows
     restart      {turn_id, run_id, attempt, iteration}         the iteration's text so far is void
-    interrupted  {turn_id, run_id, attempt, reason, retryable} the attempt failed (its worker died, ...)
+    interrupted  {turn_id, run_id, attempt, reason, retryable} the attempt failed (its worker died, ...),
+                 or a new message withdrew the turn (`TurnInterrupted`: a turn answering both follows)
     outcome      the terminal outcome event, as on the events topic: the stream ends
 
 The two topics are read independently, so an outcome may arrive before the last deltas of
@@ -26,7 +27,7 @@ from typing import Any, Literal
 
 import orjson
 
-from turnstile.events import OUTCOME_TYPES, AttemptFailed, DecodeError, Event, decode
+from turnstile.events import OUTCOME_TYPES, AttemptFailed, DecodeError, Event, TurnInterrupted, decode
 from turnstile.events.deltas import ReplyDelta, decode_delta
 from turnstile.streams.log import Record
 
@@ -117,7 +118,7 @@ class ReplyHub:
             self._tell(conversation, StreamEvent("delta", {**ids, "text": delta.text}))
 
     def on_event(self, event: Event) -> None:
-        if isinstance(event, AttemptFailed):
+        if isinstance(event, AttemptFailed | TurnInterrupted):
             self._end_run(event.run_id)
             conversation = self._conversations.get(event.conversation_id)
             if conversation is None:
@@ -125,9 +126,12 @@ class ReplyHub:
             if conversation.reply is not None and conversation.reply.run_id == event.run_id:
                 conversation.reply = None
             data = {"turn_id": event.turn_id, "run_id": event.run_id, "attempt": event.attempt}
-            self._tell(
-                conversation, StreamEvent("interrupted", {**data, "reason": event.reason, "retryable": event.retryable})
-            )
+            if isinstance(event, TurnInterrupted):
+                why = f"message {event.message_id} arrived: one turn answers it with the earlier ones"
+                data |= {"reason": why, "retryable": True}
+            else:
+                data |= {"reason": event.reason, "retryable": event.retryable}
+            self._tell(conversation, StreamEvent("interrupted", data))
         elif isinstance(event, OUTCOME_TYPES):
             conversation = self._conversations.get(event.conversation_id)
             if conversation is None:

@@ -219,10 +219,9 @@ class Snapshotter:
         self.seeks[partition] = loaded.seek
         return loaded
 
-    async def revoked(self, partitions: Iterable[int]) -> None:
-        """Let a write in flight land before the partitions move, so the next owner reads
-        it; then forget their changes (the next owner folds them from the log)."""
-        await self.drain()
+    def handed_over(self, partitions: Iterable[int]) -> None:
+        """The partitions moved to another member: forget their changes (the next owner
+        folds them from the log) and their rows in the store."""
         for p in partitions:
             self._partitions.pop(p, None)
         if self.store is not None:

@@ -41,6 +41,7 @@ from turnstile.events import (
     TurnClaimed,
     TurnEnvelope,
     TurnFailed,
+    TurnInterrupted,
 )
 from turnstile.projections import ConversationState
 
@@ -120,8 +121,8 @@ class TurnTracer:
             run.model = event.to_model
         elif isinstance(event, AttemptFailed):
             self._end_run(event.run_id, event.occurred_at, error=event.reason)
-        elif isinstance(event, OUTCOME_TYPES):
-            self._outcome(event)
+        elif isinstance(event, (*OUTCOME_TYPES, TurnInterrupted)):
+            self._outcome(event)  # a withdrawn turn's span ends too, "interrupted"
         run = self._runs.get(event.run_id)
         if run is not None:
             run.last_at = event.occurred_at

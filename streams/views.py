@@ -1,6 +1,7 @@
-"""Read models of one conversation, built from the log alone: its folded state and a
-timeline per turn. `turnstile inspect` renders them with rich; the HTTP service returns
-them as JSON (or a small HTML page).
+"""Read models of one conversation: its folded state and a timeline per turn, built from
+the log (`build_view`) or kept beside a worker's fold (`ConversationView.add`, through
+`streams.read_model`). `turnstile inspect` renders them with rich; the HTTP service returns
+them as JSON (or a small HTML page), the console as its pages.
 
 Every event is folded with the same `apply_event` the worker uses, so the view agrees with
 the engine; events the fold ignores (a stale run's, a duplicate input) are kept in the
@@ -9,9 +10,8 @@ timeline, marked `ignored` with the reason, because an operator wants to see the
 
 from __future__ import annotations
 
-import html
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from turnstile.events import (
     OUTCOME_TYPES,
@@ -29,16 +29,15 @@ from turnstile.events import (
     decode,
 )
 from turnstile.projections import ConversationState, apply_event, new_state
-from turnstile.streams.inert import printable
 from turnstile.streams.log import Record
 from turnstile.streams.timeline import describe
 
 
-@dataclass(slots=True)
-class TimelineEntry:
+class TimelineEntry(NamedTuple):
     """One event of a turn. It keeps the record's bytes, not a rendering: a worker's read
     model adds an entry per folded event, and decoding and describing it again is paid by
-    the page that shows it, not by the fold."""
+    the page that shows it, not by the fold. A tuple of plain values, so the cyclic GC
+    stops tracking it (a dataclass per folded event made the GC the fold's main cost)."""
 
     partition: int
     offset: int
@@ -265,51 +264,3 @@ def turn_json(conversation_id: str, turn: TurnView) -> dict[str, Any]:
             for e in turn.entries
         ],
     }
-
-
-# -- HTML --------------------------------------------------------------------------------
-IGNORED_CLASS = ' class="ignored"'
-
-
-def _esc(text: str) -> str:
-    """Log text for the page: markup escaped, control characters written out."""
-    return html.escape(printable(text))
-
-
-def turn_html(conversation_id: str, turn: TurnView) -> str:
-    data = turn_json(conversation_id, turn)
-    esc = _esc
-    summary = "".join(
-        f"<tr><th>{esc(k)}</th><td>{esc(str(data[k]))}</td></tr>"
-        for k in ("turn_id", "input_ids", "outcome", "outcome_detail", "iterations", "input_tokens",
-                  "output_tokens", "cost_usd", "duration_ms", "protocol_failures", "fallbacks")
-    )
-    attempts = "".join(
-        f"<tr><td>{a['attempt']}</td><td>{esc(a['run_id'][:12])}</td><td>{esc(a['model'])}</td>"
-        f"<td>{a['iterations']}</td><td>{esc(a['failed'] or '')}</td></tr>"
-        for a in data["attempts"]
-    )
-    tools = "".join(
-        f"<tr><td>{esc(c['call_id'])}</td><td>{esc(c['tool'])}</td><td>{c['iteration']}</td>"
-        f"<td>{'yes' if c['side_effect'] else 'no'}</td><td>{esc(c['status'])}</td></tr>"
-        for c in data["tool_calls"]
-    )
-    rows = "".join(
-        f"<tr{IGNORED_CLASS if e['ignored'] else ''}><td>{e['partition']}@{e['offset']}</td>"
-        f"<td>{(e['occurred_at'] - turn.claimed_at) / 1000:+.3f}s</td><td>{esc(e['type'])}</td>"
-        f"<td>{esc(e['text'])}{' — ignored: ' + esc(e['ignored']) if e['ignored'] else ''}</td></tr>"
-        for e in data["timeline"]
-    )
-    return f"""<!doctype html>
-<html><head><meta charset="utf-8"><title>turn {esc(turn.turn_id[:12])} of {esc(conversation_id)}</title>
-<style>body{{font-family:sans-serif;margin:2em}}table{{border-collapse:collapse;margin-bottom:1.5em}}
-td,th{{border:1px solid #ccc;padding:.25em .5em;text-align:left;vertical-align:top}}
-.ignored{{color:#999}}</style></head>
-<body><h1>Turn {esc(turn.turn_id[:12])}… of {esc(conversation_id)}</h1>
-<table>{summary}</table>
-<h2>Attempts</h2><table><tr><th>#</th><th>run</th><th>model</th><th>iterations</th><th>failed</th></tr>{attempts}</table>
-<h2>Tool calls</h2><table><tr><th>call</th><th>tool</th><th>iteration</th><th>side effect</th><th>status</th></tr>
-{tools}</table>
-<h2>Timeline</h2><table><tr><th>at</th><th>+time</th><th>event</th><th>detail</th></tr>{rows}</table>
-</body></html>
-"""

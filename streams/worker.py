@@ -11,23 +11,19 @@ turn run per conversation (rule 5).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import copy
 import dataclasses
 import heapq
 import logging
+from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
 from turnstile.events import (
     OUTCOME_TYPES,
-    DeadLetter,
     DecodeError,
     Event,
-    MessageReceived,
     MessageRejected,
-    ResumeRequested,
-    ToolCallStarted,
     decode,
     encode,
 )
@@ -37,16 +33,19 @@ from turnstile.handlers.claim import (
     DoubleTextPolicy,
     Refusal,
     WaitUntil,
+    interrupts_on_arrival,
     plan_claim,
-    refusal_on_arrival,
     rejection_event,
 )
 from turnstile.handlers.provider import ChatMessage, Provider
 from turnstile.projections import ConversationState, apply_event, new_state
+from turnstile.streams.checkpoint import Checkpoint, Position
 from turnstile.streams.eviction import EvictionPolicy, Evictor, settled
-from turnstile.streams.log import Acknowledged, EventLog, PartitionStart, Record, RecordRefused
+from turnstile.streams.log import Acknowledged, EventLog, PartitionStart, Record
 from turnstile.streams.metrics import Metrics
+from turnstile.streams.refusals import Refusals
 from turnstile.streams.reply_deltas import DeltaPublisher
+from turnstile.streams.runner_slot import RunnerSlot
 from turnstile.streams.runtime import Clock, Ids, RandomIds, SystemClock
 from turnstile.streams.snapshots import Loaded, SnapshotPolicy, Snapshotter
 from turnstile.streams.state_store import StateStore
@@ -59,22 +58,18 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-# A one-time write the log does not take is tried again after this, doubling up to the
-# ceiling; on stop, writes in flight get the flush time to land before the last commit.
-_EFFECT_BACKOFF_S = 0.1
-_EFFECT_BACKOFF_MAX_S = 5.0
-_EFFECT_FLUSH_S = 5.0
-
-
 # The longest the consumer folds without letting the rest of the loop run.
 YIELD_AFTER_S = 0.02
 
 
 class ReplayHooks(Protocol):
-    """Told when the worker starts replaying (some assigned partition is not live yet) and
-    when every assigned partition has turned live; e.g. `streams.replay_gc.ReplayGc`."""
+    """Told when the worker starts replaying (some assigned partition is not live yet),
+    between slices of a replay (each time it lets the loop run), and when every assigned
+    partition has turned live; e.g. `streams.replay_gc.ReplayGc`."""
 
     def replaying(self) -> None: ...
+
+    def replay_slice(self) -> None: ...
 
     def replayed(self) -> None: ...
 
@@ -86,8 +81,6 @@ class FoldObserver(Protocol):
 
     def folded(self, record: Record, event: Event, state: ConversationState, ignored: str | None) -> None: ...
 
-    def forgotten(self, conversations: set[str]) -> None: ...
-
     def restored(self, state: ConversationState) -> None:
         """A conversation of a newly assigned partition starts from its snapshot (or an
         evicted one comes back): its events up to the snapshot are not folded (told) again."""
@@ -97,6 +90,8 @@ class FoldObserver(Protocol):
         """The conversation is out of memory (still owned: `Worker.state_of` reads it from the
         local store); `state` is how it left, to look at now, not to keep."""
         ...
+
+    def forgotten(self, conversations: set[str]) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,6 +107,11 @@ class WorkerConfig:
     # On stop (SIGTERM, SIGINT): how long turns in flight may take to end before they are
     # cancelled and left to the next owner. 0 stops at once, as a crash would.
     drain_grace_s: float = 30.0
+    # On a revoke: how long the steps in progress may take to finish before the group moves
+    # on. It holds up the whole group's rebalance, so it must stay well inside the group's
+    # rebalance timeout (aiokafka's default: the session timeout, 10 s), or the member is
+    # dropped and its partitions move anyway: half of it leaves the join round trips room.
+    revoke_grace_s: float = 5.0
     # Stream the text of replies to the deltas topic as it arrives (providers then ask
     # for server-sent events); the events topic records each reply whole either way.
     stream_replies: bool = False
@@ -137,29 +137,18 @@ class ReplayProgress:
 
 @dataclass(slots=True)
 class _Partition:
-    end_offset: int  # replay runs to here before any decision
-    committed: int  # below this, one-time effects were already done by some owner
-    position: int = 0  # the next offset to fold; where reading starts on assignment
+    at: Position  # the checkpoint's: where its fold stands
     conversations: set[str] = field(default_factory=set)
+    # Revoked, and not yet known to be ours again: nothing is decided or claimed for it.
+    suspended: bool = False
+    # Records are folded only from where the log was told to read it (after an assignment).
+    reading: bool = True
     # Assigned with snapshots: which events of the partition they include already.
     loaded: Loaded | None = None
 
     @property
     def live(self) -> bool:
-        return self.position >= self.end_offset
-
-
-@dataclass(slots=True)
-class _Runner:
-    task: asyncio.Task[None]
-    partition: int
-    last_offset: int = -1  # offset of the last event this runner appended
-    # event id -> how the fold judged it when the consumer read it back (True: accepted).
-    verdicts: dict[str, asyncio.Future[bool]] = field(default_factory=dict)
-
-    def released(self, partition: _Partition) -> bool:
-        """Done, and everything it wrote has been folded by the consumer."""
-        return self.task.done() and partition.position > self.last_offset
+        return self.at.live
 
 
 class Worker:
@@ -190,24 +179,19 @@ class Worker:
         self.tracer = self._tracer(tracer_provider) if self.config.tracing else None
         self.states: dict[str, ConversationState] = {}
         self._partitions: dict[int, _Partition] = {}
-        self.runners: dict[str, _Runner] = {}
+        self.runners: dict[str, RunnerSlot] = {}
         self._partition_of: dict[str, int] = {}
         self._dirty: set[str] = set()
         self._timers: list[tuple[int, str]] = []
-        self._last_commit = 0.0
         self._held_since = 0.0  # loop time the consumer last let the loop run
-        # One-time writes in flight: (partition, offset of their record, the write).
-        self._effects: list[tuple[int, int, asyncio.Future[None]]] = []
+        self.checkpoint = Checkpoint(log_, self.config.commit_interval_s, self._effect_skipped)
         self.dead_letters = 0
         self.effects_skipped = 0  # one-time writes the log refused for good
         # Bumped by every rebalance callback: a batch polled before one is stale.
         self._rebalances = 0
         self.draining = False  # set once stop is asked: no new claims from then on
-        # Refusals (double text, resumes of no paused turn): input id -> the refusal still
-        # to write; and the ids refused but not yet folded back, which block the next claim.
-        self._to_reject: dict[str, dict[str, Refusal]] = {}
-        self._refusing: dict[str, set[str]] = {}
-        self._rejecting: dict[str, asyncio.Task[None]] = {}
+        # Refusals (double text, resumes of no paused turn) owed and not yet folded back.
+        self.refusals = Refusals(self.config.double_text, self._write_refusal, self._retry_soon, self._due)
         # Per conversation, its history rendered as prompt messages, kept across its turns
         # (history is append-only): a turn start then does not re-render all of it.
         self._rendered: dict[str, list[ChatMessage]] = {}
@@ -253,80 +237,175 @@ class Worker:
         for partition, part in list(self._partitions.items()):
             end = self.log.end_offset(partition)
             if end is not None:
-                out[partition] = max(0, end - part.position)
+                out[partition] = max(0, end - part.at.position)
         return out
 
     # -- rebalance -------------------------------------------------------------------
     async def on_assigned(self, partitions: dict[int, PartitionStart]) -> dict[int, int]:
-        """Each partition starts from its snapshots, if any, and is read from where they
-        leave off: returns that offset per partition."""
+        """Take the partitions the group gives us; returns the offset to read each from.
+        A partition we held until the revoke just before stays as folded (read on from its
+        position) and its suspended turns go on once it is live again; a partition that
+        moved away drops its turns (at rest at a step boundary) and its state; a new one is
+        replayed from offset 0."""
         self._rebalances += 1
-        added = {p: _Partition(start.end_offset, start.committed) for p, start in partitions.items()}
-        if self.snapshots is not None:
-            for p, part in added.items():
-                part.loaded = await self.snapshots.load(p)
-                if part.loaded.ignored and self.metrics is not None:
-                    self.metrics.on_snapshots_ignored(len(part.loaded.ignored))
-                part.position = part.loaded.seek
-                for conversation, state in part.loaded.resident.items():
-                    self.states[conversation] = state
-                    self._partition_of[conversation] = p
-                    part.conversations.add(conversation)
-                    for observer in self.fold_observers:
-                        observer.restored(state)
-                for state in part.loaded.stored:  # waiting in the local store
-                    for observer in self.fold_observers:
-                        observer.evicted(state)
-                part.loaded.stored = []
-        # Only now: records of these partitions fetched while the snapshots loaded are dropped.
-        self._partitions.update(added)
-        starts = {p: part.position for p, part in sorted(added.items())}
-        log.info("assigned partitions %s; replaying them from %s", sorted(partitions), starts)
-        for part in added.values():
-            if part.live:
-                self._went_live(part)
+        moved = [p for p, part in self._partitions.items() if part.suspended and p not in partitions]
+        await self._hand_over(moved)
+        fresh_parts = [p for p in partitions if (part := self._partitions.get(p)) is None or not part.suspended]
+        loaded = {p: await self._load_snapshots(p) for p in fresh_parts}
+        # Nothing awaits from here to the return: the log seeks to the returned offsets before
+        # the consumer loop runs again, so no record read from elsewhere is folded.
+        kept = []
+        for p, start in partitions.items():
+            part = self._partitions.get(p)
+            if part is not None and part.suspended:
+                self.checkpoint.assign(p, start, keep=True)
+                part.reading = True
+                kept.append(p)
+            else:
+                part = self._partitions[p] = _Partition(self.checkpoint.assign(p, start))
+                self._start_from(p, part, loaded.get(p))
+        for p in kept:
+            if self._partitions[p].live:
+                self._continue_kept(p)
+        fresh = sorted(set(partitions) - set(kept))
+        starts = {p: self._partitions[p].at.position for p in partitions}
+        log.info("assigned partitions %s: kept %s, replaying %s from %s", sorted(partitions), kept, fresh, starts)
         self._note_replay()
         return starts
 
-    async def on_revoked(self, partitions: set[int]) -> None:
-        """Stop our turns on partitions we lose before the group moves them: the new
-        owner rebuilds them from the log and takes over any attempt left open."""
-        self._rebalances += 1
-        # Forget the partitions first: while we await below, the consumer loop must neither
-        # fold their records nor decide for them -- a runner started now (e.g. to take over
-        # the turns we are cancelling) would outlive the revoke and write to a partition
-        # another worker owns.
-        leaving = [part for p in partitions if (part := self._partitions.pop(p, None)) is not None]
-        stopping = [r.task for c, r in self.runners.items() if r.partition in partitions]
-        stopping += [t for c, t in self._rejecting.items() if self._partition_of.get(c) in partitions]
-        for task in stopping:
-            task.cancel()
-        await asyncio.gather(*stopping, return_exceptions=True)
-        if self.snapshots is not None:
-            await self.snapshots.revoked(partitions)
-        # A cancelled append may still be in the producer's buffer: let it land now, before
-        # the next owner replays, rather than after it has taken the conversation over.
-        await self.log.flush()
-        for part in leaving:
-            for conversation in part.conversations:
-                self.states.pop(conversation, None)
-                self.runners.pop(conversation, None)
-                self._partition_of.pop(conversation, None)
-                self._dirty.discard(conversation)
-                self._to_reject.pop(conversation, None)
-                self._refusing.pop(conversation, None)
-                self._rendered.pop(conversation, None)
+    async def _load_snapshots(self, partition: int) -> Loaded | None:
+        if self.snapshots is None:
+            return None
+        loaded = await self.snapshots.load(partition)
+        if loaded.ignored and self.metrics is not None:
+            self.metrics.on_snapshots_ignored(len(loaded.ignored))
+        return loaded
+
+    def _start_from(self, p: int, part: _Partition, loaded: Loaded | None) -> None:
+        """A new partition's conversations from their snapshots; it is read from after them."""
+        if loaded is None:
+            return
+        part.loaded = loaded
+        part.at.position = loaded.seek
+        for conversation, state in loaded.resident.items():
+            self.states[conversation] = state
+            self._partition_of[conversation] = p
+            part.conversations.add(conversation)
             for observer in self.fold_observers:
-                observer.forgotten(part.conversations)
-        log.info("revoked partitions %s", sorted(partitions))
-        self._note_replay()
+                observer.restored(state)
+        for state in loaded.stored:  # waiting in the local store
+            for observer in self.fold_observers:
+                observer.evicted(state)
+        loaded.stored = []
+        if part.live:
+            self._went_live(part)
 
     def _went_live(self, part: _Partition) -> None:
         # Decisions were held while replaying: every conversation of the partition is due
         # one now, not only those a later event happens to touch.
         self._dirty.update(part.conversations)
         part.loaded = None  # its snapshots cover less than the end the partition was live at
-        self._note_replay()
+
+    async def on_revoked(self, partitions: set[int]) -> None:
+        """Before the group moves partitions: let the step in progress of each turn on them
+        finish (a model reply recorded, a tool call and its ToolCallFinished), hold each turn
+        at its next step boundary, write the effects due and commit. Whether a partition
+        really moves is known only at the assignment that follows (aiokafka's rebalances are
+        eager: every member revokes everything), so nothing is dropped here."""
+        self._rebalances += 1
+        revoked = {p: part for p in partitions if (part := self._partitions.get(p)) is not None}
+        for part in revoked.values():
+            # From here no decision is taken for them: a runner started now would outlive the
+            # revoke and might write to a partition another worker owns.
+            part.suspended, part.reading = True, False
+        slots = [slot for slot in self.runners.values() if slot.partition in revoked]
+        for slot in slots:
+            slot.suspend()
+        deadline = asyncio.get_running_loop().time() + self.config.revoke_grace_s
+        await self._read_back_now(slots, deadline)
+        refusals = self.refusals.writers(c for part in revoked.values() for c in part.conversations)
+        waits = [asyncio.ensure_future(slot.until_at_rest()) for slot in slots] + refusals
+        if waits:
+            left = max(0.0, deadline - asyncio.get_running_loop().time())
+            _done, late = await asyncio.wait(waits, timeout=left)
+            busy = [slot for slot in slots if not slot.at_rest]
+            for task in [*late, *(slot.task for slot in busy if slot.task is not None)]:
+                task.cancel()  # outlasted the grace: left to whoever owns the partition next
+            if busy:
+                grace = self.config.revoke_grace_s
+                log.warning("revoke: %d steps outlasted %.1f s; the next owner resumes them", len(busy), grace)
+            await asyncio.gather(*late, *(slot.task for slot in busy if slot.task is not None), return_exceptions=True)
+        # A cancelled append may still be in the producer's buffer: let it land now, before
+        # the next owner replays, rather than after it has taken the conversation over.
+        await self.log.flush()
+        await self.checkpoint.commit_revoked(revoked)
+        if self.snapshots is not None:
+            await self.snapshots.drain()  # on the topic before the next owner reads it
+        log.info("revoked partitions %s", sorted(partitions))
+
+    async def _read_back_now(self, slots: list[RunnerSlot], deadline: float) -> None:
+        """The consumer reads nothing while the group rebalances, so a side-effecting call
+        waiting for its read-back would wait out the revoke and be cut off before its body.
+        Read those records here instead, as the consumer would have: the fold's verdict
+        decides whether the call runs (it is the step in progress), exactly as it would."""
+        ends: dict[int, int] = {}
+        for slot in slots:
+            if slot.awaiting_read_back:
+                ends[slot.partition] = max(ends.get(slot.partition, 0), slot.last_offset + 1)
+        reader = self.log.reader()
+        try:
+            async with asyncio.timeout_at(deadline):
+                for p, end in ends.items():
+                    part = self._partitions[p]
+                    for record in await reader.span(self.log.topics.events, p, part.at.position, end):
+                        self._fold(record, part)
+        except Exception as exc:  # cut off at the grace like the call itself (did not start)
+            log.warning("revoke: the read-back of started calls failed: %r", exc)
+
+    async def _hand_over(self, partitions: list[int]) -> None:
+        """Drop partitions that moved to another member: their turns, at rest at a step
+        boundary, are cancelled there (the new owner resumes them from the journal)."""
+        if not partitions:
+            return
+        stopping = [s.task for s in self.runners.values() if s.partition in partitions and s.task is not None]
+        stopping += self.refusals.writers(c for p in partitions for c in self._partitions[p].conversations)
+        for task in stopping:
+            task.cancel()
+        await asyncio.gather(*stopping, return_exceptions=True)
+        await self.log.flush()
+        if self.snapshots is not None:
+            self.snapshots.handed_over(partitions)
+        for p in partitions:
+            part = self._partitions.pop(p)
+            self.checkpoint.drop(p)
+            for conversation in part.conversations:
+                self.states.pop(conversation, None)
+                self.runners.pop(conversation, None)
+                self._partition_of.pop(conversation, None)
+                self._dirty.discard(conversation)
+                self.refusals.forget(conversation)
+                self._rendered.pop(conversation, None)
+            for observer in self.fold_observers:
+                observer.forgotten(part.conversations)
+        log.info("handed over partitions %s", sorted(partitions))
+
+    def _continue_kept(self, partition: int) -> None:
+        """A partition that stayed ours is live again: its suspended turns go on where they
+        stopped -- unless the log now shows another run (another owner took over while this
+        member was out of the group), then they stop and the fold's present decides. A run
+        closed meanwhile but still current goes on too: every reader refuses what it writes
+        next, and its read-back stops it."""
+        part = self._partitions[partition]
+        part.suspended = False
+        for conversation, slot in list(self.runners.items()):
+            if slot.partition != partition or not slot.suspended:
+                continue
+            active = self.states[conversation].active
+            if active is not None and active.run_id == slot.run_id:
+                slot.resume()
+            elif slot.task is not None:
+                slot.task.cancel()
+        self._dirty.update(part.conversations)
 
     def replay_progress(self) -> ReplayProgress:
         """Read-only, for progress reports (`streams/replay_progress.py`)."""
@@ -334,8 +413,8 @@ class Worker:
         return ReplayProgress(
             len(parts),
             sum(not part.live for part in parts),
-            sum(min(part.position, part.end_offset) for part in parts),
-            sum(part.end_offset for part in parts),
+            sum(min(part.at.position, part.at.end_offset) for part in parts),
+            sum(part.at.end_offset for part in parts),
         )
 
     def _note_replay(self) -> None:
@@ -360,27 +439,20 @@ class Worker:
             await self._drain()
             stopped_cleanly = True
         finally:
-            tasks = [r.task for r in self.runners.values()] + list(self._rejecting.values())
+            tasks = [r.task for r in self.runners.values() if r.task is not None] + self.refusals.writers()
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
-            # Positions run ahead of a record's one-time effects while they are written: after
-            # an error (an append that failed mid-record) committing them would mark an effect
-            # done that never happened. Then the next owner redoes it (at least once).
-            if stopped_cleanly:
-                with contextlib.suppress(Exception):
-                    if self._effects:  # let the writes in flight land, for a little while
-                        await asyncio.wait([e[2] for e in self._effects], timeout=_EFFECT_FLUSH_S)
-                    await self._maybe_commit(force=True)
-            for _p, _offset, effect in self._effects:
-                effect.cancel()  # not committed past: the next owner redoes them
+            done = await self.checkpoint.close(clean=stopped_cleanly)
             if self.snapshots is not None:
+                if done:  # a clean stop: what changed is snapshotted now, for the next owner
+                    self._snapshot(done, final=True)
                 await self.snapshots.drain()
+            if self._store is not None:
+                self._store.close()
             if self.replies is not None:
                 await self.replies.aclose()
             await self.log.stop()
-            if self._store is not None:
-                self._store.close()
 
     async def _step(self) -> None:
         """One turn of the consumer loop: fold what arrived, decide, commit when due."""
@@ -394,7 +466,61 @@ class Worker:
             await self._consume(record)
             await self._let_the_loop_run()
         self._decide()
-        await self._maybe_commit()
+        done = await self.checkpoint.commit_due(p for p, part in self._partitions.items() if not part.suspended)
+        if done is not None:
+            self._snapshot(done)
+            self._evict()
+
+    def _snapshot(self, done: dict[int, int], final: bool = False) -> None:
+        """Snapshots due at this checkpoint; `done`: the offsets just committed."""
+        if self.snapshots is None:
+            return
+        positions = {p: part.at.position for p, part in self._partitions.items() if part.live and not part.suspended}
+        self.snapshots.checkpoint(positions, done, self.clock.now_ms(), self.states.get, self._owes_nothing, final)
+
+    def _owes_nothing(self, conversation: str) -> bool:
+        """No refusal is owed for it: one not yet on the log is the worker's alone, so a
+        snapshot would hide it from the next owner (a full replay would not)."""
+        return not self.refusals.owes(conversation)
+
+    def _back_from_store(self, conversation: str, partition: int) -> ConversationState:
+        """An evicted conversation's state, or a new one's."""
+        state = self.evictor.reload(conversation, partition) if self.evictor is not None else None
+        if state is None:
+            return new_state(conversation)
+        for observer in self.fold_observers:
+            observer.restored(state)
+        return state
+
+    def _evict(self) -> None:
+        if self.evictor is None:
+            return
+        for conversation in self.evictor.evict(self._evictable):
+            state = self.states.pop(conversation)
+            part = self._partitions.get(self._partition_of.pop(conversation, -1))
+            if part is not None:
+                part.conversations.discard(conversation)
+            self._rendered.pop(conversation, None)
+            for observer in self.fold_observers:
+                observer.evicted(state)
+
+    def _evictable(self, conversation: str) -> bool:
+        """Nothing to decide or under way for it, and its latest state is in the store."""
+        state = self.states.get(conversation)
+        partition = self._partition_of.get(conversation)
+        part = self._partitions.get(partition) if partition is not None else None
+        return (
+            state is not None
+            and part is not None
+            and partition is not None
+            and not part.suspended
+            and settled(state)
+            and conversation not in self.runners
+            and conversation not in self._dirty
+            and self._owes_nothing(conversation)
+            and self.snapshots is not None
+            and self.snapshots.clean(partition, conversation)
+        )
 
     async def _let_the_loop_run(self) -> None:
         """Folding awaits nothing real, and neither does a poll with records at hand: a
@@ -402,6 +528,8 @@ class Worker:
         lasts. Past the budget, across steps, let the loop run once."""
         now = asyncio.get_running_loop().time()
         if now - self._held_since > YIELD_AFTER_S:
+            if self._replaying and self.replay_hooks is not None:
+                self.replay_hooks.replay_slice()
             await asyncio.sleep(0)
             self._held_since = asyncio.get_running_loop().time()
 
@@ -434,16 +562,22 @@ class Worker:
 
     async def _consume(self, record: Record) -> None:
         part = self._partitions.get(record.partition)
-        if part is None or record.offset < part.position:
-            return  # a record of a partition revoked while this batch was in flight, or before its start
+        if part is not None and part.reading:  # else revoked while this batch was in flight
+            self._fold(record, part)
+
+    def _fold(self, record: Record, part: _Partition) -> None:
+        if record.offset < part.at.position:
+            return  # folded already (read back while the partition was being revoked)
         was_live = part.live
-        part.position = record.offset + 1
+        effects = self.checkpoint.advance(record)
         in_snapshot = part.loaded is not None and part.loaded.folded_already(record)
         if not was_live and part.live:
             self._went_live(part)
+            if part.suspended:
+                self._continue_kept(record.partition)
+            self._note_replay()
         if in_snapshot:
             return
-        effects = record.offset >= part.committed
         event = decode(record.value, self.config.max_value_bytes)
         if isinstance(event, DecodeError):
             self._dead_letter(record, event, effects)
@@ -469,7 +603,8 @@ class Worker:
             else:
                 log.debug("ignored %s at %s/%s: %s", event.type, record.partition, record.offset, rejection.reason)
             return
-        self._note_double_text(state, event)
+        self.refusals.note(state, event)
+        self._interrupt_on_arrival(state, event)
         if effects and self.metrics is not None:
             self.metrics.on_event(state, event)
         if self.tracer is not None:
@@ -477,8 +612,15 @@ class Worker:
             if effects:
                 self.tracer.on_event(state, event)
         if effects and isinstance(event, (*OUTCOME_TYPES, MessageRejected)):
-            self._effect(self.log.topics.outcomes, record, encode(event))
+            self.checkpoint.effect(self.log.topics.outcomes, record, encode(event))
         self._dirty.add(conversation)
+
+    def _interrupt_on_arrival(self, state: ConversationState, event: Event) -> None:
+        """Interrupt-and-merge: a message mid-turn asks the running turn to withdraw."""
+        message = interrupts_on_arrival(self.config.double_text, state, event)
+        slot = self.runners.get(state.conversation_id)
+        if message is not None and slot is not None and slot.task is not None and not slot.task.done():
+            slot.interrupt(message)  # False (a side effect started): it runs on, as under enqueue
 
     def _dead_letter(self, record: Record, error: DecodeError, effects: bool) -> None:
         self.dead_letters += 1
@@ -486,63 +628,25 @@ class Worker:
             self.metrics.on_dead_letter(error.reason)
         log.warning("dead-lettered %s/%s: %s", record.partition, record.offset, error.reason)
         if effects:
-            self._effect(self.log.topics.dead_letters, record, record.value or b"", error)
+            self.checkpoint.effect(self.log.topics.dead_letters, record, record.value or b"", error)
 
-    def _letter(self, record: Record, value: bytes, error: DecodeError) -> tuple[str | None, bytes]:
-        """The dead letter of `record` (key, value), sized for the dead-letter topic."""
-        key = None if record.key is None else record.key.decode("utf-8", "backslashreplace")
-        limit = self.log.max_value_bytes(self.log.topics.dead_letters, key)
-        where = (self.log.topics.events, record.partition, record.offset)
-        letter = DeadLetter.of(*where, record.key, value, error.reason, error.detail, limit)
-        return key, letter.encode()
-
-    def _effect(self, topic: str, record: Record, value: bytes, error: DecodeError | None = None) -> None:
-        """Start a one-time write for `record` (its outcome record; its dead letter when
-        `error` is given) without holding up the consumer loop; `_maybe_commit` commits
-        no offset past a record whose effect is not written yet."""
-        task = asyncio.ensure_future(self._write_effect(topic, record, value, error))
-        self._effects.append((record.partition, record.offset, task))
-
-    async def _write_effect(self, topic: str, record: Record, value: bytes, error: DecodeError | None) -> None:
-        """Write until the log acknowledges, backing off while it is away. A record the log
-        will never accept is recorded (metric, log line, a marker on the dead-letter topic)
-        and skipped: one record must not stop its partition, or the worker."""
-        if error is not None:
-            key, value = self._letter(record, value, error)
-        else:
-            key = None if record.key is None else record.key.decode("utf-8", "replace")
-        delay = _EFFECT_BACKOFF_S
-        while True:
-            try:
-                await self.log.append(topic, key, value)
-                return
-            except RecordRefused as exc:
-                self._effect_refused(topic, record, value, exc)
-                return
-            except Exception as exc:
-                where = f"{record.partition}@{record.offset}"
-                log.warning("writing to %s for the record at %s failed, again in %.1f s: %r", topic, where, delay, exc)
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, _EFFECT_BACKOFF_MAX_S)
-
-    def _effect_refused(self, topic: str, record: Record, value: bytes, exc: RecordRefused) -> None:
+    def _effect_skipped(self, topic: str) -> None:
         self.effects_skipped += 1
         if self.metrics is not None:
             self.metrics.on_effect_skipped(topic)
-        where = f"{record.partition}@{record.offset}"
-        log.error("skipped the write to %s for the record at %s, which the log refuses: %s", topic, where, exc)
-        if topic != self.log.topics.dead_letters:  # else the marker would be refused alike
-            detail = f"its record for {topic} ({len(value)} bytes) was refused: {exc}"
-            self._effect(self.log.topics.dead_letters, record, value, DecodeError("effect_skipped", detail))
 
     # -- decisions -------------------------------------------------------------------
     def _decide(self) -> None:
         now = self.clock.now_ms()
         while self._timers and self._timers[0][0] <= now:
             self._dirty.add(heapq.heappop(self._timers)[1])
-        dirty, self._dirty = self._dirty, set()
-        for conversation in dirty:
-            self._decide_one(conversation, now)
+        # Within the same budget as the fold (a partition turning live makes every one of its
+        # conversations due at once): what is left stays due for the next step.
+        started = asyncio.get_running_loop().time()
+        while self._dirty:
+            self._decide_one(self._dirty.pop(), now)
+            if asyncio.get_running_loop().time() - started > YIELD_AFTER_S:
+                break
 
     def _decide_one(self, conversation: str, now: int) -> None:
         state = self.states.get(conversation)
@@ -550,13 +654,13 @@ class Worker:
         if state is None or partition is None:
             return
         part = self._partitions.get(partition)
-        if part is None or not part.live:
+        if part is None or not part.live or part.suspended:
             return  # being revoked, or still replaying: the state is not the log's present yet
-        if self._refusals_pending(conversation, state, partition):
+        if self.refusals.holds_back(state):
             return  # refused messages leave the pending set before anything is claimed
         runner = self.runners.get(conversation)
         if runner is not None:
-            if not runner.released(part):
+            if not runner.released(part.at.position):
                 return
             del self.runners[conversation]
         if self.draining:
@@ -571,162 +675,38 @@ class Worker:
         elif isinstance(decision, ClaimPlan):
             self._start(conversation, partition, plan=decision)
 
-    # -- double text -------------------------------------------------------------------
-    def _note_double_text(self, state: ConversationState, event: Event) -> None:
+    async def _write_refusal(self, state: ConversationState, input_id: str, refusal: Refusal) -> None:
         conversation = state.conversation_id
-        refusal = refusal_on_arrival(self.config.double_text, state, event)
-        if refusal is not None:
-            assert isinstance(event, (MessageReceived, ResumeRequested))
-            input_id = event.message_id if isinstance(event, MessageReceived) else event.request_id
-            self._to_reject.setdefault(conversation, {})[input_id] = refusal
-            self._refusing.setdefault(conversation, set()).add(input_id)
-        elif isinstance(event, MessageRejected):
-            self._to_reject.get(conversation, {}).pop(event.message_id, None)
-            self._refusing.get(conversation, set()).discard(event.message_id)
+        event = rejection_event(state, input_id, refusal, event_id=self.ids.new(), now_ms=self.clock.now_ms())
+        await self.log.append(self.log.topics.events, conversation, encode(event), self._partition_of[conversation])
 
-    def _refusals_pending(self, conversation: str, state: ConversationState, partition: int) -> bool:
-        """Writes the refusals still owed and says whether any is not yet folded back."""
-        refusing = self._refusing.get(conversation)
-        if refusing:
-            refusing.intersection_update(state.pending)  # claimed or refused by an earlier owner
-        if not refusing:
-            self._to_reject.pop(conversation, None)
-            self._refusing.pop(conversation, None)
-            return False
-        owed = {m: t for m, t in self._to_reject.get(conversation, {}).items() if m in refusing}
-        if owed and conversation not in self._rejecting:
-            work = self._write_refusals(conversation, partition, owed)
-            task = asyncio.create_task(work, name=f"reject:{conversation}")
-            self._rejecting[conversation] = task
+    def _due(self, conversation: str) -> None:
+        self._dirty.add(conversation)  # (`_decide` swaps the set: never bind its `add`)
 
-            def done(t: asyncio.Task[None]) -> None:
-                self._rejecting.pop(conversation, None)
-                if not t.cancelled() and t.exception() is not None:
-                    log.warning("writing refusals for %s failed (tried again soon): %r", conversation, t.exception())
-                    heapq.heappush(self._timers, (self.clock.now_ms() + 500, conversation))
-                else:
-                    self._dirty.add(conversation)
-
-            task.add_done_callback(done)
-        return True
-
-    async def _write_refusals(self, conversation: str, partition: int, owed: dict[str, Refusal]) -> None:
-        state = self.states[conversation]
-        for message_id, refusal in owed.items():
-            event = rejection_event(state, message_id, refusal, event_id=self.ids.new(), now_ms=self.clock.now_ms())
-            await self.log.append(self.log.topics.events, conversation, encode(event), partition)
-            self._to_reject.get(conversation, {}).pop(message_id, None)
+    def _retry_soon(self, conversation: str) -> None:
+        heapq.heappush(self._timers, (self.clock.now_ms() + 500, conversation))
 
     def _read_back(self, conversation: str, event: Event, accepted: bool) -> None:
-        """A runner's own event, read back from the log. If the fold refused it, another owner
-        took the turn over (or won the claim) first: every reader ignores this run from here
-        on, so the runner stops instead of calling the model or tools for nothing."""
+        """A runner's own event, read back from the log: its slot learns the verdict."""
         runner = self.runners.get(conversation)
-        verdict = runner.verdicts.pop(event.event_id, None) if runner is not None else None
-        if runner is None or verdict is None:
-            return
-        if not verdict.done():
-            verdict.set_result(accepted)
-        if not accepted and not runner.task.done():
-            log.warning("%s of %s refused on the log: its run was superseded; stopping it", event.type, conversation)
-            runner.task.cancel()
+        if runner is not None:
+            runner.judged(event.event_id, accepted)
 
     def _start(self, conversation: str, partition: int, plan: ClaimPlan | None = None, recover: bool = False) -> None:
         state = self.states[conversation]
         private = _private_copy(state, plan)
-        slot: _Runner
 
-        unacked: list[asyncio.Future[Acknowledged]] = []
+        def send(value: bytes) -> Awaitable[asyncio.Future[Acknowledged]]:
+            return self.log.send(self.log.topics.events, conversation, value, partition)
 
-        async def append(event: Event, wait: bool = True) -> None:
-            """`wait=False` returns once the event is in the log's order; the next append
-            that waits also waits for its acknowledgement (one round trip for both)."""
-            verdict = slot.verdicts[event.event_id] = asyncio.get_running_loop().create_future()
-            unacked.append(await self.log.send(self.log.topics.events, conversation, encode(event), partition))
-            if not wait:
-                return
-            acks = unacked[:]
-            unacked.clear()
-            for ack in acks:
-                slot.last_offset = max(slot.last_offset, (await ack).offset)
-            # Fencing a side effect: the tool runs only once its ToolCallStarted is read back
-            # as accepted. Written after another owner's takeover, it is ignored by every
-            # reader -- and the tool must not run either (the zombie case).
-            if isinstance(event, ToolCallStarted) and event.side_effect and not await verdict:
-                raise asyncio.CancelledError(f"run {event.run_id} was superseded before its side effect")
-
+        slot = self.runners[conversation] = RunnerSlot(conversation, partition, send)
         rendered = self._rendered.setdefault(conversation, [])
-        runner = TurnRunner(
-            private, append, self.provider, self.config.turn, self.clock.now_ms, self.ids.new, rendered, self.replies
-        )
+        turn, ids = self.config.turn, self.ids.new
+        runner = TurnRunner(private, slot.append, self.provider, turn, self.clock.now_ms, ids, rendered, self.replies)
         work = runner.recover() if recover else runner.claim_and_run(plan)  # type: ignore[arg-type]
-        task = asyncio.create_task(work, name=f"turn:{conversation}")
-        slot = self.runners[conversation] = _Runner(task, partition)
-        task.add_done_callback(lambda _t: self._dirty.add(conversation))
+        slot.interrupt = runner.interrupt
+        slot.start(work).add_done_callback(lambda _t: self._dirty.add(conversation))
 
-    async def _maybe_commit(self, force: bool = False) -> None:
-        loop_time = asyncio.get_running_loop().time()
-        if not force and loop_time - self._last_commit < self.config.commit_interval_s:
-            return
-        self._last_commit = loop_time
-        # A record's one-time effects must be on the log before an offset past it is
-        # committed: else nobody would redo one that never got written.
-        unwritten: dict[int, int] = {}
-        self._effects = [e for e in self._effects if not e[2].done()]
-        for p, offset, _write in self._effects:
-            unwritten[p] = min(unwritten.get(p, offset), offset)
-        parts = {p: part for p, part in self._partitions.items() if part.live and part.position > 0}
-        offsets = {p: min(part.position, unwritten.get(p, part.position)) for p, part in parts.items()}
-        if offsets:
-            await self.log.commit(offsets)
-        if self.snapshots is not None:
-            # Only the consumer loop folds, and it is here: the partitions still ours (not
-            # reassigned while the commit was awaited) are folded to exactly their positions.
-            positions = {p: part.position for p, part in parts.items() if self._partitions.get(p) is part}
-            self.snapshots.checkpoint(positions, offsets, self.clock.now_ms(), self.states.get, self._owes_nothing,
-                                      final=force)  # fmt: skip
-        self._evict()
-
-    def _back_from_store(self, conversation: str, partition: int) -> ConversationState:
-        """An evicted conversation's state, or a new one's."""
-        state = self.evictor.reload(conversation, partition) if self.evictor is not None else None
-        if state is None:
-            return new_state(conversation)
-        for observer in self.fold_observers:
-            observer.restored(state)
-        return state
-
-    def _evict(self) -> None:
-        if self.evictor is None:
-            return
-        for conversation in self.evictor.evict(self._evictable):
-            state = self.states.pop(conversation)
-            part = self._partitions.get(self._partition_of.pop(conversation, -1))
-            if part is not None:
-                part.conversations.discard(conversation)
-            self._rendered.pop(conversation, None)
-            for observer in self.fold_observers:
-                observer.evicted(state)
-
-    def _evictable(self, conversation: str) -> bool:
-        """Nothing to decide or under way for it, and its latest state is in the store."""
-        state = self.states.get(conversation)
-        partition = self._partition_of.get(conversation)
-        return (
-            state is not None
-            and partition is not None
-            and settled(state)
-            and conversation not in self.runners
-            and conversation not in self._dirty
-            and self._owes_nothing(conversation)
-            and self.snapshots is not None
-            and self.snapshots.clean(partition, conversation)
-        )
-
-    def _owes_nothing(self, conversation: str) -> bool:
-        """No refusal is owed for it: one not yet on the log is the worker's alone, so a
-        snapshot would hide it from the next owner (a full replay would not)."""
-        return not self._refusing.get(conversation) and conversation not in self._rejecting
 
 def _private_copy(state: ConversationState, plan: ClaimPlan | None) -> ConversationState:
     """What a runner needs of the conversation: the history its turn may see and the

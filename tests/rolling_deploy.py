@@ -2,10 +2,10 @@
 
 Two workers in one group; each turn is model -> `transfer` (side effect) -> model answer.
 In the middle of the stream worker 1 is stopped (as SIGTERM stops it: a drain) and
-started again, then worker 2. The figures come from the topics, read afterwards by an
-independent reader, and from a counter inside the tool. Used by
-`test_kafka_rolling_deploy.py` (asserts the counts) and `bench/deploy.py` (prints them
-against a run with no deploy).
+started again, then worker 2 (or: worker 1 dies; or: a third worker joins). The figures
+come from the topics, read afterwards by an independent reader, and from a counter
+inside the tool. Used by `test_kafka_rolling_deploy.py`, `test_kafka_scale_out.py`
+(assert the counts) and `bench/deploy.py` (prints them against a run with no deploy).
 """
 
 from __future__ import annotations
@@ -41,10 +41,12 @@ from turnstile.handlers.providers.scripted import Scripted, ScriptedProvider
 from turnstile.handlers.tools import Tool, ToolRegistry
 from turnstile.streams.kafka_log import KafkaLog, Membership
 from turnstile.streams.kafka_reader import read_topic
-from turnstile.streams.log import Topics
+from turnstile.streams.log import PartitionStart, Topics, partition_for
 from turnstile.streams.publisher import message_event, publish
 from turnstile.streams.turn_runner import TurnSettings
 from turnstile.streams.worker import Worker, WorkerConfig
+
+PARTITIONS = 8  # of the events topic the scenario runs on
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,8 +58,9 @@ class Shape:
     transfer_s: float = 0.5
     # rolling: each worker drained and started again in turn; crash: worker 1 stops dead
     # (cancelled, nothing drained or committed; a static member does not leave the group,
-    # so the group sees what SIGKILL shows it) and is not started again.
-    deploy: Literal["none", "rolling", "crash"] = "rolling"
+    # so the group sees what SIGKILL shows it) and is not started again; scale-out: a
+    # third worker joins (an eager rebalance: every member revokes every partition).
+    deploy: Literal["none", "rolling", "crash", "scale-out"] = "rolling"
     static: bool = True  # workers carry an instance id (static membership)
     drain_grace_s: float = 10.0
 
@@ -68,6 +71,9 @@ class Figures:
     unanswered: int = 0
     turns_failed: int = 0
     attempts_interrupted: int = 0
+    # Of those, on partitions no other worker (by name) was given during the deploy.
+    attempts_interrupted_unmoved: int = 0
+    partitions_moved: int = 0
     model_requests_repeated: int = 0
     outcome_records_duplicated: int = 0
     transfers_run_twice: int = 0
@@ -113,8 +119,18 @@ async def rolling_deploy(bootstrap: str, topics: Topics, shape: Shape) -> Figure
 
     running: dict[str, tuple[Worker, asyncio.Event, asyncio.Task[None]]] = {}
 
+    # Every assignment, by worker name: a partition that moved and came back has moved.
+    assignments: list[tuple[str, set[int]]] = []
+
     def start(name: str) -> Worker:
         w, stop = worker(name), asyncio.Event()
+        assign = w.on_assigned
+
+        async def recorded(partitions: dict[int, PartitionStart]) -> dict[int, int]:
+            assignments.append((name, set(partitions)))
+            return await assign(partitions)
+
+        w.on_assigned = recorded  # type: ignore[method-assign]
         running[name] = (w, stop, asyncio.create_task(w.run(stop)))
         return w
 
@@ -134,30 +150,40 @@ async def rolling_deploy(bootstrap: str, topics: Topics, shape: Shape) -> Figure
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
         survivor = running["worker-2"][0]
-        await until(lambda: len(survivor.partition_liveness()) == 8 and all(survivor.partition_liveness().values()), 60)
+        await until(lambda: len(live := survivor.partition_liveness()) == PARTITIONS and all(live.values()), 60)
         survivor_live.append(time.monotonic())
 
     def settled() -> bool:
         # Both members hold a share, disjoint and live: the group's first rebalance is over.
         owned = [set(w.partition_liveness()) for w, _, _ in running.values()]
         live = all(live for w, _, _ in running.values() for live in w.partition_liveness().values())
-        return all(owned) and len(set.union(*owned)) == sum(map(len, owned)) == 8 and live
+        return all(owned) and len(set.union(*owned)) == sum(map(len, owned)) == PARTITIONS and live
 
     async def rolling() -> None:
         await restart("worker-1")
         await restart("worker-2")
 
+    async def scale_out() -> None:
+        start("worker-3")
+        await until(lambda: len(running) == 3 and settled(), 60)
+
+    def owners() -> dict[int, str]:
+        return {p: name for name, (w, _, _) in running.items() for p in w.partition_liveness()}
+
+    deploys = {"rolling": rolling, "crash": crash, "scale-out": scale_out}
+
     publisher = KafkaLog(bootstrap, group, topics)
-    await publisher.producer.start()
+    await publisher.start_producer()
     published: dict[str, float] = {}
     try:
         start("worker-1")
         start("worker-2")
         await until(settled, 60)
+        before, seen = owners(), len(assignments)
         deploy: asyncio.Task[None] | None = None
         for i in range(shape.messages):
             if shape.deploy != "none" and i == shape.messages // 4:
-                deploy = asyncio.create_task(rolling() if shape.deploy == "rolling" else crash())
+                deploy = asyncio.create_task(deploys[shape.deploy]())
             event = message_event(f"conv-{i % shape.conversations}", f"m{i}", int(time.time() * 1000), f"m{i}")
             published[event.message_id] = time.time()
             await publish(publisher, event)
@@ -176,6 +202,11 @@ async def rolling_deploy(bootstrap: str, topics: Topics, shape: Shape) -> Figure
         if isinstance(e := decode(r.value), OUTCOME_TYPES)
     )
     figures = _figures(events, published, runs, outcome_records)
+    moved = {p for name, partitions in assignments[seen:] for p in partitions if before.get(p) != name}
+    figures.partitions_moved = len(moved)
+    figures.attempts_interrupted_unmoved = sum(
+        isinstance(e, AttemptFailed) and partition_for(e.conversation_id, PARTITIONS) not in moved for e in events
+    )
     if crash_at and survivor_live:
         figures.takeover_s = survivor_live[0] - crash_at[0]
     return figures

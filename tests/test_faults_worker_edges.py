@@ -22,6 +22,7 @@ the worker stops, and its final commit must not mark the failed one-time effect 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import Mapping
 
 from builders import claim, completed, message, started
@@ -169,7 +170,8 @@ async def test_nothing_is_started_for_a_partition_while_it_is_being_revoked(tmp_
     them over -- runners the revoke then forgot without cancelling. They kept writing (and
     calling the model) for a partition another worker owned."""
     log = SlowFlush(tmp_path, partitions=1)
-    worker = Worker(log, ScriptedProvider(delay_s=30.0), FAST)
+    # The model step outlasts the revoke's grace: the revoke cuts it off after it.
+    worker = Worker(log, ScriptedProvider(delay_s=30.0), dataclasses.replace(FAST, revoke_grace_s=0.5))
     stop = asyncio.Event()
     task = asyncio.create_task(worker.run(stop))
     try:

@@ -76,7 +76,8 @@ async def test_post_a_message_read_the_state_and_the_turn_timeline(tmp_path):
             await client.get(f"/conversations/c1/turns/{turn['turn_id']}?format=html"),
         ):
             assert html.status_code == 200 and html.headers["Content-Type"].startswith("text/html")
-            assert "<table>" in html.text and "TurnCompleted" in html.text and "check the dates" in html.text
+            assert '<table class="waterfall">' in html.text and "TurnCompleted" in html.text
+            assert "check the dates" in html.text
 
         # Idempotent by id: the same message again is accepted and not answered twice; the
         # same id for other content is a conflict.

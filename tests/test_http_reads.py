@@ -109,7 +109,7 @@ async def test_old_turns_timelines_leave_memory_and_are_read_from_the_log_on_dem
     worker = Worker(FileLog(tmp_path), ScriptedProvider(), FAST)
     async with serving(worker) as (svc, client):
         assert svc.read_model is not None
-        svc.read_model.turn_details_kept = 1
+        svc.read_model.turn_details_kept = 2
         for i in range(3):
             await client.post("/conversations/c1/messages", json={"message_id": f"m{i}", "content": f"q{i}"})
 

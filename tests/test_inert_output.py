@@ -15,12 +15,13 @@ from worker_harness import events_of, running, until
 
 from turnstile.events import TurnCompleted
 from turnstile.handlers.providers.scripted import ScriptedProvider
+from turnstile.streams.console.pages import turn_page
 from turnstile.streams.file_log import FileLog
 from turnstile.streams.inert import printable
 from turnstile.streams.inspect_cli import file_records, inspect
 from turnstile.streams.log import Topics
 from turnstile.streams.publisher import message_event, publish
-from turnstile.streams.views import build_view, turn_html
+from turnstile.streams.views import build_view
 
 ROOT = Path(__file__).parent.parent
 CONVERSATION = "[/]\x1b[31mred"  # a closing tag rich choked on, then an ANSI colour
@@ -67,6 +68,6 @@ async def test_the_html_turn_page_escapes_ids_and_content(tmp_path):
     log = await answered_turn(tmp_path)
     view = build_view(CONVERSATION, file_records(tmp_path, log.topics, CONVERSATION))
     [turn] = view.turns.values()
-    page = turn_html(CONVERSATION, turn)
+    page = turn_page(view, turn)
     assert "\x1b" not in page and "\x07" not in page and "<script>" not in page
     assert "[/]\\x1b[31mred" in page and "&lt;script&gt;" in page

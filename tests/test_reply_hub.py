@@ -7,7 +7,7 @@ import asyncio
 
 from builders import claim, completed
 
-from turnstile.events import AttemptFailed
+from turnstile.events import AttemptFailed, TurnInterrupted
 from turnstile.events.deltas import ReplyDelta
 from turnstile.streams.reply_hub import ReplyHub, StreamEvent
 
@@ -122,3 +122,18 @@ async def test_conversations_nobody_reads_are_forgotten_when_their_reply_ends() 
     assert drain(queue) == []  # the next reader waits for the next reply
     hub.unsubscribe(CONV, queue)
     assert hub.subscribe("another").empty()
+
+
+async def test_a_turn_withdrawn_by_a_new_message_tells_its_readers_and_ignores_its_late_deltas() -> None:
+    hub = ReplyHub()
+    queue = hub.subscribe(CONV)
+    hub.on_delta(delta("Checking the", 0))
+    withdrawn = TurnInterrupted(
+        event_id="e-i", conversation_id=CONV, occurred_at=2000, turn_id=TURN, run_id=RUN, attempt=1,
+        message_id="m2",
+    )  # fmt: skip
+    hub.on_event(withdrawn)
+    hub.on_delta(delta(" dates", 1))  # late, from the withdrawn run: ignored
+    events = [queue.get_nowait() for _ in range(queue.qsize())]
+    assert [e.kind for e in events] == ["delta", "interrupted"]
+    assert "m2" in str(events[1].data["reason"]) and events[1].data["retryable"] is True

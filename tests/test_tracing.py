@@ -158,3 +158,26 @@ async def test_on_kafka_the_trace_context_travels_in_the_record_headers(
     [root] = [s for s in exporter.get_finished_spans() if s.name == "publish message"]
     [turn] = [s for s in exporter.get_finished_spans() if s.name == "turnstile.turn"]
     assert turn.parent is not None and turn.parent.span_id == root.context.span_id
+
+
+def test_a_turn_withdrawn_by_a_new_message_ends_its_spans_as_interrupted(spans):
+    from builders import claim, message, started
+
+    from turnstile.events import TurnInterrupted
+    from turnstile.projections import apply_event, new_state
+    from turnstile.streams.tracing import TurnTracer
+
+    provider, exporter = spans
+    exporter.clear()
+    tracer, state = TurnTracer(lambda _model: "openai", provider), new_state("conv-1")
+    c = claim(["m1"], 20, 0)
+    cut = TurnInterrupted(
+        event_id="e-i", conversation_id="conv-1", occurred_at=40, turn_id=c.turn_id, run_id=c.run_id, attempt=1,
+        message_id="m2",
+    )  # fmt: skip
+    for event in (message("m1", 10), c, started(c, 21), message("m2", 30), cut):
+        assert apply_event(state, event) is None
+        tracer.on_event(state, event)
+    finished = {s.name: s for s in exporter.get_finished_spans()}
+    assert set(finished) == {"turnstile.turn", "turnstile.attempt"}
+    assert finished["turnstile.turn"].attributes["turnstile.outcome"] == "interrupted"

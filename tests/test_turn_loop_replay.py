@@ -1,8 +1,8 @@
 """Replay: what the runner believed at every step is exactly what the log says.
 
-The runner folds each event it writes into its own state before appending it; folding
-the log from the start, by any reader, must reach the same state after each event and at
-the end of the turn."""
+The turn's state machine folds each event it decides to write into its own state before
+the executor appends it; once a step's events are on the log, folding the log from the
+start, by any reader, must reach the same state, after every step and at the end."""
 
 from __future__ import annotations
 
@@ -41,33 +41,36 @@ def fold(events: list[Event], conversation: str = "c1") -> ConversationState:
     return state
 
 
-async def test_the_state_folded_from_the_log_equals_the_runners_state_after_every_event(tmp_path):
+async def test_the_state_folded_from_the_log_equals_the_runners_state_after_every_step(tmp_path):
     log, world = FileLog(tmp_path), World()
     await publish(log, message_event("c1", "check the dates and pay bob", NOW(), "m1"))
     state = fold(events_of(log))
     plan = plan_claim(state, NOW() + 60_000, DebouncePolicy())
     assert isinstance(plan, ClaimPlan)
 
-    snapshots: list[ConversationState] = []
+    # (events on the log, the runner's state) once each step's appends are done.
+    snapshots: list[tuple[int, ConversationState]] = []
     runner: TurnRunner
 
     async def append(event: Event, wait: bool = True) -> None:
         await log.append(log.topics.events, event.conversation_id, encode(event))
-        snapshots.append(copy.deepcopy(runner.state))
+
+    def step(_seen: object, _commands: object) -> None:
+        snapshots.append((len(events_of(log, "c1")), copy.deepcopy(runner.state)))
 
     with ProviderServer() as server:
         server.push(*SCRIPT)
         provider = HttpProvider(OpenAIChat(), server.base_url_openai, "test-key", timeout_s=5.0, retry=ATTEMPTS_ONLY)
-        runner = TurnRunner(state, append, provider, settings(world), SystemClock().now_ms, RandomIds().new)
+        clock, ids = SystemClock().now_ms, RandomIds().new
+        runner = TurnRunner(state, append, provider, settings(world), clock, ids, on_step=step)
         await runner.claim_and_run(plan)
         await provider.aclose()
 
     events = events_of(log, "c1")
     assert events[-1].type == "TurnCompleted" and events[-1].metrics.attempt == 2
-    written = events[1:]  # after the message: everything the runner wrote
-    assert len(written) == len(snapshots) >= 10
-    for count, snapshot in enumerate(snapshots, start=1):
-        assert fold(events[: 1 + count]) == snapshot, f"diverged after {written[count - 1].type}"
+    assert len(events) >= 11 and len(snapshots) >= 6
+    for count, snapshot in snapshots:
+        assert fold(events[:count]) == snapshot, f"diverged after {events[count - 1].type}"
     assert fold(events) == runner.state
     assert runner.state.active is None and runner.state.turns[plan.turn_id].outcome == "completed"
 

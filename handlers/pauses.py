@@ -1,0 +1,64 @@
+"""What a paused turn says: the work it keeps, and how to continue it."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from turnstile.events import ToolCall
+
+RESULT_EXCERPT_CHARS = 300
+
+
+@dataclass(frozen=True, slots=True)
+class DoneCall:
+    """A tool call of this attempt that has a result: what a pause keeps."""
+
+    tool: str
+    arguments: str
+    ok: bool
+    result: str
+
+
+def kept_work(last_text: str | None, done: Iterable[DoneCall], blocked: tuple[ToolCall, ...] = ()) -> str:
+    """The reply so far, the tools that ran, with results, and the calls requested but not
+    run (the resumed turn may make them again)."""
+    lines = [last_text] if last_text else []
+    done = list(done)
+    if done:
+        lines.append("Completed operations:")
+        for call in done:
+            result = call.result
+            if len(result) > RESULT_EXCERPT_CHARS:
+                result = result[:RESULT_EXCERPT_CHARS] + "..."
+            status = "ok" if call.ok else "failed"
+            lines.append(f"- {call.tool}({call.arguments}) -> {status}: {result}")
+    if blocked:
+        lines.append("Requested but not run (the turn stopped first):")
+        lines.extend(f"- {c.name}({c.arguments}) [call {c.call_id}]" for c in blocked)
+    return "\n".join(lines)
+
+
+def resume_hint(conversation_id: str, turn_id: str, why: str) -> str:
+    return (
+        f"Paused because {why}. The completed work is kept above. To continue, run `turnstile resume "
+        f"{conversation_id}` (a ResumeRequested with resumes_turn_id={turn_id}): it starts a "
+        "new turn with a fresh budget that sees this one."
+    )
+
+
+def waiting_for_approval(call: ToolCall) -> str:
+    return f"Waiting for approval to call {call.name} with arguments {call.arguments} (call {call.call_id})."
+
+
+def approval_hint(conversation_id: str, turn_id: str, call: ToolCall) -> str:
+    return (
+        f"Approve or deny it with `turnstile approve|deny {conversation_id} {call.call_id}` (an "
+        f"InputInjected of source 'approval' carrying approval={{turn_id: {turn_id}, call_id: "
+        f"{call.call_id}, approved: true|false}}); it starts a new turn that sees this request."
+    )
+
+
+def deadline_reached(deadline_ms: int, during: str) -> str:
+    """`during`: "during a model request", "while search ran"."""
+    return f"the time limit ({deadline_ms / 1000:g} s) was reached {during}"

@@ -1,0 +1,667 @@
+"""The turn as a pure state machine: `decide(machine, observation) -> commands`.
+
+The machine holds the conversation as the turn's events fold it (the same `apply_event`
+every reader uses: each event it asks to append is folded first, and an event the fold
+would refuse is a bug, never written) and the work of the attempt in progress: the
+transcript sent to the model, the fallback link, the calls of the last reply still to
+settle. No await, no clock, no randomness: the time comes with each observation and ids
+from the `new_id` the machine is built with, so a recorded run replays to the same
+commands (`tests/test_replays.py`).
+
+One iteration is one model reply followed by zero or more tool results. Before each
+request the budget is checked (cost and time pause the turn; past the soft threshold
+older tool exchanges are compacted); before each tool call the call is validated
+(protocol failures go back to the model as tool errors, repeats change strategy, then
+stop the turn) and the budget is checked again (a hard limit pauses before the tool
+runs). A tool that needs approval pauses the turn. `ToolCallStarted` is on the log
+before a tool runs. A turn taken over from a stopped worker continues its journal
+(`handlers/resume.py`).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from turnstile.events import (
+    AttemptFailed,
+    AttemptStarted,
+    ContextCompacted,
+    Event,
+    FallbackEngaged,
+    MessageReceived,
+    ModelResponded,
+    ProtocolFailure,
+    ToolCall,
+    ToolCallFinished,
+    ToolCallStarted,
+    TurnInterrupted,
+)
+from turnstile.events.lifecycle import ProtocolFailureKind
+from turnstile.events.outcomes import PauseReason
+from turnstile.handlers import outcomes
+from turnstile.handlers.budget import (
+    Spent,
+    cancelled_at_deadline,
+    hard_limit,
+    input_token_bound,
+    output_allowance,
+    soft_dimension,
+    spending_limit,
+    time_left_s,
+)
+from turnstile.handlers.claim import claim_event
+from turnstile.handlers.compaction import compact_tool_exchanges
+from turnstile.handlers.context import build_context
+from turnstile.handlers.failure_text import INTERNAL_ERROR, STOPPED_MID_ATTEMPT, provider_failure, reconcile_unknown
+from turnstile.handlers.fallback import FallTo, RouteInfo, next_route
+from turnstile.handlers.pauses import (
+    DoneCall,
+    approval_hint,
+    deadline_reached,
+    kept_work,
+    resume_hint,
+    waiting_for_approval,
+)
+from turnstile.handlers.pricing import cost_usd
+from turnstile.handlers.protocol import repeated_call_error, tool_error
+from turnstile.handlers.provider import ChatMessage, ModelReply, ModelRequest, ProtocolFamily, ProviderError, ToolSpec
+from turnstile.handlers.resume import Recovery, Resume, idempotency_key, next_step
+from turnstile.handlers.stops import AskAgain, Complete, CutOff, Refused, after_reply
+from turnstile.handlers.tools import InvalidCall, ValidCall, validate_call
+from turnstile.handlers.turn_rules import (
+    DENIED,
+    DID_NOT_RUN,
+    NOT_STARTED,
+    approval_of,
+    bounded_result,
+    isolated_turn,
+    retries_after,
+    takeover_failure,
+    tool_outcome,
+)
+from turnstile.handlers.turn_settings import TurnSettings
+from turnstile.handlers.turn_steps import (
+    Append,
+    CallModel,
+    Claimed,
+    Command,
+    Crashed,
+    Finish,
+    Interrupted,
+    ModelAnswered,
+    ModelCutOff,
+    ModelFailed,
+    Observation,
+    Reconcile,
+    Reconciled,
+    Report,
+    RunTool,
+    SleepUntil,
+    TakenOver,
+    ToolNotStarted,
+    ToolRaised,
+    ToolReturned,
+    ToolTimedOut,
+    Woke,
+)
+from turnstile.projections import ActiveTurn, ConversationState, apply_event
+
+
+@dataclass(frozen=True, slots=True)
+class KeptStep:
+    """A model step of the journal a resumed attempt keeps: back into the transcript."""
+
+    step: ModelResponded
+
+
+@dataclass(frozen=True, slots=True)
+class CallToSettle:
+    """`calls[0]` of a reply (the calls after it in the same reply follow it; a pause records
+    them as blocked). `kept`: a call of a step kept from the journal; `last`: of its last step."""
+
+    calls: tuple[ToolCall, ...]
+    iteration: int
+    model: str
+    kept: bool = False
+    last: bool = True
+
+
+@dataclass(slots=True)
+class TurnMachine:
+    """One turn's state: `state` is the conversation as the turn's events fold it (ahead
+    of the log by the step being written); the rest is the attempt in progress, which the
+    log does not hold whole (the transcript keeps the providers' `native` blocks). Owned and
+    advanced by `decide`, like the fold owns its records."""
+
+    state: ConversationState
+    settings: TurnSettings
+    # The fallback chain's models and protocol families, `settings.model` first.
+    routes: tuple[RouteInfo, ...]
+    new_id: Callable[[], str]
+    # The conversation's history as messages, kept by the worker across turns (see
+    # `build_context`).
+    rendered: list[ChatMessage] = field(default_factory=list)
+    now_ms: int = 0  # the time of the observation being decided
+    # -- the attempt in progress
+    route: int = 0
+    iteration: int = 0
+    earlier: str = ""  # the text of paused parts of the reply being assembled
+    isolated: bool = False
+    tools: tuple[ToolSpec, ...] = ()
+    messages: list[ChatMessage] = field(default_factory=list)
+    done: dict[str, DoneCall] = field(default_factory=dict)
+    last_text: str | None = None
+    resume: Resume | None = None
+    queue: deque[KeptStep | CallToSettle] = field(default_factory=deque)
+    # The call whose tool (or reconciler) runs, and the command that runs it.
+    settling: CallToSettle | None = None
+    running: RunTool | None = None
+    # Approvals already used: one approval lets exactly one call run (over the turn).
+    grants_used: set[str] = field(default_factory=set)
+
+    @property
+    def turn(self) -> ActiveTurn:
+        assert self.state.active is not None, "the machine always holds an active turn"
+        return self.state.active
+
+    @property
+    def model(self) -> str:
+        return self.routes[self.route].model
+
+
+def machine_for(
+    state: ConversationState,
+    settings: TurnSettings,
+    primary_family: ProtocolFamily,
+    new_id: Callable[[], str],
+    rendered: list[ChatMessage] | None = None,
+) -> TurnMachine:
+    """A machine for the turn of `state` (claimed next, or active and taken over)."""
+    fallbacks = (RouteInfo(r.model, r.provider.family) for r in settings.fallbacks)
+    routes = (RouteInfo(settings.model, primary_family), *fallbacks)
+    return TurnMachine(state, settings, routes, new_id, rendered if rendered is not None else [])
+
+
+class _Out:
+    """The commands of one step: appends (folded as they are made), then one effect."""
+
+    def __init__(self, machine: TurnMachine) -> None:
+        self.machine = machine
+        self.commands: list[Command] = []
+
+    def emit(self, event: Event, wait: bool = True) -> None:
+        rejection = apply_event(self.machine.state, event)
+        if rejection is not None:
+            raise RuntimeError(f"refusing to write {event.type}: the fold rejects it ({rejection.reason})")
+        self.commands.append(Append(event, wait))
+
+    def then(self, command: Command) -> None:
+        self.commands.append(command)
+
+
+def decide(machine: TurnMachine, observation: Observation) -> tuple[Command, ...]:
+    """The commands that follow `observation`, the machine advanced past them. The last
+    command is the one effect to carry out (its result is the next observation) or
+    `Finish`. An unexpected error here ends the turn failed, visibly, like one outside."""
+    machine.now_ms = observation.now_ms
+    out = _Out(machine)
+    try:
+        _dispatch(machine, observation, out)
+    except Exception as exc:  # a bug must still end the turn with a durable outcome
+        if isinstance(observation, Crashed):
+            raise
+        _crashed(machine, out, f"{type(exc).__name__}: {exc}")
+    return tuple(out.commands)
+
+
+def _dispatch(m: TurnMachine, seen: Observation, out: _Out) -> None:
+    match seen:
+        case Claimed():
+            claim = claim_event(m.state, seen.plan, event_id=m.new_id(), run_id=m.new_id(), now_ms=m.now_ms)
+            # Sent with AttemptStarted, which follows at once: one round trip for both.
+            out.emit(claim, wait=False)
+            _start_attempt(m, out, first=True)
+        case TakenOver():
+            _take_over(m, out)
+        case ModelAnswered():
+            _answered(m, out, seen.reply)
+        case ModelFailed():
+            _model_failed(m, out, seen.error)
+        case ModelCutOff():
+            _pause(m, out, "deadline", deadline_reached(m.settings.budget.deadline_ms, "during a model request"))
+        case ToolReturned() | ToolRaised() | ToolTimedOut():
+            _tool_finished(m, out, seen)
+        case ToolNotStarted():
+            _not_started(m, out)
+        case Reconciled():
+            _reconciled(m, out, seen.result)
+        case Woke():
+            _start_attempt(m, out, first=False)
+        case Interrupted():
+            _interrupted(m, out, seen.message)
+        case Crashed():
+            _crashed(m, out, seen.error)
+
+
+# -- attempts ------------------------------------------------------------------------
+def _start_attempt(m: TurnMachine, out: _Out, first: bool, resume: Resume | None = None) -> None:
+    turn = m.turn
+    run_id = turn.run_id if first else m.new_id()
+    attempt = turn.attempt if first else turn.attempt + 1
+    m.route, m.done, m.last_text, m.resume = 0, {}, None, resume
+    out.emit(
+        AttemptStarted(
+            event_id=m.new_id(),
+            conversation_id=m.state.conversation_id,
+            occurred_at=m.now_ms,
+            turn_id=turn.turn_id,
+            run_id=run_id,
+            attempt=attempt,
+            model=m.routes[0].model,
+            resumes_run_id=turn.run_id if resume is not None else None,
+        )
+    )
+    turn = m.turn
+    m.isolated = isolated_turn(turn.inputs)
+    m.tools = m.settings.tools.specs(m.isolated)
+    m.messages = list(
+        build_context(m.state.history, turn.history_boundary, turn.inputs, m.settings.system_prompt, m.rendered)
+    )
+    m.iteration, m.earlier = 0, ""
+    m.queue.clear()
+    if resume is not None:
+        # Rebuild the transcript of the journal, settling the calls without a result.
+        m.iteration = resume.iteration
+        last = resume.steps[-1]
+        for step in resume.steps:
+            m.queue.append(KeptStep(step))
+            for index in range(len(step.tool_calls)):
+                m.queue.append(CallToSettle(step.tool_calls[index:], step.iteration, step.model, True, step is last))
+    _proceed(m, out)
+
+
+def _attempt_failed(m: TurnMachine, out: _Out, error: ProviderError, reason: str) -> None:
+    turn = m.turn
+    attempt, unsafe = turn.attempt, turn.side_effect_started
+    retry = retries_after(error, attempt, m.settings.max_attempts, unsafe)
+    out.emit(AttemptFailed(**_stamp(m), reason=reason, retryable=retry))
+    if not retry:
+        _fail(m, out, provider_failure(error, attempts=attempt, side_effect_ran=unsafe))
+        return
+    out.then(SleepUntil(m.now_ms + round(m.settings.backoff_s(attempt, error) * 1000)))
+
+
+def _take_over(m: TurnMachine, out: _Out) -> None:
+    turn = m.turn
+    step = next_step(turn.journal, lambda start: _recovery_of(m, start))
+    if turn.attempt_state != "closed":
+        # Retryable says a replay from scratch may follow: never after a side effect
+        # started. Continuing the journal is not a replay (see `handlers/resume.py`).
+        out.emit(AttemptFailed(**_stamp(m), reason=STOPPED_MID_ATTEMPT, retryable=not turn.side_effect_started))
+    failure = takeover_failure(step, turn.side_effect_started, turn.attempt, m.settings.max_attempts)
+    if failure is not None:
+        _fail(m, out, failure)
+    else:
+        _start_attempt(m, out, first=False, resume=step if isinstance(step, Resume) else None)
+
+
+def _recovery_of(m: TurnMachine, start: ToolCallStarted) -> Recovery:
+    tool = m.settings.tools.get(start.tool, isolated=False)
+    return tool.recovery if tool is not None else "none"
+
+
+def _crashed(m: TurnMachine, out: _Out, error: str) -> None:
+    # What the step had decided before the error is kept up to its effect, which is not run.
+    out.commands = [c for c in out.commands if isinstance(c, Append | Report)]
+    out.then(Report(f"a turn of {m.state.conversation_id} hit an internal error: {error}"))
+    if m.state.active is None:
+        out.then(Finish())  # the outcome was decided; whether it reached the log, the next owner will see
+        return
+    if m.turn.attempt_state == "open":
+        out.emit(AttemptFailed(**_stamp(m), reason=f"internal error: {error}", retryable=False))
+    _fail(m, out, INTERNAL_ERROR)
+
+
+# -- the loop ------------------------------------------------------------------------
+def _proceed(m: TurnMachine, out: _Out) -> None:
+    """Settle the calls still to settle, in order, then ask the model; stops at the first
+    call that needs an effect or ends the turn."""
+    while m.queue:
+        item = m.queue.popleft()
+        if isinstance(item, KeptStep):
+            if item.step.text:
+                m.last_text = item.step.text
+            m.messages.append(ChatMessage("assistant", item.step.text or "", item.step.tool_calls))
+            continue
+        result = _settle(m, out, item)
+        if result is None:
+            return
+        _tool_message(m, item, *result)
+    _next_request(m, out)
+
+
+def _tool_message(m: TurnMachine, item: CallToSettle, text: str, ok: bool) -> None:
+    m.messages.append(ChatMessage("tool", text, tool_call_id=item.calls[0].call_id, is_error=not ok))
+
+
+def _spent(m: TurnMachine, iterations: int) -> Spent:
+    turn = m.turn
+    return Spent(iterations, turn.tool_calls, turn.cost_usd, max(0, m.now_ms - turn.claimed_at))
+
+
+def _next_request(m: TurnMachine, out: _Out) -> None:
+    limit = spending_limit(_spent(m, m.iteration), m.settings.budget, m.model)
+    if limit is not None:
+        _pause(m, out, limit.dimension, limit.reason)
+        return
+    m.iteration += 1
+    dimension = soft_dimension(_spent(m, m.iteration - 1), m.settings.budget)
+    if dimension is not None:
+        compacted, call_ids = compact_tool_exchanges(m.messages)
+        if call_ids:
+            out.emit(
+                ContextCompacted(**_stamp(m), iteration=m.iteration, compacted_call_ids=call_ids, dimension=dimension)
+            )
+            m.messages = list(compacted)
+    _request(m, out)
+
+
+def _request(m: TurnMachine, out: _Out) -> None:
+    """A request to the current link of the chain, with an output allowance whose worst
+    case fits the cost left; a pause when even a short reply does not fit."""
+    settings, budget = m.settings, m.settings.budget
+    model = m.model
+    spent = _spent(m, m.iteration)
+    messages = tuple(m.messages)
+    bound = input_token_bound(messages, m.tools)
+    allowance = output_allowance(spent, budget, model, settings.prices.get(model), bound, settings.max_output_tokens)
+    if not isinstance(allowance, int):
+        _pause(m, out, allowance.dimension, allowance.reason)
+        return
+    request = ModelRequest(model, messages, m.tools, allowance, time_left_s(spent, budget))
+    out.then(CallModel(m.route, request, m.iteration))
+
+
+def _model_failed(m: TurnMachine, out: _Out, error: ProviderError) -> None:
+    """Down the fallback chain while the next model speaks the same protocol; otherwise
+    the attempt fails."""
+    model = m.model
+    if error.kind == "malformed_response":
+        out.emit(
+            ProtocolFailure(
+                **_stamp(m), iteration=m.iteration, model=model, kind="malformed_response", detail=error.message
+            )
+        )
+    decision = next_route(m.routes, m.route, error.kind)
+    if not isinstance(decision, FallTo):
+        _attempt_failed(m, out, error, f"{error}; {decision.reason}")
+        return
+    to_model = m.routes[decision.index].model
+    out.emit(FallbackEngaged(**_stamp(m), from_model=model, to_model=to_model, reason=decision.reason))
+    m.route = decision.index
+    _request(m, out)
+
+
+def _answered(m: TurnMachine, out: _Out, reply: ModelReply) -> None:
+    settings, iteration = m.settings, m.iteration
+    out.emit(
+        ModelResponded(
+            **_stamp(m),
+            iteration=iteration,
+            model=reply.model,
+            text=reply.text,
+            # Secret tool arguments are redacted on the log; the tools get the values.
+            tool_calls=tuple(map(settings.tools.recorded, reply.tool_calls)),
+            usage=reply.usage,
+            cost_usd=cost_usd(settings.prices, reply.model, reply.usage, m.model),
+            finish_reason=reply.finish_reason,
+        ),
+        # A final reply is followed at once by the outcome: one round trip for both. Tool
+        # calls wait (a tool may act), and so does a paused reply (another request follows).
+        wait=bool(reply.tool_calls) or reply.stop == "pause",
+    )
+    if reply.text:
+        m.last_text = reply.text
+    step = after_reply(reply, m.earlier)
+    if isinstance(step, Complete):
+        _end(m, out, outcomes.completed(m.turn, _next_stamp(m), step.reply, m.model))
+    elif isinstance(step, Refused):
+        _end(m, out, outcomes.failed(m.turn, _next_stamp(m), step.error, m.model, step.reason, step.text))
+    elif isinstance(step, CutOff):
+        _end(m, out, outcomes.exhausted(m.turn, _next_stamp(m), step.text, m.model, "output_tokens"))
+    elif iteration >= settings.budget.max_iterations:
+        # No iteration is left to read the results: the tools do not run.
+        _end(m, out, outcomes.exhausted(m.turn, _next_stamp(m), m.last_text, m.model))
+    else:
+        m.messages.append(ChatMessage("assistant", reply.text or "", reply.tool_calls, native=reply.native))
+        if isinstance(step, AskAgain):
+            m.earlier += reply.text or ""
+        for index in range(len(reply.tool_calls)):
+            m.queue.append(CallToSettle(reply.tool_calls[index:], iteration, reply.model))
+        _proceed(m, out)
+
+
+# -- tool calls ----------------------------------------------------------------------
+def _settle(m: TurnMachine, out: _Out, item: CallToSettle) -> tuple[str, bool] | None:
+    """The result the model reads for `item`, or None when an effect settles it (or it
+    ended the turn)."""
+    if not item.kept:
+        return _handle_call(m, out, item)
+    assert m.resume is not None
+    call = item.calls[0]
+    finished = m.resume.results.get(call.call_id)
+    if finished is not None:
+        m.done[call.call_id] = DoneCall(call.name, call.arguments, finished.ok, finished.result)
+        return finished.result, finished.ok
+    refused = m.resume.refused.get(call.call_id)
+    if refused is not None:
+        seen = m.turn.invalid_calls.get(refused.signature or "", 1)
+        return tool_error(refused.detail, seen, m.settings.repeats), False
+    how = m.resume.in_doubt.get(call.call_id)
+    if how == "reconcile":
+        m.settling = item
+        out.then(Reconcile(call, m.settings.tool_timeout_s))
+        return None
+    if how is not None or item.last:
+        return _handle_call(m, out, item)
+    return DID_NOT_RUN, False
+
+
+def _handle_call(m: TurnMachine, out: _Out, item: CallToSettle) -> tuple[str, bool] | None:
+    checked = validate_call(m.settings.tools, item.calls[0], m.isolated)
+    if isinstance(checked, InvalidCall):
+        return _invalid_call(m, out, checked, item)
+    limit = hard_limit(_spent(m, item.iteration), m.settings.budget, m.model)
+    if limit is not None:
+        _pause(m, out, limit.dimension, limit.reason, item.calls)
+        return None
+    if checked.tool.needs_approval:
+        decision = approval_of(m.turn.inputs, checked.signature, m.grants_used)
+        if decision is None:
+            _pause_for_approval(m, out, checked.call, item.calls[1:])
+            return None
+        approved, grant = decision
+        if not approved:
+            return DENIED, False
+        m.grants_used.add(grant)
+    _run_tool(m, out, checked, item)
+    return None
+
+
+def _invalid_call(m: TurnMachine, out: _Out, invalid: InvalidCall, item: CallToSettle) -> tuple[str, bool] | None:
+    call, policy = invalid.call, m.settings.repeats
+
+    def failure(kind: ProtocolFailureKind, detail: str) -> ProtocolFailure:
+        return ProtocolFailure(
+            **_stamp(m),
+            iteration=item.iteration,
+            model=item.model,
+            call_id=call.call_id,
+            signature=invalid.signature,
+            kind=kind,
+            detail=detail,
+        )
+
+    out.emit(failure(invalid.kind, invalid.detail))
+    seen = m.turn.invalid_calls.get(invalid.signature, 0)
+    action = policy.action(seen)
+    if action != "report":
+        what = "the turn was stopped" if action == "stop" else "a strategy-change instruction was sent"
+        detail = f"the same invalid call to {call.name!r} was made {seen} times; {what}"
+        out.emit(failure("repeated_call", detail))
+        if action == "stop":
+            _fail(m, out, repeated_call_error(call.name, call.arguments, seen))
+            return None
+    return tool_error(invalid.detail, seen, policy), False
+
+
+def _run_tool(m: TurnMachine, out: _Out, checked: ValidCall, item: CallToSettle) -> None:
+    call, tool = checked.call, checked.tool
+    key = idempotency_key(m.turn.turn_id, call.call_id) if tool.idempotent else None
+    left_s = time_left_s(_spent(m, item.iteration), m.settings.budget)
+    timeout_s = min(m.settings.tool_timeout_s, left_s)
+    # On the log, acknowledged, before the tool can touch anything.
+    started = ToolCallStarted(
+        **_stamp(m),
+        iteration=item.iteration,
+        call_id=call.call_id,
+        tool=tool.name,
+        arguments=call.arguments,
+        side_effect=tool.side_effect,
+        idempotency_key=key,
+    )
+    out.emit(started)
+    m.settling = item
+    m.running = RunTool(started, checked.arguments, timeout_s, at_deadline=timeout_s == left_s)
+    out.then(m.running)
+
+
+def _tool_finished(m: TurnMachine, out: _Out, seen: ToolReturned | ToolRaised | ToolTimedOut) -> None:
+    item, running = m.settling, m.running
+    assert item is not None and running is not None, "a tool result without a tool running"
+    m.settling = m.running = None
+    call = item.calls[0]
+    if isinstance(seen, ToolTimedOut) and running.at_deadline:
+        _cancelled_at_deadline(m, out, item, running.started)
+        return
+    text, ok = tool_outcome(seen, running.timeout_s)
+    text = _finish_call(m, out, call, item.iteration, ok, text)
+    _tool_message(m, item, text, ok)
+    _proceed(m, out)
+
+
+def _finish_call(
+    m: TurnMachine, out: _Out, call: ToolCall, iteration: int, ok: bool, result: str, reconciled: bool = False
+) -> str:
+    """Records the call's result (bounded to fit a log value) and returns it."""
+    result = bounded_result(result)
+    out.emit(
+        ToolCallFinished(
+            **_stamp(m), iteration=iteration, call_id=call.call_id, ok=ok, result=result, reconciled=reconciled
+        )
+    )
+    m.done[call.call_id] = DoneCall(call.name, call.arguments, ok, result)
+    return result
+
+
+def _reconciled(m: TurnMachine, out: _Out, result: str | None) -> None:
+    item = m.settling
+    assert item is not None, "a reconciler's answer without a call in doubt"
+    m.settling = None
+    call = item.calls[0]
+    if result is None:
+        _fail(m, out, reconcile_unknown(call.name, call.call_id))
+        return
+    result = _finish_call(m, out, call, item.iteration, True, result, reconciled=True)
+    _tool_message(m, item, result, True)
+    _proceed(m, out)
+
+
+def _not_started(m: TurnMachine, out: _Out) -> None:
+    """The run was stopped (revoke, drain) while its ToolCallStarted was being
+    acknowledged: the body never began. Say so on the log, best effort (not waited for:
+    a superseded run's write is refused by every reader anyway), so the next owner reads a
+    failed call that did not run instead of an unknown one."""
+    running = m.running
+    m.settling = m.running = None
+    if running is not None and m.state.active is not None and running.started.call_id in m.turn.operations:
+        started = running.started
+        finished = ToolCallFinished(
+            **_stamp(m), iteration=started.iteration, call_id=started.call_id, ok=False, result=NOT_STARTED
+        )
+        out.emit(finished, wait=False)
+    out.then(Finish())
+
+
+def _cancelled_at_deadline(m: TurnMachine, out: _Out, item: CallToSettle, started: ToolCallStarted) -> None:
+    failure = cancelled_at_deadline(started.side_effect)
+    if failure is not None:
+        out.emit(
+            ToolCallFinished(**_stamp(m), iteration=item.iteration, call_id=started.call_id, ok=False, result=failure)
+        )
+    status = failure or "cancelled at the deadline; it may or may not have acted (status unknown)"
+    m.done[started.call_id] = DoneCall(started.tool, started.arguments, False, status)
+    why = deadline_reached(m.settings.budget.deadline_ms, f"while {started.tool} ran")
+    _pause(m, out, "deadline", why, item.calls[1:])
+
+
+# -- interrupt-and-merge -------------------------------------------------------------
+def interruptible(m: TurnMachine) -> bool:
+    """Whether a message arriving now may withdraw the turn (the `interrupt` double-text
+    policy): its attempt is running and no side-effecting call has started -- judged on the
+    machine's own state, which is ahead of the log by the step being written, so a
+    `ToolCallStarted` decided but not yet acknowledged already rules it out."""
+    turn = m.state.active
+    return turn is not None and turn.attempt_state == "open" and not turn.side_effect_started
+
+
+def _interrupted(m: TurnMachine, out: _Out, message: MessageReceived) -> None:
+    if not interruptible(m):
+        raise ValueError("an interruption of a turn that cannot be interrupted")
+    m.settling = m.running = None
+    m.queue.clear()
+    # The message is on the log before anything this run writes next: fold it as every
+    # reader will (the machine's state stays the log's), then withdraw the turn for it.
+    apply_event(m.state, message)
+    out.emit(TurnInterrupted(**_stamp(m), message_id=message.message_id))
+    out.then(Finish())
+
+
+# -- outcomes ------------------------------------------------------------------------
+def _pause(m: TurnMachine, out: _Out, reason: PauseReason, why: str, blocked: tuple[ToolCall, ...] = ()) -> None:
+    blocked = _recorded(m, blocked)
+    hint = resume_hint(m.state.conversation_id, m.turn.turn_id, why)
+    kept = kept_work(m.last_text, m.done.values(), blocked)
+    _end(m, out, outcomes.paused(m.turn, _next_stamp(m), reason, kept, hint, m.model, blocked_calls=blocked))
+
+
+def _pause_for_approval(m: TurnMachine, out: _Out, call: ToolCall, blocked: tuple[ToolCall, ...]) -> None:
+    blocked = _recorded(m, blocked)
+    turn = m.turn
+    kept = f"{kept_work(m.last_text, m.done.values(), blocked)}\n{waiting_for_approval(call)}".strip()
+    hint = approval_hint(m.state.conversation_id, turn.turn_id, call)
+    _end(m, out, outcomes.paused(turn, _next_stamp(m), "approval", kept, hint, m.model, call, blocked))
+
+
+def _recorded(m: TurnMachine, calls: tuple[ToolCall, ...]) -> tuple[ToolCall, ...]:
+    """Calls as the log keeps them: their tools' secret arguments redacted."""
+    return tuple(m.settings.tools.recorded(c) for c in calls)
+
+
+def _fail(m: TurnMachine, out: _Out, error: str) -> None:
+    _end(m, out, outcomes.failed(m.turn, _next_stamp(m), error, m.model))
+
+
+def _end(m: TurnMachine, out: _Out, outcome: Event) -> None:
+    out.emit(outcome)
+    out.then(Finish())
+
+
+def _next_stamp(m: TurnMachine) -> outcomes.Stamp:
+    return outcomes.Stamp(m.new_id(), m.state.conversation_id, m.now_ms)
+
+
+def _stamp(m: TurnMachine) -> dict[str, str | int]:
+    return _next_stamp(m).of(m.turn)

@@ -1,0 +1,89 @@
+"""The turn's rules that are not the loop itself, as named decisions: what makes a turn
+isolated, whether a failed attempt is retried, whether a turn taken over may go on,
+which approval decides a call, and what a tool's result is as the model reads it."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import TypeGuard
+
+from turnstile.events import Event, ToolCallStarted
+from turnstile.handlers.failure_text import MAX_ATTEMPTS, NOT_REPLAYED, unresumable
+from turnstile.handlers.provider import ProviderError
+from turnstile.handlers.resume import NextStep, Resume, Unresumable
+from turnstile.handlers.tools import call_signature
+from turnstile.handlers.turn_steps import ToolRaised, ToolReturned, ToolTimedOut
+from turnstile.projections import PendingInput
+
+# A tool result is recorded in ToolCallFinished: keep it well inside one log value.
+MAX_RESULT_CHARS = 100_000
+DENIED = "error: the user denied this call; it did not run. Do not call it again."
+DID_NOT_RUN = "error: this call did not run."
+NOT_STARTED = "error: the call did not start (the worker stopped before running it); it had no effect"
+
+
+def isolated_turn(inputs: Iterable[PendingInput]) -> bool:
+    """A turn of scheduled inputs only: nobody is watching, so only tools marked for
+    isolated turns are offered."""
+    return all(i.kind == "injected" and i.source == "schedule" for i in inputs)
+
+
+def retries_after(error: ProviderError, attempt: int, max_attempts: int, side_effect_started: bool) -> bool:
+    """Whether attempt `attempt`, failed with `error`, is followed by another: only for a
+    retryable error, within the attempt allowance, and never once a side-effecting call
+    started (rule 9: a new attempt replays the turn from its inputs)."""
+    return error.retryable and attempt < max_attempts and not side_effect_started
+
+
+def takeover_failure(step: NextStep, side_effect_started: bool, attempt: int, max_attempts: int) -> str | None:
+    """Why a turn taken over from a stopped worker cannot go on (its TurnFailed error), or
+    None when the next attempt starts (resuming the journal when `step` says so)."""
+    if isinstance(step, Unresumable):
+        return unresumable(step.call.tool, step.call.call_id)
+    if side_effect_started and not isinstance(step, Resume):
+        return NOT_REPLAYED
+    if attempt >= max_attempts:
+        return MAX_ATTEMPTS
+    return None
+
+
+def approval_of(inputs: Iterable[PendingInput], signature: str, used: set[str]) -> tuple[bool, str] | None:
+    """The decision of an approval claimed by this turn on exactly this call (same tool,
+    same normalized arguments) and the approval's call id, if any. An approval lets one
+    call run, not a series: `used` holds the call ids of approvals already spent."""
+    for item in inputs:
+        grant = item.grant
+        if grant is None or call_signature(grant.tool, grant.arguments) != signature:
+            continue
+        if not grant.approved:
+            return False, grant.call_id
+        if grant.call_id not in used:
+            return True, grant.call_id
+    return None
+
+
+def tool_outcome(seen: ToolReturned | ToolRaised | ToolTimedOut, timeout_s: float) -> tuple[str, bool]:
+    """The result the model reads and whether the call succeeded: only text is a result."""
+    match seen:
+        case ToolReturned(result=None):
+            return f"error: the tool returned {seen.returned}, not text", False
+        case ToolReturned(result=str() as result):
+            return result, True
+        case ToolRaised():
+            return f"error: {seen.error}", False
+        case ToolTimedOut():
+            return f"error: the tool did not finish within {timeout_s:g} s", False
+    raise AssertionError(seen)
+
+
+def fenced(event: Event) -> TypeGuard[ToolCallStarted]:
+    """Whether the run may go on after appending `event` only once it is read back as
+    accepted: a side-effecting `ToolCallStarted`. Written after another owner's takeover it
+    is ignored by every reader -- and its tool must not run either (the zombie case)."""
+    return isinstance(event, ToolCallStarted) and event.side_effect
+
+
+def bounded_result(result: str) -> str:
+    if len(result) <= MAX_RESULT_CHARS:
+        return result
+    return result[:MAX_RESULT_CHARS] + f"\n[truncated: the result had {len(result)} characters]"

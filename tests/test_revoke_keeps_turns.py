@@ -1,0 +1,186 @@
+"""A revoke lets the step in progress finish and holds the turn at its next step boundary;
+the assignment after it decides: a partition that stayed continues its turns where they
+stopped (no interrupted attempt, nothing asked or run again), one that moved drops them
+at rest for the next owner to resume from the journal.
+
+Staged exactly on the embedded log: the test calls the worker's rebalance callbacks as the
+Kafka listener does (revoke everything, then assign), while a side-effecting tool is
+running. The same behaviour on the real broker is `test_kafka_scale_out.py`."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from collections.abc import Mapping
+
+from loop_harness import Transfer
+from worker_harness import FAST, events_of, running, until
+
+from turnstile.events import (
+    AttemptFailed,
+    AttemptStarted,
+    ToolCall,
+    ToolCallFinished,
+    ToolCallStarted,
+    TurnCompleted,
+    Usage,
+)
+from turnstile.handlers.provider import ModelReply, ModelRequest
+from turnstile.handlers.providers.scripted import Scripted, ScriptedProvider
+from turnstile.handlers.tools import Tool, ToolRegistry
+from turnstile.streams.file_log import FileLog
+from turnstile.streams.log import PartitionStart
+from turnstile.streams.publisher import message_event, publish
+from turnstile.streams.runtime import SystemClock
+from turnstile.streams.worker import Worker, WorkerConfig
+
+NOW = SystemClock().now_ms
+
+
+def script(request: ModelRequest) -> Scripted:
+    """model -> transfer -> "Sent." """
+    if request.messages[-1].role == "tool":
+        return Scripted(ModelReply(request.model, "Sent.", (), Usage(input_tokens=1, output_tokens=1), "stop"))
+    call = ToolCall(call_id="call_1", name="transfer", arguments='{"to": "bob", "amount": 1}')
+    return Scripted(ModelReply(request.model, None, (call,), Usage(input_tokens=1, output_tokens=1), "tool_calls"))
+
+
+class Transfers:
+    """A side-effecting tool the test holds inside its body until it lets it finish."""
+
+    def __init__(self) -> None:
+        self.runs = 0
+        self.inside = asyncio.Event()
+        self.release = asyncio.Event()
+
+    async def __call__(self, args: Transfer) -> str:
+        self.runs += 1
+        self.inside.set()
+        await self.release.wait()
+        return f"sent {args.amount} to {args.to}"
+
+    def registry(self) -> ToolRegistry:
+        return ToolRegistry([Tool("transfer", "Send money.", Transfer, self, "side_effect")])
+
+
+def config_for(transfers: Transfers, revoke_grace_s: float = 5.0) -> WorkerConfig:
+    turn = dataclasses.replace(FAST.turn, tools=transfers.registry())
+    return dataclasses.replace(FAST, turn=turn, revoke_grace_s=revoke_grace_s)
+
+
+async def assign(log: FileLog, worker: Worker, end: int) -> Mapping[int, int]:
+    """The partition assigned again, as the Kafka listener does it: read on from where the
+    worker says."""
+    positions = await worker.on_assigned({0: PartitionStart(end, committed=0)})
+    log.seek(0, positions[0])
+    return positions
+
+
+def types(log: FileLog) -> list[str]:
+    return [e.type for e in events_of(log, "c1")]
+
+
+async def revoke_mid_transfer(log: FileLog, worker: Worker, transfers: Transfers) -> asyncio.Task[None]:
+    """Run the worker, start a turn, and revoke while its transfer is inside its body."""
+    await publish(log, message_event("c1", "pay bob", NOW() - 60_000, "m1"))
+    await asyncio.wait_for(transfers.inside.wait(), 20)
+    return asyncio.create_task(worker.on_revoked({0}))
+
+
+async def test_a_revoke_finishes_the_tool_in_progress_and_a_partition_that_stays_goes_on(tmp_path) -> None:
+    log, transfers, provider = FileLog(tmp_path, partitions=1), Transfers(), ScriptedProvider(script)
+    async with running(log, provider, config_for(transfers)) as worker:
+        revoking = await revoke_mid_transfer(log, worker, transfers)
+        await asyncio.sleep(0)  # the revoke has begun: it waits for the step in progress
+        assert not revoking.done()
+        transfers.release.set()
+        await asyncio.wait_for(revoking, 10)
+        # The revoke returned once the step was on the log; the next step is held back.
+        assert types(log)[-1] == "ToolCallFinished"
+        assert len(provider.requests) == 1
+
+        end = log.end_offset(0)
+        positions = await assign(log, worker, end)
+        assert 0 < positions[0] <= end  # kept: read on from where its fold stands, no replay
+        await until(lambda: "TurnCompleted" in types(log), 20)
+    events = events_of(log, "c1")
+    assert [e.type for e in events if isinstance(e, (AttemptStarted, AttemptFailed))] == ["AttemptStarted"]
+    assert sum(isinstance(e, ToolCallStarted) for e in events) == sum(isinstance(e, ToolCallFinished) for e in events)
+    assert transfers.runs == 1 and len(provider.requests) == 2
+    assert [e.reply for e in events if isinstance(e, TurnCompleted)] == ["Sent."]
+
+
+async def test_a_partition_that_moved_drops_its_turns_at_rest_and_the_next_owner_resumes_them(tmp_path) -> None:
+    log, transfers = FileLog(tmp_path, partitions=1), Transfers()
+    async with running(log, ScriptedProvider(script), config_for(transfers)) as worker:
+        revoking = await revoke_mid_transfer(log, worker, transfers)
+        transfers.release.set()
+        await asyncio.wait_for(revoking, 10)
+        written = len(types(log))
+        await worker.on_assigned({})  # the group gave the partition to another member
+        assert worker.state_of("c1") is None and worker.partition_liveness() == {}
+        assert len(types(log)) == written  # cancelled between steps: nothing more written
+
+    # The next owner continues the interrupted attempt from the journal: the transfer, on
+    # the log with its result, does not run again.
+    provider = ScriptedProvider(script)
+    async with running(FileLog(tmp_path, partitions=1), provider, config_for(transfers)):
+        await until(lambda: "TurnCompleted" in types(log), 20)
+    events = events_of(log, "c1")
+    assert [type(e).__name__ for e in events if isinstance(e, (AttemptStarted, AttemptFailed))] == [
+        "AttemptStarted",
+        "AttemptFailed",
+        "AttemptStarted",
+    ]
+    assert transfers.runs == 1 and len(provider.requests) == 1
+    assert [e.reply for e in events if isinstance(e, TurnCompleted)] == ["Sent."]
+
+
+async def test_a_step_that_outlasts_the_revoke_grace_is_cancelled_and_resumed_when_the_partition_stays(
+    tmp_path,
+) -> None:
+    log, transfers = FileLog(tmp_path, partitions=1), Transfers()
+    async with running(log, ScriptedProvider(script), config_for(transfers, revoke_grace_s=0.1)) as worker:
+        revoking = await revoke_mid_transfer(log, worker, transfers)
+        await asyncio.wait_for(revoking, 10)  # the transfer is still inside its body: cut off
+        transfers.release.set()
+        await assign(log, worker, log.end_offset(0))
+        await until(lambda: "TurnFailed" in types(log) or "TurnCompleted" in types(log), 20)
+    # The cut-off transfer is in doubt and not idempotent: the turn fails visibly, once.
+    assert types(log).count("AttemptFailed") == 1 and types(log).count("TurnFailed") == 1
+    assert transfers.runs == 1
+
+
+class StalledConsumer(FileLog):
+    """Reads nothing from the moment a side-effecting call is started until `resume`: as
+    aiokafka's consumer reads nothing while its group rebalances."""
+
+    stalled = False
+
+    async def send(self, topic: str, key: str, value: bytes, partition: int | None = None):  # type: ignore[no-untyped-def]
+        sent = await super().send(topic, key, value, partition)
+        self.stalled = self.stalled or b'"ToolCallStarted"' in value
+        return sent
+
+    async def poll(self, timeout_s: float) -> list:  # type: ignore[type-arg]
+        if self.stalled:
+            await asyncio.sleep(timeout_s)
+            return []
+        return await super().poll(timeout_s)
+
+
+async def test_a_revoke_reads_back_a_started_call_itself_so_the_call_runs_in_it(tmp_path) -> None:
+    log, transfers, provider = StalledConsumer(tmp_path, partitions=1), Transfers(), ScriptedProvider(script)
+    async with running(log, provider, config_for(transfers)) as worker:
+        await publish(log, message_event("c1", "pay bob", NOW() - 60_000, "m1"))
+        await until(lambda: "ToolCallStarted" in types(log), 20)
+        assert transfers.runs == 0  # its read-back never comes while the consumer stalls
+        revoking = asyncio.create_task(worker.on_revoked({0}))
+        await asyncio.wait_for(transfers.inside.wait(), 20)  # the revoke read it back: it runs
+        transfers.release.set()
+        await asyncio.wait_for(revoking, 10)
+        assert types(log)[-1] == "ToolCallFinished"
+        log.stalled = False
+        await assign(log, worker, log.end_offset(0))
+        await until(lambda: "TurnCompleted" in types(log), 20)
+    assert "AttemptFailed" not in types(log) and transfers.runs == 1

@@ -1,0 +1,437 @@
+"""The turn's state machine, given/when/then: no worker, no provider server, no sleeps.
+Time is the observation's; ids come from a counter. Each test feeds observations to
+`decide` and reads the commands (the events to append, the one effect) it returns."""
+
+from __future__ import annotations
+
+import copy
+import itertools
+from dataclasses import dataclass
+
+import pytest
+from builders import message
+from pydantic import BaseModel, ConfigDict
+
+from turnstile.events import (
+    AttemptFailed,
+    AttemptStarted,
+    Event,
+    FallbackEngaged,
+    InputInjected,
+    ModelResponded,
+    ProtocolFailure,
+    ToolCall,
+    ToolCallFinished,
+    TurnClaimed,
+    TurnCompleted,
+    TurnExhausted,
+    TurnFailed,
+    TurnPaused,
+    Usage,
+)
+from turnstile.events.inputs import Approval
+from turnstile.handlers.budget import TurnBudget
+from turnstile.handlers.claim import ClaimPlan, DebouncePolicy, plan_claim
+from turnstile.handlers.pricing import ModelPrice
+from turnstile.handlers.provider import ModelReply, ProtocolFamily, ProviderError
+from turnstile.handlers.tools import Tool, ToolRegistry
+from turnstile.handlers.turn_machine import TurnMachine, decide, machine_for
+from turnstile.handlers.turn_settings import Route, TurnSettings
+from turnstile.handlers.turn_steps import (
+    Append,
+    CallModel,
+    Claimed,
+    Command,
+    Crashed,
+    Finish,
+    ModelAnswered,
+    ModelCutOff,
+    ModelFailed,
+    Reconciled,
+    RunTool,
+    SleepUntil,
+    TakenOver,
+    ToolNotStarted,
+    ToolRaised,
+    ToolReturned,
+    Woke,
+)
+from turnstile.projections import ConversationState, apply_event, new_state
+
+CONV = "conv-1"
+T0 = 1_000_000
+PRICES = {"m": ModelPrice(1.0, 2.0), "m2": ModelPrice(1.0, 2.0)}
+
+
+class Args(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    q: str = ""
+
+
+async def _never(args: Args, key: str | None = None) -> str:  # the machine never runs a tool
+    raise AssertionError("decide ran a tool")
+
+
+async def _no_answer(call: ToolCall) -> str | None:
+    raise AssertionError("decide ran a reconciler")
+
+
+TOOLS = ToolRegistry(
+    [
+        Tool("search", "Search.", Args, _never),
+        Tool("send", "Send.", Args, _never, "side_effect"),
+        Tool("pay", "Pay.", Args, _never, "side_effect", idempotent=True),
+        Tool("book", "Book.", Args, _never, "side_effect", reconcile=_no_answer),
+        Tool("wire", "Wire money.", Args, _never, "side_effect", needs_approval=True),
+    ]
+)
+
+
+@dataclass(frozen=True)
+class _Family:
+    family: ProtocolFamily
+
+
+def settings(**overrides: object) -> TurnSettings:
+    base: dict[str, object] = {"model": "m", "system_prompt": None, "tools": TOOLS, "prices": PRICES}
+    return TurnSettings(**{**base, **overrides})  # type: ignore[arg-type]
+
+
+def machine(turn: TurnSettings | None = None, state: ConversationState | None = None) -> TurnMachine:
+    """A machine for a new conversation (one pending message), or one taking `state` over."""
+    prefix = "id" if state is None else "next-owner"
+    if state is None:
+        state = new_state(CONV)
+        assert apply_event(state, message("m1", T0 - 5_000, "hello")) is None
+    ids = (f"{prefix}-{n}" for n in itertools.count())
+    return machine_for(state, turn or settings(), "openai", lambda: next(ids))
+
+
+def claimed(m: TurnMachine, at: int = T0) -> tuple[Command, ...]:
+    plan = plan_claim(m.state, at, DebouncePolicy(0, 0))
+    assert isinstance(plan, ClaimPlan)
+    return decide(m, Claimed(plan, at))
+
+
+def reply(text: str | None = "done", *calls: tuple[str, str, str], stop: str = "end", out: int = 10) -> ModelReply:
+    tool_calls = tuple(ToolCall(call_id=c, name=n, arguments=a) for c, n, a in calls)
+    kind = "tool_use" if tool_calls else stop
+    return ModelReply("m", text, tool_calls, Usage(input_tokens=100, output_tokens=out), "stop", kind)  # type: ignore[arg-type]
+
+
+def events(commands: tuple[Command, ...]) -> list[Event]:
+    return [c.event for c in commands if isinstance(c, Append)]
+
+
+def types(commands: tuple[Command, ...]) -> list[str]:
+    return [c.event.type if isinstance(c, Append) else type(c).__name__ for c in commands]
+
+
+def effect(commands: tuple[Command, ...]) -> Command:
+    assert not isinstance(commands[-1], Append), "a step ends with its effect or Finish"
+    return commands[-1]
+
+
+# -- the happy path -------------------------------------------------------------------------
+def test_a_claim_writes_the_claim_and_the_first_attempt_then_asks_the_model():
+    m = machine()
+    commands = claimed(m)
+    assert types(commands) == ["TurnClaimed", "AttemptStarted", "CallModel"]
+    claim, start = events(commands)
+    assert isinstance(claim, TurnClaimed) and claim.input_ids == ("m1",)
+    assert isinstance(start, AttemptStarted) and start.run_id == claim.run_id and start.attempt == 1
+    assert isinstance(commands[0], Append) and commands[0].wait is False  # one round trip for both
+    call = effect(commands)
+    assert isinstance(call, CallModel) and call.iteration == 1 and call.route == 0
+    assert call.request.messages[-1].content == "hello"  # the claimed input is the final user input
+
+
+def test_a_final_reply_completes_the_turn_in_the_same_round_trip():
+    m = machine()
+    claimed(m)
+    commands = decide(m, ModelAnswered(reply("hi there"), T0 + 100))
+    assert types(commands) == ["ModelResponded", "TurnCompleted", "Finish"]
+    _responded, outcome = events(commands)
+    assert isinstance(commands[0], Append) and commands[0].wait is False
+    assert isinstance(outcome, TurnCompleted) and outcome.reply == "hi there"
+    assert outcome.metrics.duration_ms == 100 and outcome.statuses == {"m1": "answered"}
+    assert m.state.active is None and m.state.turns[outcome.turn_id].outcome == "completed"
+
+
+def test_the_same_observations_decide_the_same_commands():
+    def run() -> list[object]:
+        m = machine()
+        return [*claimed(m), *decide(m, ModelAnswered(reply("x", ("c1", "search", '{"q": "a"}')), T0 + 5))]
+
+    assert run() == run()
+
+
+# -- tools ----------------------------------------------------------------------------------
+def test_a_tool_call_is_on_the_log_before_the_tool_runs_and_its_result_goes_back_to_the_model():
+    m = machine()
+    claimed(m)
+    commands = decide(m, ModelAnswered(reply("looking", ("c1", "search", '{"q": "a"}')), T0 + 10))
+    assert types(commands) == ["ModelResponded", "ToolCallStarted", "RunTool"]
+    run = effect(commands)
+    assert isinstance(run, RunTool) and run.started.call_id == "c1" and run.arguments == Args(q="a")
+    after = decide(m, ToolReturned("found it", T0 + 20))
+    assert types(after) == ["ToolCallFinished", "CallModel"]
+    request = effect(after)
+    assert isinstance(request, CallModel) and request.iteration == 2
+    assert request.request.messages[-1].content == "found it" and request.request.messages[-1].tool_call_id == "c1"
+
+
+def test_what_a_tool_returns_is_normalised_to_text():
+    m = machine()
+    claimed(m)
+    decide(m, ModelAnswered(reply("", ("c1", "search", "{}"), ("c2", "search", '{"q": "b"}')), T0))
+    first = events(decide(m, ToolReturned(None, T0, returned="dict")))
+    assert isinstance(first[0], ToolCallFinished) and not first[0].ok
+    assert first[0].result == "error: the tool returned dict, not text"
+    second = events(decide(m, ToolRaised("KeyError: 'x'", T0)))
+    assert isinstance(second[0], ToolCallFinished) and second[0].result == "error: KeyError: 'x'"
+
+
+def test_an_unknown_tool_is_a_protocol_failure_the_model_reads_and_a_repeat_stops_the_turn():
+    m = machine()
+    claimed(m)
+    commands = decide(m, ModelAnswered(reply("", ("c1", "nope", "{}")), T0))
+    assert types(commands) == ["ModelResponded", "ProtocolFailure", "CallModel"]
+    assert "not available" in effect(commands).request.messages[-1].content  # type: ignore[union-attr]
+    decide(m, ModelAnswered(reply("", ("c2", "nope", "{}")), T0))
+    stopped = decide(m, ModelAnswered(reply("", ("c3", "nope", " {} ")), T0))
+    assert types(stopped)[-4:] == ["ProtocolFailure", "ProtocolFailure", "TurnFailed", "Finish"]
+    repeat = events(stopped)[-2]
+    assert isinstance(repeat, ProtocolFailure) and repeat.kind == "repeated_call"
+    outcome = events(stopped)[-1]
+    assert isinstance(outcome, TurnFailed) and "3 times" in outcome.error
+
+
+def test_a_call_needing_approval_pauses_with_the_exact_call_and_the_ones_after_it_kept_as_blocked():
+    m = machine()
+    claimed(m)
+    commands = decide(m, ModelAnswered(reply("", ("c1", "wire", '{"q": "bob"}'), ("c2", "search", "{}")), T0))
+    assert types(commands) == ["ModelResponded", "TurnPaused", "Finish"]
+    paused = events(commands)[-1]
+    assert isinstance(paused, TurnPaused) and paused.reason == "approval"
+    assert paused.pending_call is not None and paused.pending_call.call_id == "c1"
+    assert [c.call_id for c in paused.blocked_calls] == ["c2"]
+    assert "turnstile approve|deny conv-1 c1" in paused.resume_hint
+
+
+# -- attempts -------------------------------------------------------------------------------
+def test_a_retryable_provider_error_fails_the_attempt_and_waits_the_backoff_before_the_next():
+    m = machine(settings(backoff_base_ms=200))
+    claimed(m)
+    commands = decide(m, ModelFailed(ProviderError("server_error", "500", retryable=True, status=500), T0 + 50))
+    assert types(commands) == ["AttemptFailed", "SleepUntil"]
+    failed = events(commands)[0]
+    assert isinstance(failed, AttemptFailed) and failed.retryable
+    assert effect(commands) == SleepUntil(T0 + 50 + 200)
+    again = decide(m, Woke(T0 + 250))
+    assert types(again) == ["AttemptStarted", "CallModel"]
+    start = events(again)[0]
+    assert isinstance(start, AttemptStarted) and start.attempt == 2 and start.run_id != failed.run_id
+
+
+def test_no_new_attempt_once_a_side_effect_started():
+    m = machine()
+    claimed(m)
+    decide(m, ModelAnswered(reply("", ("c1", "send", "{}")), T0))
+    decide(m, ToolReturned("sent", T0))
+    commands = decide(m, ModelFailed(ProviderError("timeout", "slow", retryable=True), T0))
+    assert types(commands) == ["AttemptFailed", "TurnFailed", "Finish"]
+    failed, outcome = events(commands)
+    assert isinstance(failed, AttemptFailed) and not failed.retryable
+    assert isinstance(outcome, TurnFailed) and "side effects had already run" in outcome.error
+
+
+def test_a_failing_model_falls_back_within_its_family_with_the_same_transcript():
+    backup = Route("m2", _Family("openai"))  # type: ignore[arg-type]
+    m = machine(settings(fallbacks=(backup,)))
+    first = effect(claimed(m))
+    commands = decide(m, ModelFailed(ProviderError("overloaded", "busy", retryable=True), T0))
+    assert types(commands) == ["FallbackEngaged", "CallModel"]
+    engaged, request = events(commands)[0], effect(commands)
+    assert isinstance(engaged, FallbackEngaged) and (engaged.from_model, engaged.to_model) == ("m", "m2")
+    assert isinstance(request, CallModel) and isinstance(first, CallModel)
+    assert request.route == 1 and request.request.messages == first.request.messages
+
+
+def test_no_fallback_to_another_protocol_family():
+    other = Route("claude", _Family("anthropic"))  # type: ignore[arg-type]
+    m = machine(settings(fallbacks=(other,), max_attempts=1))
+    claimed(m)
+    commands = decide(m, ModelFailed(ProviderError("overloaded", "busy", retryable=True), T0))
+    failed = events(commands)[0]
+    assert isinstance(failed, AttemptFailed) and "anthropic protocol" in failed.reason
+
+
+# -- budgets --------------------------------------------------------------------------------
+def test_the_iteration_allowance_ends_the_turn_exhausted_without_running_the_tools():
+    m = machine(settings(budget=TurnBudget(max_iterations=1)))
+    claimed(m)
+    commands = decide(m, ModelAnswered(reply("half", ("c1", "search", "{}")), T0))
+    assert types(commands) == ["ModelResponded", "TurnExhausted", "Finish"]
+    outcome = events(commands)[-1]
+    assert isinstance(outcome, TurnExhausted) and outcome.last_text == "half"
+
+
+def test_the_deadline_during_a_model_request_pauses_the_turn_keeping_the_work():
+    m = machine(settings(budget=TurnBudget(deadline_ms=1_000)))
+    claimed(m)
+    decide(m, ModelAnswered(reply("step one", ("c1", "search", "{}")), T0 + 100))
+    decide(m, ToolReturned("result one", T0 + 200))
+    commands = decide(m, ModelCutOff(T0 + 1_000))
+    paused = events(commands)[-1]
+    assert isinstance(paused, TurnPaused) and paused.reason == "deadline"
+    assert "search({}) -> ok: result one" in paused.kept and "step one" in paused.kept
+
+
+def test_a_request_may_run_only_until_the_deadline():
+    m = machine(settings(budget=TurnBudget(deadline_ms=10_000)))
+    request = effect(claimed(m, at=T0))
+    later = effect(decide(m, ModelAnswered(reply("", ("c1", "search", "{}")), T0 + 4_000)))
+    assert isinstance(later, RunTool) and later.timeout_s == 6.0 and later.at_deadline
+    assert isinstance(request, CallModel) and request.request.time_left_s == 10.0
+
+
+# -- taking over ----------------------------------------------------------------------------
+def _journaled() -> ConversationState:
+    """A conversation whose turn's run stopped after a step calling search and pay."""
+    m = machine()
+    claimed(m)
+    decide(m, ModelAnswered(reply("checking", ("c1", "search", "{}"), ("c2", "pay", "{}")), T0))
+    return m.state
+
+
+def test_a_takeover_resumes_the_journal_without_asking_the_model_again():
+    state = _journaled()
+    m = machine(state=state)
+    commands = decide(m, TakenOver(T0 + 1_000))
+    # The dead run is closed, a new attempt resumes it, and the first call in doubt
+    # (read-only, started) runs again: no CallModel for the recorded step.
+    assert types(commands) == ["AttemptFailed", "AttemptStarted", "ToolCallStarted", "RunTool"]
+    start = events(commands)[1]
+    assert isinstance(start, AttemptStarted) and start.resumes_run_id is not None
+    after = decide(m, ToolReturned("found", T0 + 1_100))
+    run = effect(after)  # the idempotent call runs with its stable key
+    assert isinstance(run, RunTool) and run.started.tool == "pay" and run.started.idempotency_key is not None
+
+
+def test_a_takeover_of_a_side_effect_in_doubt_with_a_reconciler_asks_it():
+    m = machine()
+    claimed(m)
+    decide(m, ModelAnswered(reply("", ("c1", "book", "{}")), T0))
+    taken = machine(state=m.state)
+    commands = decide(taken, TakenOver(T0 + 1_000))
+    assert types(commands) == ["AttemptFailed", "AttemptStarted", "Reconcile"]
+    unknown = decide(taken, Reconciled(None, T0 + 1_100))
+    outcome = events(unknown)[-1]
+    assert isinstance(outcome, TurnFailed) and "reconciler could not tell" in outcome.error
+
+
+def test_a_takeover_of_a_side_effect_in_doubt_without_a_way_to_settle_it_fails_visibly():
+    m = machine()
+    claimed(m)
+    decide(m, ModelAnswered(reply("", ("c1", "send", "{}")), T0))
+    commands = decide(machine(state=m.state), TakenOver(T0 + 1_000))
+    assert types(commands) == ["AttemptFailed", "TurnFailed", "Finish"]
+    outcome = events(commands)[-1]
+    assert isinstance(outcome, TurnFailed) and "send, call c1" in outcome.error
+    assert [(o.call_id, o.status) for o in outcome.operations] == [("c1", "unknown")]
+
+
+def test_a_run_stopped_while_its_tool_start_was_acknowledged_records_that_it_did_not_start():
+    m = machine()
+    claimed(m)
+    decide(m, ModelAnswered(reply("", ("c1", "send", "{}")), T0))
+    commands = decide(m, ToolNotStarted(T0 + 5))
+    assert types(commands) == ["ToolCallFinished", "Finish"]
+    finished = events(commands)[0]
+    assert isinstance(finished, ToolCallFinished) and not finished.ok and "did not start" in finished.result
+
+
+def test_an_internal_error_still_ends_the_turn_failed():
+    m = machine()
+    claimed(m)
+    commands = decide(m, Crashed("RuntimeError: the log went away", T0 + 5))
+    assert types(commands) == ["Report", "AttemptFailed", "TurnFailed", "Finish"]
+    outcome = events(commands)[-1]
+    assert isinstance(outcome, TurnFailed) and "internal error" in outcome.error
+
+
+def test_an_observation_that_does_not_fit_the_state_is_an_internal_error_not_a_crash():
+    m = machine()
+    claimed(m)
+    commands = decide(m, Reconciled("what call?", T0))  # nothing was in doubt
+    assert isinstance(commands[-1], Finish) and isinstance(events(commands)[-1], TurnFailed)
+    # The outcome is decided: a later error writes nothing more.
+    assert types(decide(m, Crashed("again", T0))) == ["Report", "Finish"]
+
+
+def test_model_responded_is_recorded_with_its_cost():
+    m = machine()
+    claimed(m)
+    responded = events(decide(m, ModelAnswered(reply("x", out=1000), T0)))[0]
+    assert isinstance(responded, ModelResponded) and responded.cost_usd == pytest.approx((100 * 1 + 1000 * 2) / 1e6)
+
+
+# -- more budgets and approvals -------------------------------------------------------------
+def test_the_tool_call_allowance_pauses_before_the_next_call_keeping_it_as_blocked():
+    m = machine(settings(budget=TurnBudget(max_tool_calls=1)))
+    claimed(m)
+    commands = decide(m, ModelAnswered(reply("two", ("c1", "search", "{}"), ("c2", "search", '{"q": "b"}')), T0))
+    assert types(commands) == ["ModelResponded", "ToolCallStarted", "RunTool"]
+    after = decide(m, ToolReturned("one", T0 + 10))
+    assert types(after) == ["ToolCallFinished", "TurnPaused", "Finish"]
+    paused = events(after)[-1]
+    assert isinstance(paused, TurnPaused) and paused.reason == "tool_calls"
+    assert [c.call_id for c in paused.blocked_calls] == ["c2"] and "search({}) -> ok: one" in paused.kept
+
+
+def test_a_request_whose_worst_case_does_not_fit_the_cost_left_is_not_sent():
+    m = machine(settings(budget=TurnBudget(max_cost_usd=0.0001)))
+    commands = claimed(m)
+    assert types(commands) == ["TurnClaimed", "AttemptStarted", "TurnPaused", "Finish"]
+    paused = events(commands)[-1]
+    assert isinstance(paused, TurnPaused) and paused.reason == "cost" and paused.metrics.iterations == 0
+
+
+def test_past_the_soft_threshold_older_tool_exchanges_are_compacted_before_the_next_request():
+    m = machine(settings(budget=TurnBudget(max_iterations=4, soft_fraction=0.5)))
+    claimed(m)
+    for n in (1, 2):
+        decide(m, ModelAnswered(reply("", (f"c{n}", "search", f'{{"q": "{n}"}}')), T0))
+        last = decide(m, ToolReturned(f"result {n} " * 40, T0))
+    assert types(last) == ["ToolCallFinished", "ContextCompacted", "CallModel"]
+    request = effect(last)
+    assert isinstance(request, CallModel) and request.iteration == 3
+    assert [m.content.startswith("[compacted") for m in request.request.messages if m.role == "tool"] == [True, False]
+
+
+def test_an_approved_call_runs_once_and_a_denied_one_is_reported_to_the_model():
+    grant_state = new_state(CONV)
+    paused_turn = machine(state=grant_state)  # a conversation whose first turn paused on `wire`
+    assert apply_event(grant_state, message("m1", T0 - 5_000, "wire bob")) is None
+    claimed(paused_turn)
+    pause = events(decide(paused_turn, ModelAnswered(reply("", ("c1", "wire", '{"q": "bob"}')), T0)))[-1]
+    assert isinstance(pause, TurnPaused) and pause.pending_call is not None
+    for approved, seen in ((True, "RunTool"), (False, "CallModel")):
+        state = copy.deepcopy(grant_state)
+        decision = Approval(turn_id=pause.turn_id, call_id="c1", approved=approved)
+        approval = InputInjected(
+            event_id=f"a-{approved}", conversation_id=CONV, occurred_at=T0 + 100, occurrence_key=f"approval-{approved}",
+            source="approval", content="decided", approval=decision,
+        )  # fmt: skip
+        assert apply_event(state, approval) is None
+        m = machine(state=state)
+        claimed(m, at=T0 + 5_000)
+        commands = decide(m, ModelAnswered(reply("", ("c9", "wire", '{ "q":"bob" }')), T0 + 5_100))
+        assert type(effect(commands)).__name__ == seen
+        if not approved:
+            assert "denied" in effect(commands).request.messages[-1].content  # type: ignore[union-attr]
+            continue
+        decide(m, ToolReturned("wired", T0 + 5_200))
+        again = decide(m, ModelAnswered(reply("", ("c10", "wire", '{"q": "bob"}')), T0 + 5_300))
+        assert events(again)[-1].type == "TurnPaused"  # one approval lets one call run
