@@ -41,9 +41,9 @@ from turnstile.streams.log import PartitionStart, Topics
 from turnstile.streams.publisher import message_event, publish
 from turnstile.streams.runtime import SystemClock
 from turnstile.streams.snapshots import SnapshotPolicy
-from turnstile.streams.worker import Worker, WorkerConfig
+from turnstile.streams.worker import FROM_THE_LOG, Worker, WorkerConfig
 
-FULL = WorkerConfig(snapshots=SnapshotPolicy(enabled=False))
+FULL = FROM_THE_LOG
 # Every settled conversation leaves memory once its snapshot is written.
 SNAPSHOTS = WorkerConfig(snapshots=SnapshotPolicy(idle_ms=0), eviction=EvictionPolicy(idle_ms=0))
 ACTIVE = 1_000

@@ -295,14 +295,8 @@ class FileLog:
             if quiet:
                 await asyncio.sleep(poll_s)
 
-    async def read_partition(self, topic: str, partition: int) -> AsyncIterator[list[Record]]:
-        path = self.directory / topic / f"{partition}.log"
-        if not path.exists():
-            return
-        end = self._file(topic, partition).end_offset()
-        reader = _PartitionReader(path)
-        while reader.position < end and (batch := reader.read(partition, min(10_000, end - reader.position))):
-            yield batch
+    async def read_partitions(self, topic: str, partitions: list[int]) -> dict[int, list[Record]]:
+        return {p: self.read_all(topic, p) for p in partitions}
 
     def read_all(self, topic: str, partition: int | None = None) -> list[Record]:
         """Every record of a topic (or of one of its partitions), partition by partition."""

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,7 +28,7 @@ from aiokafka.errors import (
 )
 from aiokafka.structs import OffsetAndMetadata
 
-from turnstile.streams.kafka_reader import KafkaReader, ensure_snapshot_topic, record_of
+from turnstile.streams.kafka_reader import KafkaReader, ensure_snapshot_topic, read_partitions, record_of
 from turnstile.streams.log import (
     Acknowledged,
     PartitionStart,
@@ -44,6 +44,8 @@ log = logging.getLogger(__name__)
 # The producer refuses a record larger than this (aiokafka's default, set explicitly so the
 # worker knows it); the broker's own limit per topic is `max.message.bytes`.
 MAX_REQUEST_BYTES = 1 << 20
+# How long reading a topic's partitions outside the group (the snapshots, on assignment) may take.
+READ_TIMEOUT_S = 60.0
 # Kafka's broker default for `max.message.bytes`, when a topic's config cannot be read.
 BROKER_DEFAULT_MAX_MESSAGE_BYTES = 1_048_588
 # Records one poll returns at most: the consumer loop decodes them before it can let the
@@ -160,9 +162,6 @@ class KafkaLog:
             max_request_size=MAX_REQUEST_BYTES,
         )
         self._consumer: AIOKafkaConsumer | None = None
-        # `read_partition`: one consumer in no group, given one partition at a time.
-        self._reader: AIOKafkaConsumer | None = None
-        self._reading = asyncio.Lock()
         self._producer: AIOKafkaProducer | None = None
         self.bootstrap = bootstrap
         # topic -> its `max.message.bytes`, read at start for the topics effects go to.
@@ -261,34 +260,14 @@ class KafkaLog:
             except Exception as exc:  # a rebalance in progress: the next commit carries it
                 log.warning("offset commit skipped: %s", exc)
 
-    async def read_partition(self, topic: str, partition: int) -> AsyncIterator[list[Record]]:
-        async with self._reading:
-            if self._reader is None:
-                # "earliest": an unset position resets to what retention or compaction kept.
-                self._reader = AIOKafkaConsumer(
-                    bootstrap_servers=self.bootstrap,
-                    enable_auto_commit=False,
-                    auto_offset_reset="earliest",
-                    isolation_level="read_committed",
-                    max_partition_fetch_bytes=4 << 20,
-                )
-                await self._reader.start()
-            reader = self._reader
-            tp = TopicPartition(topic, partition)
-            reader.assign([tp])
-            end = (await reader.end_offsets([tp]))[tp]
-            await reader.seek_to_beginning(tp)
-            while await reader.position(tp) < end:
-                batch = (await reader.getmany(tp, timeout_ms=200, max_records=10_000)).get(tp, [])
-                records = [record_of(partition, m) for m in batch if m.offset < end]
-                if records:
-                    yield records
+    async def read_partitions(self, topic: str, partitions: list[int]) -> dict[int, list[Record]]:
+        return await read_partitions(self.bootstrap, topic, partitions, READ_TIMEOUT_S)
 
     async def flush(self) -> None:
         await self.producer.flush()
 
     async def stop(self) -> None:
-        clients = [c for c in (self._consumer, self._producer, self._reader) if c is not None]
+        clients = [c for c in (self._consumer, self._producer) if c is not None]
         await asyncio.gather(*(c.stop() for c in clients), return_exceptions=True)
 
 

@@ -101,6 +101,19 @@ async def read_topic(bootstrap: str, topic: str, timeout_s: float = 30.0) -> lis
         return await read_to_end(consumer, partitions, timeout_s)
 
 
+async def read_partitions(
+    bootstrap: str, topic: str, partitions: list[int], timeout_s: float = 30.0
+) -> dict[int, list[Record]]:
+    """The records of these partitions of `topic`, up to their end at the time of the call."""
+    async with group_less_consumer(bootstrap, topic, timeout_s) as (consumer, assigned):
+        wanted = [tp for tp in assigned if tp.partition in partitions]
+        consumer.pause(*(tp for tp in assigned if tp not in wanted))
+        out: dict[int, list[Record]] = {p: [] for p in partitions}
+        for record in await read_to_end(consumer, wanted, timeout_s):
+            out[record.partition].append(record)
+        return out
+
+
 async def read_conversation(
     bootstrap: str, topic: str, conversation_id: str, timeout_s: float = 30.0, max_records: int | None = None
 ) -> list[Record]:

@@ -182,9 +182,9 @@ class EventLog(Protocol):
 
     async def commit(self, offsets: dict[int, int]) -> None: ...
 
-    def read_partition(self, topic: str, partition: int) -> AsyncIterator[list[Record]]:
-        """The records of one partition of any topic, from its first to its end at the time
-        of the call, a batch at a time, outside the consumer group (nothing is committed)."""
+    async def read_partitions(self, topic: str, partitions: list[int]) -> dict[int, list[Record]]:
+        """The records of these partitions of any topic, from their first to their end at the
+        time of the call, outside the consumer group (nothing is committed)."""
         ...
 
     async def flush(self) -> None:

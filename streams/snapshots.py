@@ -111,33 +111,31 @@ class _Found:
     broken: bool = False  # some record of it did not decode
 
 
-async def load_partition(log_: EventLog, partition: int, store: StateStore | None = None) -> Loaded:
-    """Read the partition of the snapshot topic (into `store`, if given) and say where the
-    events partition must be read from."""
-    topic = log_.topics.snapshots
+def load_partition(topic: str, partition: int, records: list[Record], store: StateStore | None = None) -> Loaded:
+    """From the records of a partition of the snapshot topic (put in `store`, if given):
+    where the events partition must be read from, and the states it starts with."""
     found: dict[str, _Found] = {}
     watermark, watermark_source = 0, -1
-    async for batch in log_.read_partition(topic, partition):
-        for record in batch:
-            key = (record.key or b"").decode("utf-8", "replace")
-            if key == WATERMARK_KEY:
-                decoded = decode_watermark(record.value)
-                if isinstance(decoded, SnapshotError):
-                    where = f"{topic}[{partition}]@{record.offset}"
-                    log.warning("ignored the watermark at %s: %s", where, decoded.detail)
-                else:
-                    watermark, watermark_source = decoded, record.offset
-                continue
-            entry = found.setdefault(key, _Found())
-            snapshot = decode_snapshot(record.value, key)
-            if isinstance(snapshot, SnapshotError):
-                log.warning(
-                    "ignored the snapshot of %r at %s[%d]@%d: %s", key, topic, partition, record.offset, snapshot.detail
-                )
-                entry.broken = True
-            elif snapshot.covered >= entry.covered:
-                entry.covered, entry.value, entry.source = snapshot.covered, record.value or b"", record.offset
-                entry.state = snapshot.state
+    for record in records:
+        key = (record.key or b"").decode("utf-8", "replace")
+        if key == WATERMARK_KEY:
+            decoded = decode_watermark(record.value)
+            if isinstance(decoded, SnapshotError):
+                where = f"{topic}[{partition}]@{record.offset}"
+                log.warning("ignored the watermark at %s: %s", where, decoded.detail)
+            else:
+                watermark, watermark_source = decoded, record.offset
+            continue
+        entry = found.setdefault(key, _Found())
+        snapshot = decode_snapshot(record.value, key)
+        if isinstance(snapshot, SnapshotError):
+            log.warning(
+                "ignored the snapshot of %r at %s[%d]@%d: %s", key, topic, partition, record.offset, snapshot.detail
+            )
+            entry.broken = True
+        elif snapshot.covered >= entry.covered:
+            entry.covered, entry.value, entry.source = snapshot.covered, record.value or b"", record.offset
+            entry.state = snapshot.state
     seek = watermark
     ignored: list[str] = []
     for key, entry in found.items():
@@ -151,7 +149,6 @@ async def load_partition(log_: EventLog, partition: int, store: StateStore | Non
                     partition)  # fmt: skip
     usable = {key: entry for key, entry in found.items() if entry.covered >= 0}
     if store is not None:
-        store.drop_partitions([partition])
         store.put((key, partition, entry.value) for key, entry in usable.items())
     covered = {key: entry.covered for key, entry in usable.items()}
     states = [entry.state for entry in usable.values() if entry.state is not None]
@@ -204,20 +201,24 @@ class Snapshotter:
         self.ignored = 0  # conversations found on assignment with no snapshot that decodes
         self.seeks: dict[int, int] = {}  # partition -> where its last assignment started reading
 
-    async def load(self, partition: int) -> Loaded:
-        """The partition's snapshots; none (a full replay) when they cannot be read: a
-        snapshot topic that is away must cost time, never the assignment."""
+    async def load(self, partitions: list[int]) -> dict[int, Loaded]:
+        """The partitions' snapshots, read in one go; none (a full replay) when they cannot
+        be read: a snapshot topic that is away must cost time, never the assignment."""
+        topic = self.log.topics.snapshots
         try:
-            loaded = await load_partition(self.log, partition, self.store)
+            found = await self.log.read_partitions(topic, partitions) if partitions else {}
         except Exception as exc:
-            log.warning("reading the snapshots of partition %d failed, replaying it from 0: %r", partition, exc)
+            log.warning("reading the snapshots of partitions %s failed, replaying them from 0: %r", partitions, exc)
+            found = {}
+        out = {}
+        for p in partitions:
             if self.store is not None:
-                self.store.drop_partitions([partition])
-            loaded = Loaded(0, {}, {}, [], [])
-        self._partitions[partition] = _Partition(watermark=loaded.seek)
-        self.ignored += len(loaded.ignored)
-        self.seeks[partition] = loaded.seek
-        return loaded
+                self.store.drop_partitions([p])
+            loaded = out[p] = load_partition(topic, p, found.get(p, []), self.store)
+            self._partitions[p] = _Partition(watermark=loaded.seek)
+            self.ignored += len(loaded.ignored)
+            self.seeks[p] = loaded.seek
+        return out
 
     def handed_over(self, partitions: Iterable[int]) -> None:
         """The partitions moved to another member: forget their changes (the next owner

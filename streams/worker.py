@@ -135,6 +135,10 @@ class ReplayProgress:
     events_total: int  # records to read before every assigned partition is live
 
 
+# A worker that rebuilds every partition from offset 0, as before snapshots (benchmarks of the replay).
+FROM_THE_LOG = WorkerConfig(snapshots=SnapshotPolicy(enabled=False))
+
+
 @dataclass(slots=True)
 class _Partition:
     at: Position  # the checkpoint's: where its fold stands
@@ -251,7 +255,7 @@ class Worker:
         moved = [p for p, part in self._partitions.items() if part.suspended and p not in partitions]
         await self._hand_over(moved)
         fresh_parts = [p for p in partitions if (part := self._partitions.get(p)) is None or not part.suspended]
-        loaded = {p: await self._load_snapshots(p) for p in fresh_parts}
+        loaded = await self._load_snapshots(fresh_parts)
         # Nothing awaits from here to the return: the log seeks to the returned offsets before
         # the consumer loop runs again, so no record read from elsewhere is folded.
         kept = []
@@ -273,12 +277,13 @@ class Worker:
         self._note_replay()
         return starts
 
-    async def _load_snapshots(self, partition: int) -> Loaded | None:
+    async def _load_snapshots(self, partitions: list[int]) -> dict[int, Loaded]:
         if self.snapshots is None:
-            return None
-        loaded = await self.snapshots.load(partition)
-        if loaded.ignored and self.metrics is not None:
-            self.metrics.on_snapshots_ignored(len(loaded.ignored))
+            return {}
+        loaded = await self.snapshots.load(partitions)
+        ignored = sum(len(one.ignored) for one in loaded.values())
+        if ignored and self.metrics is not None:
+            self.metrics.on_snapshots_ignored(ignored)
         return loaded
 
     def _start_from(self, p: int, part: _Partition, loaded: Loaded | None) -> None:
