@@ -7,13 +7,11 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections import Counter
 
 import pytest
-from fault_audit import fold_records
+from fault_audit import check_invariants, counts, fold_records, until_settled
 from kafka_fixtures import fresh_topics, kafka_bootstrap  # noqa: F401  (fixtures)
 
-from turnstile.events import OUTCOME_TYPES, DecodeError, TurnClaimed, decode
 from turnstile.handlers.claim import DebouncePolicy
 from turnstile.handlers.providers.scripted import ScriptedProvider
 from turnstile.streams.kafka_log import KafkaLog
@@ -65,24 +63,13 @@ async def test_a_rebalance_while_snapshots_are_written_loses_nothing(
                     assert asyncio.get_running_loop().time() < deadline, "no snapshot written"
                     await asyncio.sleep(0.05)
                 tasks.append(start_worker())  # joins while snapshots are being written
-        deadline = asyncio.get_running_loop().time() + 120
-        while True:
-            events = [e for r in await read_topic(kafka_bootstrap, fresh_topics.events)
-                      if not isinstance(e := decode(r.value), DecodeError)]  # fmt: skip
-            claimed = Counter(i for e in events if isinstance(e, TurnClaimed) for i in e.input_ids)
-            claims = {e.turn_id for e in events if isinstance(e, TurnClaimed)}
-            outcomes = Counter(e.turn_id for e in events if isinstance(e, OUTCOME_TYPES))
-            if set(claimed) == set(sent) and claims == set(outcomes):
-                break
-            assert asyncio.get_running_loop().time() < deadline, (
-                f"{len(set(sent) - set(claimed))} messages unclaimed, {len(claims - set(outcomes))} turns open"
-            )
-            await asyncio.sleep(0.5)
+        audit = await until_settled(kafka_bootstrap, fresh_topics, sent, 120)
     finally:
         stop.set()
         await asyncio.gather(*tasks)
-    assert all(n == 1 for n in claimed.values()), [m for m, n in claimed.items() if n > 1]
-    assert all(n == 1 for n in outcomes.values()), [t for t, n in outcomes.items() if n > 1]
+    check_invariants(audit)  # every message claimed once, every turn one outcome, ...
+    result = counts("rebalance mid-snapshot", audit, 0, sent)
+    assert (result.answered, result.answered_twice, result.lost) == (len(sent), 0, 0)
     assert len({p for w in workers for p in w.partition_liveness()}) == 8  # the partitions were shared
 
     # One worker takes the whole group over: from the snapshots, to the log's state.
