@@ -23,7 +23,19 @@ from collections import OrderedDict, deque
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
-from turnstile.events import Event, TurnClaimed
+from turnstile.events import (
+    AttemptFailed,
+    AttemptStarted,
+    ContextCompacted,
+    Event,
+    FallbackEngaged,
+    ModelResponded,
+    ProtocolFailure,
+    ToolCallFinished,
+    ToolCallStarted,
+    TurnClaimed,
+    TurnEnvelope,
+)
 from turnstile.projections import STATUSES, ConversationState, Status, conversation_status
 from turnstile.streams.log import Record
 from turnstile.streams.views import ConversationView
@@ -35,6 +47,8 @@ if TYPE_CHECKING:
 # memory; older ones keep their summary and are read from the log on demand (a bounded read
 # of their partition). The timelines hold the records' bytes: this bounds that memory.
 TURN_DETAILS_KEPT = 10
+TURN_STEPS = (AttemptStarted, ModelResponded, ToolCallStarted, ToolCallFinished, ProtocolFailure, ContextCompacted,
+              FallbackEngaged, AttemptFailed)
 # Live followers of one conversation are told at most this many events behind; a slower
 # one gets `None` (re-read the page) instead of an unbounded queue.
 FOLLOW_QUEUE = 256
@@ -124,8 +138,11 @@ class WorkerReadModel:
         view.add(record, event, ignored)
         if isinstance(event, TurnClaimed) and ignored is None:
             self._drop_old_details(view, event.turn_id)
-        sequence, status = next(self._sequence), conversation_status(state)
         was = self._status.get(conversation)
+        # The steps inside a turn (attempts, model and tool calls) leave its status as it was;
+        # any other event (inputs, claims, outcomes, refusals, interrupts) may move it.
+        sequence = next(self._sequence)
+        status = was if was is not None and isinstance(event, TURN_STEPS) else conversation_status(state)
         if was != status:
             if was is not None:
                 del self._by_status[was][conversation]
@@ -135,7 +152,8 @@ class WorkerReadModel:
             order.move_to_end(conversation)
         followers = self._followers.get(conversation)
         if followers:
-            told = Folded(record.partition, record.offset, event.type, getattr(event, "turn_id", None), status)
+            turn_id = event.turn_id if isinstance(event, TurnEnvelope) else None
+            told = Folded(record.partition, record.offset, event.type, turn_id, status)
             for queue in followers:
                 try:
                     queue.put_nowait(told)
