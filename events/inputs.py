@@ -8,7 +8,8 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from turnstile.events.base import Envelope, Identifier
 
-Content = Annotated[str, Field(min_length=1, max_length=200_000)]
+MAX_CONTENT_CHARS = 200_000
+Content = Annotated[str, Field(min_length=1, max_length=MAX_CONTENT_CHARS)]
 
 
 class MessageReceived(Envelope):

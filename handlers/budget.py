@@ -38,6 +38,10 @@ class TurnBudget:
     def __post_init__(self) -> None:
         if self.max_iterations < 1 or self.max_tool_calls < 0 or self.max_cost_usd < 0 or self.deadline_ms < 0:
             raise ValueError("budget limits must be positive")
+        # The output allowance divides the cost left by a price: an infinite limit has no
+        # allowance to give (and NaN compares false with everything, so it would bound nothing).
+        if not math.isfinite(self.max_cost_usd):
+            raise ValueError("max_cost_usd must be a finite number")
         if not 0 < self.soft_fraction <= 1:
             raise ValueError("soft_fraction must be in (0, 1]")
 

@@ -3,8 +3,9 @@ writes, decided from the conversation's folded state.
 
 Each input's id is derived from the turn it answers (`approval:TURN:CALL`,
 `resume:TURN`), so running the same command twice writes a duplicate the fold ignores,
-not a second turn. Approving and then denying the same call conflict on that id, and the
-fold refuses the second. Pure: the caller passes the event id and the time.
+not a second turn. A different second decision (deny after approve, another note) would
+conflict on that id and be dead-lettered, so it is refused here while the first one waits
+for its claim. Pure: the caller passes the event id and the time.
 """
 
 from __future__ import annotations
@@ -13,9 +14,14 @@ from dataclasses import dataclass
 from typing import Literal
 
 from turnstile.events import Approval, InputInjected, ResumeRequested, logical_turn_id
+from turnstile.events.inputs import MAX_CONTENT_CHARS
 from turnstile.handlers.claim import DebouncePolicy
 from turnstile.projections import ConversationState
 from turnstile.projections.state import TurnRecord
+
+# An operator's note is a sentence or a paragraph for the model; the bound keeps the input
+# it goes into within the event's content limit, whatever the call's arguments.
+MAX_NOTE_CHARS = 10_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,6 +46,21 @@ def _last_turn(state: ConversationState) -> TurnRecord | Refused:
     if not state.turns:
         return Refused(f"{who} has no turns: nothing is paused")
     return next(reversed(state.turns.values()))
+
+
+def _note_problem(note: str | None) -> Refused | None:
+    if note is not None and len(note) > MAX_NOTE_CHARS:
+        return Refused(f"the note has {len(note):,} characters; at most {MAX_NOTE_CHARS:,} are taken")
+    return None
+
+
+def _conflict(state: ConversationState, input_id: str, content: str, what: str) -> Refused | None:
+    """A different input already written under this id and not yet claimed: the fold keeps
+    the first and dead-letters the second, so writing it would only look like it worked."""
+    waiting = state.pending.get(input_id)
+    if waiting is None or waiting.content == content:
+        return None
+    return Refused(f"{what} is already on the log, waiting for its claim; the first one stands")
 
 
 def _next_turn(state: ConversationState, input_id: str, policy: DebouncePolicy) -> str:
@@ -73,9 +94,17 @@ def decide_approval(
         )
     if call.call_id != call_id:
         return Refused(f"turn {turn} waits for approval of call {call.call_id!r} ({call.name}), not {call_id!r}")
-    verdict = "Approved" if approved else "Denied"
-    content = f"{verdict}: {call.name} with arguments {call.arguments}." + (f" Note: {note}" if note else "")
+    if problem := _note_problem(note):
+        return problem
+    head = f"{'Approved' if approved else 'Denied'}: {call.name} with arguments "
+    tail = "." + (f" Note: {note}" if note else "")
+    # The arguments may be as long as an input's whole content: cut what does not fit.
+    room = MAX_CONTENT_CHARS - len(head) - len(tail)
+    shown = call.arguments if len(call.arguments) <= room else call.arguments[: room - 1] + "…"
+    content = head + shown + tail
     key = f"approval:{last.turn_id}:{call.call_id}"
+    if conflict := _conflict(state, key, content, f"a decision on call {call.call_id!r} of turn {turn}"):
+        return conflict
     event = InputInjected(
         event_id=event_id,
         conversation_id=state.conversation_id,
@@ -108,14 +137,19 @@ def decide_resume(
             f"turn {turn} waits for approval of call {call.call_id!r} ({call.name}); decide it with "
             f"`turnstile approve|deny {state.conversation_id} {call.call_id}`"
         )
+    if problem := _note_problem(note):
+        return problem
     request_id = f"resume:{last.turn_id}"
+    content = note or "Continue."
+    if conflict := _conflict(state, request_id, content, f"a resume request of turn {turn} with another note"):
+        return conflict
     event = ResumeRequested(
         event_id=event_id,
         conversation_id=state.conversation_id,
         occurred_at=now_ms,
         request_id=request_id,
         resumes_turn_id=last.turn_id,
-        content=note or "Continue.",
+        content=content,
     )
     return Operation(event, _next_turn(state, request_id, policy))
 

@@ -8,6 +8,7 @@ that component has an unknown cost.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -28,8 +29,10 @@ class ModelPrice:
 
     def __post_init__(self) -> None:
         prices = (self.input_per_mtok, self.output_per_mtok, self.cached_input_per_mtok, self.cache_write_per_mtok)
-        if any(price is not None and price < 0 for price in prices):
-            raise ValueError("prices must be >= 0")
+        # An infinite or NaN price would make every cost (and the output allowance a
+        # budget derives from it) meaningless: refused like a negative one.
+        if any(price is not None and not (math.isfinite(price) and price >= 0) for price in prices):
+            raise ValueError("prices must be finite numbers >= 0")
 
 
 PriceTable = Mapping[str, ModelPrice]

@@ -277,8 +277,19 @@ def load_agent(target: str) -> Agent:
         raise ValueError(f"expected MODULE:AGENT (e.g. examples.support_agent:agent), got {target!r}")
     if "" not in sys.path and os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
-    module = importlib.import_module(module_name)
-    found = getattr(module, attribute, None)
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        missing = exc.name or ""
+        if module_name != missing and not module_name.startswith(f"{missing}."):
+            raise  # a module the agent's own code imports: its traceback says where
+        raise ValueError(
+            f"{target}: no module named {missing!r} in {os.getcwd()}: run from the folder that holds it, "
+            "or put that folder on PYTHONPATH"
+        ) from None
+    if not hasattr(module, attribute):
+        raise ValueError(f"{target}: {module_name} ({module.__file__}) has no {attribute!r}")
+    found = getattr(module, attribute)
     if not isinstance(found, Agent):
         raise ValueError(f"{target}: {attribute!r} in {module_name} is {type(found).__name__}, not a turnstile.Agent")
     return found

@@ -23,6 +23,7 @@ from pathlib import Path
 
 from turnstile.events import DeadLetter
 from turnstile.projections.audit import DEFAULT_STALL_AFTER_S, AuditLimits, Auditor, AuditReport, render
+from turnstile.streams.cli_errors import at_least
 from turnstile.streams.file_log import FileLog
 from turnstile.streams.log import Record, Topics
 
@@ -54,7 +55,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     )
     audit.add_argument(
         "--stall-after-s",
-        type=float,
+        type=at_least(0),
         default=DEFAULT_STALL_AFTER_S,
         help="inputs unclaimed this long (event time) while their partition goes on are stalled "
         f"(default {DEFAULT_STALL_AFTER_S:g})",
@@ -65,18 +66,22 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         help="turns still open, stalled conversations and partitions not committed to the end are violations too",
     )
     audit.add_argument("--json", action="store_true", help="print the report as JSON (every finding)")
-    audit.add_argument("--max-iterations", type=int, default=None, help="hold the log to this iteration limit")
-    audit.add_argument("--max-tool-calls", type=int, default=None, help="hold the log to this tool call limit")
     audit.add_argument(
-        "--max-cost-usd", type=float, default=None, help="hold the log to this cost limit (every outcome's cost)"
+        "--max-iterations", type=at_least(1, integer=True), default=None, help="hold the log to this iteration limit"
+    )
+    audit.add_argument(
+        "--max-tool-calls", type=at_least(0, integer=True), default=None, help="hold the log to this tool call limit"
+    )
+    audit.add_argument(
+        "--max-cost-usd", type=at_least(0), default=None, help="hold the log to this cost limit (every outcome's cost)"
     )
     audit.add_argument(
         "--deadline-s",
-        type=float,
+        type=at_least(0),
         default=None,
         help="hold the log to this turn deadline: no step started past it, none recorded past it and its grace",
     )
-    audit.add_argument("--timeout", type=float, default=60.0, help="seconds to read the topic to its end")
+    audit.add_argument("--timeout", type=at_least(0), default=60.0, help="seconds to read the topic to its end")
 
 
 def audit_records(

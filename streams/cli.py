@@ -16,8 +16,11 @@ from turnstile.handlers.pricing import ModelPrice, parse_price
 from turnstile.handlers.schedule import Schedule, parse_schedules
 from turnstile.streams import audit_cli, config_file, log_format, run_config
 from turnstile.streams.cli_errors import (
+    DATA_ERR,
+    NO_INPUT,
     NOT_FOUND,
     UNAVAILABLE,
+    USAGE,
     CliError,
     broker_url,
     explain,
@@ -97,7 +100,9 @@ async def _run(args: argparse.Namespace) -> int:
         token = read_token(os.environ, config.http.token_file)
         if http is not None:
             check_bind(http[0], token)  # before anything is opened: a refusal leaves nothing behind
-    except (InsecureBind, OSError, ValueError) as exc:
+    except OSError as exc:
+        raise CliError(NO_INPUT, f"cannot read the token file {config.http.token_file} ({exc.strerror})") from None
+    except (InsecureBind, ValueError) as exc:
         print(f"turnstile run: {exc}", file=sys.stderr)
         return 2
     schedules = _schedules(config.schedules) if config.schedules else ()
@@ -105,7 +110,11 @@ async def _run(args: argparse.Namespace) -> int:
     if args.agent is not None:
         from turnstile.streams.agent import Model, load_agent
 
-        agent, ignored = run_config.configure_agent(load_agent(args.agent), resolved)
+        try:
+            loaded = load_agent(args.agent)
+        except ValueError as exc:  # no such module or attribute, not an Agent: a usage error
+            raise CliError(USAGE, str(exc)) from None
+        agent, ignored = run_config.configure_agent(loaded, resolved)
         for warning in ignored:
             log.warning("%s", warning)
         keys = [m.api_key_env for m in agent.models() if isinstance(m, Model)]
@@ -122,8 +131,14 @@ async def _run(args: argparse.Namespace) -> int:
 
 
 async def _send(args: argparse.Namespace) -> int:
+    from turnstile.streams.http_api import id_problem
     from turnstile.streams.operations_cli import publish_input
 
+    # The ids HTTP and the console take (1..200 characters, no control character): one sent
+    # from here that they refuse could never be read or approved there.
+    for what, value in (("the conversation id", args.conversation), ("the message id", args.message_id)):
+        if value is not None and (problem := id_problem(what, value)):
+            raise CliError(DATA_ERR, f"{problem} (ids are 1..200 characters without control characters)")
     place = _place(args.resolved.config, args.command)
     text = sys.stdin.read() if args.text == "-" else args.text
     event = message_event(args.conversation, non_empty(text), SystemClock().now_ms(), args.message_id)

@@ -7,6 +7,8 @@ from __future__ import annotations
 import argparse
 import errno
 import json
+import math
+from collections.abc import Callable
 
 from pydantic import ValidationError
 
@@ -72,8 +74,10 @@ def broker_url(text: str) -> str:
 def http_address(text: str) -> str:
     """`--http`: `HOST:PORT` or `PORT` (then 127.0.0.1)."""
     _, _, port = text.rpartition(":")
-    if not port.isdigit() or not 0 <= int(port) < 65536:
+    if not port.isdigit():
         raise argparse.ArgumentTypeError(f"{text!r} has no port: use HOST:PORT (e.g. 127.0.0.1:8080) or PORT")
+    if int(port) >= 65536:
+        raise argparse.ArgumentTypeError(f"{text!r}: port {port} is out of range (0..65535)")
     return text
 
 
@@ -81,3 +85,19 @@ def non_empty(text: str) -> str:
     if not text.strip():
         raise argparse.ArgumentTypeError("the message is empty: give --text some content (or - to read stdin)")
     return text
+
+
+def at_least(low: float, *, integer: bool = False) -> Callable[[str], float]:
+    """An argparse type: a finite number (an integer if asked) of at least `low`. A negative
+    stall age or a NaN limit would not be refused by float() and would check nothing."""
+
+    def parse(text: str) -> float:
+        try:
+            value = int(text) if integer else float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not {'an integer' if integer else 'a number'}") from None
+        if not (math.isfinite(value) and value >= low):
+            raise argparse.ArgumentTypeError(f"{text!r} is out of range: give a finite number >= {low:g}")
+        return value
+
+    return parse

@@ -22,7 +22,15 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    NonNegativeFloat,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+)
 
 from turnstile.handlers.budget import TurnBudget
 from turnstile.handlers.claim import DebouncePolicy, DoubleText, DoubleTextPolicy
@@ -38,7 +46,27 @@ _BUDGET, _DEBOUNCE, _TOPICS, _WORKER = TurnBudget(), DebouncePolicy(), Topics(),
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # No inf or NaN anywhere: a limit or a price of either is meaningless (and NaN compares
+    # false with every bound).
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_boolean_numbers_or_empty_names(cls, value: Any, info: ValidationInfo) -> Any:
+        annotation = cls.model_fields[info.field_name or ""].annotation
+        # pydantic takes `true` for 1 in a number key; in TOML it is a typo for a number.
+        if isinstance(value, bool) and _is(annotation, int, float):
+            raise ValueError(f"expected a number, not {str(value).lower()}")
+        # An empty name, folder or address is no value (`data = ""` is the current folder,
+        # `topics.events = ""` the data folder itself); the environment's empty is unset.
+        if isinstance(value, str) and not value.strip() and _is(annotation, str, Path):
+            raise ValueError("is empty: give a value or leave the key out")
+        return value
+
+
+def _is(annotation: Any, *kinds: type) -> bool:
+    """One of `kinds`, or an optional one."""
+    return annotation in kinds or any(_is(a, *kinds) for a in typing.get_args(annotation))
 
 
 class TopicsConfig(_Strict):
@@ -139,6 +167,15 @@ class Config(_Strict):
     @classmethod
     def _broker(cls, value: str | None) -> str | None:
         return None if value is None else _checked(broker_url, value)
+
+    @field_validator("prices", mode="before")
+    @classmethod
+    def _quoted_names(cls, value: Any) -> Any:
+        # `[prices.gpt-4.1-mini]` is model `gpt-4` holding a table `1-mini`: TOML splits at dots.
+        for name, entry in value.items() if isinstance(value, dict) else ():
+            for inner in (k for k, v in entry.items() if isinstance(v, dict)) if isinstance(entry, dict) else ():
+                raise ValueError(f'a model name with dots needs quotes: [prices."{name}.{inner}"]')
+        return value
 
     @field_validator("session_timeout_s")
     @classmethod

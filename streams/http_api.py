@@ -45,6 +45,7 @@ from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypedDict
+from urllib.parse import urlsplit
 
 import orjson
 from aiohttp import web
@@ -138,6 +139,26 @@ async def _json_errors(request: web.Request, handler: Handler) -> web.StreamResp
         return response
 
 
+SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+
+
+@web.middleware
+async def _same_origin(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """A browser sends `Origin` with every cross-site POST, and a text/plain one needs no
+    CORS preflight: without this any web page the operator visits could post messages and
+    approve side effects on a tokenless loopback worker. curl and other clients send no
+    Origin; the console's own requests carry this server's. (With a token the bearer
+    middleware already refuses them: a cross-site request cannot add the console's header.)"""
+    # A name that resolves to 127.0.0.1 (DNS rebinding) makes a hostile page same-origin:
+    # a tokenless port is only loopback, so it answers only to a loopback Host.
+    if not _loopback(urlsplit(f"//{request.host}").hostname or ""):
+        return _error(403, f"a request for host {request.host[:100]!r} is refused: without a token only loopback")
+    origin = request.headers.get("Origin")
+    if request.method in SAFE_METHODS or origin is None or urlsplit(origin).netloc == request.host:
+        return await handler(request)
+    return _error(403, f"a cross-origin request from {origin[:100]!r} is refused")
+
+
 def _bearer(token: str) -> Middleware:
     """The token as `Authorization: Bearer`, or as the console's sign-in cookie (with the
     console's header on a POST: a cross-site form can send the cookie's name, never the
@@ -218,7 +239,7 @@ def build_app(
     list them); without one every read is a bounded read of the conversation's partition."""
     clock = clock or SystemClock()
     reads = Reads(read_model, read_conversation)
-    middlewares: list[Middleware] = [_json_errors] + ([_bearer(token)] if token else [])
+    middlewares: list[Middleware] = [_json_errors, _bearer(token) if token else _same_origin]
     app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=middlewares)  # type: ignore[arg-type]
     published: OrderedDict[tuple[str, str], str] = OrderedDict()
 
@@ -338,6 +359,8 @@ def build_app(
             return _error(400, "call_id and note must be strings")
         if call_id is not None and (problem := id_problem("call_id", call_id)):
             return _error(400, problem)
+        if verb != "resume" and call_id is None:  # a malformed request, not a refused decision
+            return _error(400, f'{verb} needs {{"call_id": "..."}}: the call the turn paused on')
         view = await reads.conversation(conversation)
         if isinstance(view, Unavailable):
             return unavailable(view)

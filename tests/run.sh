@@ -21,6 +21,8 @@ if [[ -f infra/kafka/.run/kafka.pid ]] && kill -0 "$(cat infra/kafka/.run/kafka.
   was_running=1
 fi
 bash infra/kafka/start.sh
+# The tests find the broker start.sh started, on KAFKA_PORT when that is set.
+export TURNSTILE_KAFKA="${TURNSTILE_KAFKA:-127.0.0.1:${KAFKA_PORT:-9092}}"
 if [[ $was_running == 0 ]]; then
   trap 'bash infra/kafka/stop.sh' EXIT
 fi

@@ -94,6 +94,19 @@ def test_a_target_that_is_not_an_agent_is_a_clear_error() -> None:
         load_agent("examples.support_agent")
     with pytest.raises(ValueError, match=r"'ORDERS' in examples\.support_agent is dict, not a turnstile\.Agent"):
         load_agent("examples.support_agent:ORDERS")
+    with pytest.raises(ValueError, match=r"examples\.support_agent \(.*support_agent\.py\) has no 'agnet'"):
+        load_agent("examples.support_agent:agnet")
+    with pytest.raises(ValueError, match=r"no module named 'nosuch' in .*: run from the folder that holds it"):
+        load_agent("nosuch.agents:agent")
+
+
+def test_a_module_the_agents_code_imports_keeps_its_own_error(tmp_path, monkeypatch) -> None:
+    # The agent's module is found; what it imports is not: that traceback points at its line.
+    (tmp_path / "needs_dep.py").write_text("import no_such_dependency\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(ModuleNotFoundError, match="no_such_dependency"):
+        load_agent("needs_dep:agent")
 
 
 @pytest.mark.kafka

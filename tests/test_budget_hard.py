@@ -208,3 +208,11 @@ async def test_the_worker_refuses_a_bogus_resume_on_the_log_and_never_answers_it
     assert rejected.reason == "resume_invalid" and rejected.message_id == "r1"
     assert "no-such-turn-id" in rejected.text
     assert of_type(events_of(world.log, "c1"), "TurnClaimed") == [] and outcomes_of(world.log) == []
+
+
+@pytest.mark.parametrize("limit", [float("inf"), float("nan")])
+def test_an_infinite_or_nan_cost_limit_is_refused_when_the_agent_is_made(limit):
+    # Given an unbounded cost limit, the output allowance (cost left / price) has no finite
+    # value: it crashed the turn with an internal error; now it is refused up front.
+    with pytest.raises(ValueError, match="max_cost_usd must be a finite number"):
+        TurnBudget(max_cost_usd=limit)

@@ -38,6 +38,8 @@ def closed_port() -> int:
         (["run", "--broker", "http://127.0.0.1:9092"], 2, "is not a Kafka address: use kafka://HOST:PORT"),
         (["run", "--broker", "kafka://127.0.0.1"], 2, "is not HOST:PORT"),
         (["run", "--http", "localhost"], 2, "has no port: use HOST:PORT"),
+        (["run", "--http", "127.0.0.1:99999"], 2, "port 99999 is out of range (0..65535)"),
+        (["run", "--http-token-file", "missing-token"], 66, "cannot read the token file missing-token (No such file"),
         (["send", "--conversation", "c1", "--text", "  "], 2, "the message is empty"),
         (["run", "--session-timeout-s", "1"], 2, "outside 6..300 s"),
         (["run", "--schedules", "missing.json"], 66, "cannot read the schedules file missing.json"),
@@ -45,6 +47,16 @@ def closed_port() -> int:
         (["run", "--schedules", "bad-cron.json"], 78, "is not valid"),
         (["run", "--data", "a-file/log"], 73, "give --data a folder this user can write"),
         (["inspect", "nobody"], 1, "no event of conversation 'nobody'"),
+        (["run", "nosuch:agent"], 2, "turnstile run: nosuch:agent: no module named 'nosuch' in"),  # was a traceback
+        # ids HTTP and the console refuse were sent, and could then never be read or approved there
+        (["send", "--conversation", "a\x1bb", "--text", "hi"], 65, "the conversation id contains a control character"),
+        (["send", "--conversation", "c" * 201, "--text", "hi"], 65, "the conversation id is longer than 200"),
+        (["send", "--conversation", "c1", "--message-id", "m\n", "--text", "hi"], 65, "the message id contains a"),
+        # The auditor's bounds: a negative stall age made every waiting input stalled, a NaN
+        # limit checked nothing; both were taken.
+        (["audit", "--stall-after-s", "-1"], 2, "'-1' is out of range: give a finite number >= 0"),
+        (["audit", "--max-cost-usd", "nan"], 2, "'nan' is out of range"),
+        (["audit", "--max-iterations", "0"], 2, "'0' is out of range: give a finite number >= 1"),
     ],
 )
 def test_an_operational_error_is_one_sentence_and_a_documented_exit_code(tmp_path, args, code, says):

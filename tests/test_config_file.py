@@ -56,6 +56,26 @@ def test_an_unknown_key_is_refused_naming_it_and_the_file():
         ({"env": {"TURNSTILE_BROKER": "http://x:1"}}, 78, "env TURNSTILE_BROKER: broker: 'http://x:1' is not a Kafka"),
         ({"env": {"TURNSTILE_PRICES": "gpt=1"}}, 78, "env TURNSTILE_PRICES: expected MODEL=INPUT,OUTPUT"),
         ({"file": {"prices": {"m": {"input": -1, "output": 1}}}}, 78, "turnstile.toml: prices.m.input: Input should"),
+        # A limit or price of inf or NaN bounds nothing (an infinite cost limit crashed every turn).
+        ({"file": {"budget": {"max_cost_usd": float("inf")}}}, 78,
+         "turnstile.toml: budget.max_cost_usd: Input should be a finite"),
+        ({"env": {"TURNSTILE_DRAIN_GRACE_S": "nan"}}, 78,
+         "env TURNSTILE_DRAIN_GRACE_S: drain_grace_s: Input should be a finite"),
+        ({"env": {"TURNSTILE_PRICES": "m=nan,1"}}, 78, "env TURNSTILE_PRICES: prices must be finite numbers >= 0"),
+        ({"file": {"prices": {"m": {"input": float("inf"), "output": 1}}}}, 78,
+         "turnstile.toml: prices.m.input: Input should be a finite"),
+        ({"flags": ["--max-cost-usd", "inf"]}, 2, "--max-cost-usd: budget.max_cost_usd: Input should be a finite"),
+        # TOML's true is no number: pydantic alone would read it as 1.
+        ({"file": {"budget": {"max_iterations": True}}}, 78,
+         "turnstile.toml: budget.max_iterations: expected a number, not true"),
+        ({"file": {"prices": {"m": {"input": 1, "output": 1, "cached_input": False}}}}, 78,
+         "turnstile.toml: prices.m.cached_input: expected a number, not false"),
+        # An empty name: `topics.events = ""` wrote the log into the data folder itself.
+        ({"file": {"topics": {"events": ""}}}, 78, "turnstile.toml: topics.events: is empty: give a value or leave"),
+        ({"flags": ["--group", " "]}, 2, "--group: group: is empty"),
+        # TOML splits an unquoted model name at its dots: it said `prices.gpt-4.input: Field required`.
+        ({"file": {"prices": {"gpt-4": {"1-mini": {"input": 1, "output": 2}}}}}, 78,
+         'turnstile.toml: prices: a model name with dots needs quotes: [prices."gpt-4.1-mini"]'),
     ],
 )
 def test_a_bad_value_names_its_key_and_source(layers, code, says):
@@ -63,6 +83,7 @@ def test_a_bad_value_names_its_key_and_source(layers, code, says):
         resolve(layers.get("file"), "turnstile.toml", from_env(layers.get("env", {})), flags(*layers.get("flags", [])))
     assert caught.value.code == code
     assert str(caught.value).startswith(says)
+    assert "\n" not in str(caught.value)  # one line
 
 
 def test_tables_merge_entry_by_entry_and_lists_come_from_the_environment_comma_separated():

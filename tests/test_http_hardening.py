@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator
 
 import httpx
 import pytest
+from loop_probe import LoopProbe
 from worker_harness import FAST, client_of, events_of, serving, until
 
 from turnstile.handlers.providers.scripted import ScriptedProvider
@@ -50,6 +51,31 @@ async def test_with_a_token_every_request_but_the_probes_needs_it(tmp_path):
         assert (await client.post("/conversations/c1/messages", json=body, headers=auth)).status_code == 202
     async with port(worker) as open_client:  # no token: loopback only, and open
         assert (await open_client.post("/conversations/c2/messages", json=body)).status_code == 202
+
+
+async def test_without_a_token_a_cross_site_or_rebound_browser_request_is_refused_and_nothing_appended(tmp_path):
+    # Given a tokenless loopback port: a page on another site can POST to it from the
+    # operator's browser (text/plain needs no CORS preflight), and could approve side effects
+    log = FileLog(tmp_path)
+    worker = Worker(log, ScriptedProvider(), FAST)
+    async with port(worker) as client:
+        evil = {"Origin": "https://evil.example", "Content-Type": "text/plain"}
+        for path in ("/conversations/c1/messages", "/conversations/c1/approve", "/conversations/c1/resume"):
+            refused = await client.post(path, content=b'{"content": "hi", "call_id": "call-1"}', headers=evil)
+            assert refused.status_code == 403, path
+            assert refused.json()["error"] == "a cross-origin request from 'https://evil.example' is refused"
+        # a browser's request from the console of this very server, and curl (no Origin), are served
+        own = {"Origin": f"http://{client.base_url.netloc.decode()}"}
+        assert (await client.post("/conversations/c1/messages", json={"content": "hi"}, headers=own)).status_code == 202
+        assert (await client.post("/conversations/c2/messages", json={"content": "hi"})).status_code == 202
+        assert (await client.get("/conversations/c1", headers=evil)).status_code != 403  # reads stay open
+        # DNS rebinding: a hostile name resolved to 127.0.0.1 is same-origin to the browser
+        rebound = {"Host": "evil.example:80", "Origin": "http://evil.example:80"}
+        for request in (client.get("/conversations/c1", headers=rebound),
+                        client.post("/conversations/c3/messages", json={"content": "hi"}, headers=rebound)):
+            refused = await request
+            assert refused.status_code == 403 and "without a token only loopback" in refused.json()["error"]
+    assert sorted(e.conversation_id for e in events_of(log)) == ["c1", "c2"]  # the refused ones appended nothing
 
 
 def test_a_non_loopback_address_needs_a_token(tmp_path):
@@ -154,31 +180,6 @@ class Replay:
         self.running = False
 
 
-class LoopLag:
-    """The longest one iteration of the event loop took: a callback that reschedules itself
-    runs once per iteration, so the time between two of its runs is what the rest held."""
-
-    def __init__(self) -> None:
-        self.longest_s = 0.0
-        self._last = 0.0
-        self._handle: asyncio.Handle | None = None
-
-    def start(self) -> None:
-        self._last = asyncio.get_running_loop().time()
-        self._tick()
-
-    def _tick(self) -> None:
-        loop = asyncio.get_running_loop()
-        now = loop.time()
-        self.longest_s = max(self.longest_s, now - self._last)
-        self._last = now
-        self._handle = loop.call_soon(self._tick)
-
-    def stop(self) -> None:
-        if self._handle is not None:
-            self._handle.cancel()
-
-
 async def test_the_probes_are_answered_during_a_long_replay(tmp_path):
     log = FileLog(tmp_path, partitions=1)
     await publish(log, message_event("c1", "hello", 1, "m1"))
@@ -188,7 +189,7 @@ async def test_the_probes_are_answered_during_a_long_replay(tmp_path):
     segment.write_bytes(segment.read_bytes() * REPLAYED)
     replay = Replay()
     worker = Worker(FileLog(tmp_path, partitions=1), ScriptedProvider(), FAST, replay_hooks=replay)
-    lag = LoopLag()
+    lag = LoopProbe()
     answered: list[tuple[int, int]] = []
     try:
         async with serving(worker) as (_svc, client):

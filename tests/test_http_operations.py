@@ -60,7 +60,10 @@ async def test_deny_and_resume_and_the_requests_that_are_refused(tmp_path: Path)
         log = FileLog(tmp_path)
         await until_status(client, "c1")
         for path, body, status in (
-            ("/conversations/c1/approve", {}, 409),  # no call id: the refusal says what is needed
+            ("/conversations/c1/approve", {}, 400),  # no call id: a malformed request
+            # A note past the bound is refused with the reason (it was a 500 and a traceback).
+            ("/conversations/c1/approve", {"call_id": "call-1", "note": "n" * 200_000}, 409),
+            ("/conversations/c1/resume", {"note": "n" * 10_001}, 409),
             ("/conversations/c1/approve", {"call_id": 5}, 400),
             ("/conversations/c1/approve", {"call_id": "call-1", "extra": 1}, 400),
             ("/conversations/c1/resume", {"call_id": "call-1"}, 400),

@@ -26,8 +26,9 @@ from turnstile.events import (
     encode,
     logical_turn_id,
 )
-from turnstile.handlers.operations import Operation, Refused, decide_approval, decide_resume
-from turnstile.projections import new_state
+from turnstile.events.inputs import MAX_CONTENT_CHARS
+from turnstile.handlers.operations import MAX_NOTE_CHARS, Operation, Refused, decide_approval, decide_resume
+from turnstile.projections import apply_event, new_state
 from turnstile.projections.state import TurnRecord
 from turnstile.streams.file_log import FileLog
 from turnstile.streams.log import Topics
@@ -70,6 +71,45 @@ def test_given_a_failed_turn_when_resumed_then_a_resume_request_names_it_once() 
     waiting = decide_resume(state_with("paused", CALL), None, event_id="e", now_ms=5)
     assert isinstance(waiting, Refused) and "`turnstile approve|deny c1 call-1`" in waiting.reason
     assert isinstance(decide_resume(state_with("completed"), None, event_id="e", now_ms=5), Refused)
+
+
+def test_given_a_note_past_its_bound_when_deciding_then_it_is_refused_not_a_crash() -> None:
+    note = "n" * (MAX_NOTE_CHARS + 1)
+    approval = decide_approval(state_with("paused", CALL), "call-1", True, note, event_id="e", now_ms=5)
+    assert approval == Refused(f"the note has {MAX_NOTE_CHARS + 1:,} characters; at most {MAX_NOTE_CHARS:,} are taken")
+    assert isinstance(decide_resume(state_with("failed"), note, event_id="e", now_ms=5), Refused)
+
+
+def test_given_a_call_whose_arguments_fill_an_input_when_approved_then_they_are_cut_to_fit_with_the_note() -> None:
+    huge = ToolCall(call_id="call-1", name="send_email", arguments="a" * MAX_CONTENT_CHARS)
+    decided = decide_approval(state_with("paused", huge), "call-1", True, "go", event_id="e", now_ms=5)
+    assert isinstance(decided, Operation) and isinstance(decided.event, InputInjected)
+    assert len(decided.event.content) == MAX_CONTENT_CHARS and decided.event.content.endswith("…. Note: go")
+
+
+def test_given_a_decision_waiting_for_its_claim_when_another_one_comes_then_it_is_refused_and_a_repeat_is_not() -> None:
+    # Given an approval written and not claimed yet (the fold keeps the first input of an id
+    # and dead-letters a different one, so a second decision would silently do nothing)
+    state = state_with("paused", CALL)
+    first = decide_approval(state, "call-1", True, "ok", event_id="e1", now_ms=5)
+    assert isinstance(first, Operation)
+    assert apply_event(state, first.event) is None
+    # When the same decision comes again, it is the same input (a duplicate the fold ignores)
+    again = decide_approval(state, "call-1", True, "ok", event_id="e2", now_ms=6)
+    assert isinstance(again, Operation) and again.event.content == first.event.content
+    # When a different one comes (a denial, another note), it is refused, naming the call
+    for approved, note in ((False, None), (True, "other")):
+        refused = decide_approval(state, "call-1", approved, note, event_id="e3", now_ms=7)
+        assert refused == Refused(
+            "a decision on call 'call-1' of turn t1 is already on the log, waiting for its claim; the first one stands"
+        )
+    # And so for a resume request with another note
+    failed = state_with("failed")
+    resumed = decide_resume(failed, "try again", event_id="e4", now_ms=5)
+    assert isinstance(resumed, Operation)
+    assert apply_event(failed, resumed.event) is None
+    other = decide_resume(failed, None, event_id="e5", now_ms=6)
+    assert isinstance(other, Refused) and "a resume request of turn t1 with another note" in other.reason
 
 
 def cli(*args: str) -> subprocess.CompletedProcess[str]:

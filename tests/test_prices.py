@@ -26,7 +26,9 @@ def test_a_price_flag_names_the_model_and_its_prices_per_million_tokens():
         ("=1,2", "expected"),
         ("gpt=1,x", "are not numbers"),
         ("gpt=1,2,3,4,5", "expected"),
-        ("gpt=-1,2", "prices must be >= 0"),
+        ("gpt=-1,2", "prices must be finite numbers >= 0"),
+        ("gpt=inf,2", "prices must be finite numbers >= 0"),
+        ("gpt=1,nan", "prices must be finite numbers >= 0"),
     ],
 )
 def test_a_malformed_price_is_refused_with_the_shape_expected(text, says):
