@@ -23,19 +23,7 @@ from collections import OrderedDict, deque
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
-from turnstile.events import (
-    AttemptFailed,
-    AttemptStarted,
-    ContextCompacted,
-    Event,
-    FallbackEngaged,
-    ModelResponded,
-    ProtocolFailure,
-    ToolCallFinished,
-    ToolCallStarted,
-    TurnClaimed,
-    TurnEnvelope,
-)
+from turnstile.events import STEP_TYPES, Event, TurnClaimed, TurnEnvelope
 from turnstile.projections import STATUSES, ConversationState, Status, conversation_status
 from turnstile.streams.log import Record
 from turnstile.streams.views import ConversationView
@@ -47,8 +35,6 @@ if TYPE_CHECKING:
 # memory; older ones keep their summary and are read from the log on demand (a bounded read
 # of their partition). The timelines hold the records' bytes: this bounds that memory.
 TURN_DETAILS_KEPT = 10
-TURN_STEPS = (AttemptStarted, ModelResponded, ToolCallStarted, ToolCallFinished, ProtocolFailure, ContextCompacted,
-              FallbackEngaged, AttemptFailed)
 # Live followers of one conversation are told at most this many events behind; a slower
 # one gets `None` (re-read the page) instead of an unbounded queue.
 FOLLOW_QUEUE = 256
@@ -142,7 +128,7 @@ class WorkerReadModel:
         # The steps inside a turn (attempts, model and tool calls) leave its status as it was;
         # any other event (inputs, claims, outcomes, refusals, interrupts) may move it.
         sequence = next(self._sequence)
-        status = was if was is not None and isinstance(event, TURN_STEPS) else conversation_status(state)
+        status = was if was is not None and isinstance(event, STEP_TYPES) else conversation_status(state)
         if was != status:
             if was is not None:
                 del self._by_status[was][conversation]
