@@ -69,8 +69,8 @@ async def deploy(broker: Broker) -> Section:
         )
     section.notes.append("publish -> outcome latency; the longest gap is between consecutive outcomes on any partition")
     section.notes.append(
-        "unmoved: interrupted attempts on partitions whose owner (by worker name) is the same after the deploy;"
-        " moved: partitions whose owner changed"
+        "unmoved: interrupted attempts on partitions no other worker (by name) was given during the deploy;"
+        " moved: partitions that were"
     )
     section.notes.append(
         "takeover: from the death to the survivor owning every partition, replayed (goal: session timeout + 2 s);"

@@ -13,6 +13,7 @@ on a loaded machine a gap also counts the time the process waited for a core.
 from __future__ import annotations
 
 import asyncio
+import sys
 import tempfile
 import time
 import uuid
@@ -32,32 +33,11 @@ from turnstile.streams.log import EventLog, Topics, partition_for
 from turnstile.streams.replay_gc import ReplayGc
 from turnstile.streams.worker import Worker, WorkerConfig
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))  # the probe is a test helper
+from loop_probe import LoopProbe
+
 MESSAGES = 10  # per conversation: 50 events each
 FILE_PARTITIONS = 4
-
-
-class LoopProbe:
-    """Gaps between consecutive loop iterations, as seen by a self-rescheduling callback."""
-
-    def __init__(self) -> None:
-        self.gaps_s: list[float] = []
-        self._last = 0.0
-        self._handle: asyncio.Handle | None = None
-
-    def start(self) -> None:
-        self._last = asyncio.get_running_loop().time()
-        self._tick()
-
-    def _tick(self) -> None:
-        loop = asyncio.get_running_loop()
-        now = loop.time()
-        self.gaps_s.append(now - self._last)
-        self._last = now
-        self._handle = loop.call_soon(self._tick)
-
-    def stop(self) -> None:
-        if self._handle is not None:
-            self._handle.cancel()
 
 
 async def _replay(log: EventLog) -> tuple[float, LoopProbe]:

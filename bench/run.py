@@ -20,11 +20,15 @@ import pstats
 import subprocess
 import sys
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import TypeVar
 
 from bench import core, deploy, faust_vs_aiokafka, first_delta, http_reads, kafka, loop_hold, replay
 from bench.common import Section
 from turnstile.streams.kafka_reader import reachable
+
+T = TypeVar("T")
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -71,45 +75,27 @@ async def _on_broker(bootstrap: str, wanted: set[str], args: argparse.Namespace)
         if "latency" in wanted:
             sections.append(await _latency(broker))
             print(sections[-1].render() + "\n", flush=True)
+        async def run(title: str, section: Awaitable[Section]) -> None:
+            try:
+                sections.append(await section)
+            except Exception as exc:
+                sections.append(_failed(title, exc))
+            print(sections[-1].render() + "\n", flush=True)
+
         if args.profile:
-            try:
-                sections.append(await _profiled_engine(broker))
-            except Exception as exc:
-                sections.append(_failed("profile of the engine run", exc))
-            print(sections[-1].render() + "\n", flush=True)
+            await run("profile of the engine run", _profiled_engine(broker))
         if "replay" in wanted:
-            try:
-                result = await replay.replay(
-                    broker, args.replay_events, through_worker=not args.no_replay_worker, what_if=args.what_if
-                )
-                sections.append(replay.replay_section(result))
-            except Exception as exc:
-                sections.append(_failed("6. replay from offset 0", exc))
-            print(sections[-1].render() + "\n", flush=True)
+            worker_pass = not args.no_replay_worker
+            result = replay.replay(broker, args.replay_events, through_worker=worker_pass, what_if=args.what_if)
+            await run("6. replay from offset 0", _then(result, replay.replay_section))
         if "stream" in wanted:
-            try:
-                sections.append(await first_delta.first_delta(broker))
-            except Exception as exc:
-                sections.append(_failed("8. time to first delta", exc))
-            print(sections[-1].render() + "\n", flush=True)
+            await run("8. time to first delta", first_delta.first_delta(broker))
         if "deploy" in wanted:
-            try:
-                sections.append(await deploy.deploy(broker))
-            except Exception as exc:
-                sections.append(_failed("9. rolling deploy", exc))
-            print(sections[-1].render() + "\n", flush=True)
+            await run("9. rolling deploy", deploy.deploy(broker))
         if "reads" in wanted:
-            try:
-                sections.append(await http_reads.http_reads(broker, args.reads_events))
-            except Exception as exc:
-                sections.append(_failed("10. HTTP GET latency", exc))
-            print(sections[-1].render() + "\n", flush=True)
+            await run("10. HTTP GET latency", http_reads.http_reads(broker, args.reads_events))
         if "loop" in wanted:
-            try:
-                sections.append(await loop_hold.loop_hold(broker))
-            except Exception as exc:
-                sections.append(_failed("11. event loop held during a replay", exc))
-            print(sections[-1].render() + "\n", flush=True)
+            await run("11. event loop held during a replay", loop_hold.loop_hold(broker))
         if "faust" in wanted:
             try:
                 found = await faust_vs_aiokafka.faust_vs_aiokafka(broker, profile_area=_area if args.profile else None)
@@ -121,6 +107,10 @@ async def _on_broker(bootstrap: str, wanted: set[str], args: argparse.Namespace)
         return sections
     finally:
         await broker.cleanup()
+
+
+async def _then(result: Awaitable[T], render: Callable[[T], Section]) -> Section:
+    return render(await result)
 
 
 async def _throughput(broker: kafka.Broker, what_if: bool) -> Section:

@@ -130,6 +130,11 @@ class CallToSettle:
 
 @dataclass(slots=True)
 class TurnMachine:
+    """One turn's state: `state` is the conversation as the turn's events fold it (ahead
+    of the log by the step being written); the rest is the attempt in progress, which the
+    log does not hold whole (the transcript keeps the providers' `native` blocks). Owned and
+    advanced by `decide`, like the fold owns its records."""
+
     state: ConversationState
     settings: TurnSettings
     # The fallback chain's models and protocol families, `settings.model` first.

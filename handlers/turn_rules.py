@@ -5,7 +5,9 @@ which approval decides a call, and what a tool's result is as the model reads it
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import TypeGuard
 
+from turnstile.events import Event, ToolCallStarted
 from turnstile.handlers.failure_text import MAX_ATTEMPTS, NOT_REPLAYED, unresumable
 from turnstile.handlers.provider import ProviderError
 from turnstile.handlers.resume import NextStep, Resume, Unresumable
@@ -72,6 +74,13 @@ def tool_outcome(seen: ToolReturned | ToolRaised | ToolTimedOut, timeout_s: floa
         case ToolTimedOut():
             return f"error: the tool did not finish within {timeout_s:g} s", False
     raise AssertionError(seen)
+
+
+def fenced(event: Event) -> TypeGuard[ToolCallStarted]:
+    """Whether the run may go on after appending `event` only once it is read back as
+    accepted: a side-effecting `ToolCallStarted`. Written after another owner's takeover it
+    is ignored by every reader -- and its tool must not run either (the zombie case)."""
+    return isinstance(event, ToolCallStarted) and event.side_effect
 
 
 def bounded_result(result: str) -> str:

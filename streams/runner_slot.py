@@ -18,7 +18,8 @@ import logging
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
-from turnstile.events import OUTCOME_TYPES, Event, MessageReceived, ToolCallStarted, encode
+from turnstile.events import OUTCOME_TYPES, Event, MessageReceived, encode
+from turnstile.handlers.turn_rules import fenced
 from turnstile.streams.log import Acknowledged
 
 log = logging.getLogger(__name__)
@@ -80,10 +81,10 @@ class RunnerSlot:
             self.last_offset = max(self.last_offset, (await ack).offset)
         if isinstance(event, OUTCOME_TYPES):
             return  # the turn is over: no next step to hold back
-        if isinstance(event, ToolCallStarted) and event.side_effect:
-            # Fencing a side effect: the tool runs only once its ToolCallStarted is read back
-            # as accepted. Written after another owner's takeover, it is ignored by every
-            # reader -- and the tool must not run either (the zombie case). The call is the
+        if fenced(event):
+            # Fencing a side effect (`handlers.turn_rules.fenced`): the tool runs only once its
+            # ToolCallStarted is read back as accepted. Written after another owner's takeover,
+            # it is ignored by every reader -- and the tool must not run either. The call is the
             # step in progress from here: its body follows the read-back with nothing between.
             self._read_back = verdict
             try:

@@ -326,7 +326,12 @@ async def record(scenario: Scenario, directory: Path) -> list[dict[str, Any]]:
         before = events_on(log)
         drawn.clear()
         await runner("own", on_step, False).claim_and_run(_plan(before, clock))
-    header = {"conversation_id": CONV, "scenario": scenario.name, "recorded_by": "python tests/replays/record.py"}
+    header = {
+        "conversation_id": CONV,
+        "scenario": scenario.name,
+        "recorded_by": f".venv/bin/python tests/replays/record.py {scenario.name}",
+        "replayed_by": "tests/test_replays.py, through turnstile.handlers.replayer.replay",
+    }
     return [header, *({"log": e.model_dump(mode="json")} for e in before), *steps]
 
 

@@ -41,7 +41,7 @@ from turnstile.handlers.providers.scripted import Scripted, ScriptedProvider
 from turnstile.handlers.tools import Tool, ToolRegistry
 from turnstile.streams.kafka_log import KafkaLog, Membership
 from turnstile.streams.kafka_reader import read_topic
-from turnstile.streams.log import Topics, partition_for
+from turnstile.streams.log import PartitionStart, Topics, partition_for
 from turnstile.streams.publisher import message_event, publish
 from turnstile.streams.turn_runner import TurnSettings
 from turnstile.streams.worker import Worker, WorkerConfig
@@ -71,7 +71,7 @@ class Figures:
     unanswered: int = 0
     turns_failed: int = 0
     attempts_interrupted: int = 0
-    # Of those, on partitions whose owner (by worker name) is the same after the deploy as before.
+    # Of those, on partitions no other worker (by name) was given during the deploy.
     attempts_interrupted_unmoved: int = 0
     partitions_moved: int = 0
     model_requests_repeated: int = 0
@@ -119,8 +119,18 @@ async def rolling_deploy(bootstrap: str, topics: Topics, shape: Shape) -> Figure
 
     running: dict[str, tuple[Worker, asyncio.Event, asyncio.Task[None]]] = {}
 
+    # Every assignment, by worker name: a partition that moved and came back has moved.
+    assignments: list[tuple[str, set[int]]] = []
+
     def start(name: str) -> Worker:
         w, stop = worker(name), asyncio.Event()
+        assign = w.on_assigned
+
+        async def recorded(partitions: dict[int, PartitionStart]) -> dict[int, int]:
+            assignments.append((name, set(partitions)))
+            return await assign(partitions)
+
+        w.on_assigned = recorded  # type: ignore[method-assign]
         running[name] = (w, stop, asyncio.create_task(w.run(stop)))
         return w
 
@@ -169,7 +179,7 @@ async def rolling_deploy(bootstrap: str, topics: Topics, shape: Shape) -> Figure
         start("worker-1")
         start("worker-2")
         await until(settled, 60)
-        before = owners()
+        before, seen = owners(), len(assignments)
         deploy: asyncio.Task[None] | None = None
         for i in range(shape.messages):
             if shape.deploy != "none" and i == shape.messages // 4:
@@ -181,7 +191,6 @@ async def rolling_deploy(bootstrap: str, topics: Topics, shape: Shape) -> Figure
         if deploy is not None:
             await deploy
         events = await _until_answered(bootstrap, topics, set(published))
-        after = owners()
     finally:
         for _, stop, _ in running.values():
             stop.set()
@@ -193,7 +202,7 @@ async def rolling_deploy(bootstrap: str, topics: Topics, shape: Shape) -> Figure
         if isinstance(e := decode(r.value), OUTCOME_TYPES)
     )
     figures = _figures(events, published, runs, outcome_records)
-    moved = {p for p in range(PARTITIONS) if before.get(p) != after.get(p)}
+    moved = {p for name, partitions in assignments[seen:] for p in partitions if before.get(p) != name}
     figures.partitions_moved = len(moved)
     figures.attempts_interrupted_unmoved = sum(
         isinstance(e, AttemptFailed) and partition_for(e.conversation_id, PARTITIONS) not in moved for e in events

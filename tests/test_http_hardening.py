@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator
 
 import httpx
 import pytest
+from loop_probe import LoopProbe
 from worker_harness import FAST, client_of, events_of, serving, until
 
 from turnstile.handlers.providers.scripted import ScriptedProvider
@@ -179,31 +180,6 @@ class Replay:
         self.running = False
 
 
-class LoopLag:
-    """The longest one iteration of the event loop took: a callback that reschedules itself
-    runs once per iteration, so the time between two of its runs is what the rest held."""
-
-    def __init__(self) -> None:
-        self.longest_s = 0.0
-        self._last = 0.0
-        self._handle: asyncio.Handle | None = None
-
-    def start(self) -> None:
-        self._last = asyncio.get_running_loop().time()
-        self._tick()
-
-    def _tick(self) -> None:
-        loop = asyncio.get_running_loop()
-        now = loop.time()
-        self.longest_s = max(self.longest_s, now - self._last)
-        self._last = now
-        self._handle = loop.call_soon(self._tick)
-
-    def stop(self) -> None:
-        if self._handle is not None:
-            self._handle.cancel()
-
-
 async def test_the_probes_are_answered_during_a_long_replay(tmp_path):
     log = FileLog(tmp_path, partitions=1)
     await publish(log, message_event("c1", "hello", 1, "m1"))
@@ -213,7 +189,7 @@ async def test_the_probes_are_answered_during_a_long_replay(tmp_path):
     segment.write_bytes(segment.read_bytes() * REPLAYED)
     replay = Replay()
     worker = Worker(FileLog(tmp_path, partitions=1), ScriptedProvider(), FAST, replay_hooks=replay)
-    lag = LoopLag()
+    lag = LoopProbe()
     answered: list[tuple[int, int]] = []
     try:
         async with serving(worker) as (_svc, client):

@@ -244,37 +244,50 @@ async def test_a_message_mid_turn_interrupts_and_merges_on_the_embedded_log(tmp_
     assert report.ok and report.rule("interrupt").checked == 1, report
 
 
-async def test_once_a_side_effect_started_the_message_waits_for_the_next_turn(tmp_path):
-    entered, release = asyncio.Event(), asyncio.Event()
-    ran: list[str] = []
+class _Mailer:
+    """A side-effecting tool that holds its call until released."""
 
-    async def send_email(args: _Args) -> str:
-        entered.set()
-        await release.wait()
-        ran.append("send_email")
+    def __init__(self) -> None:
+        self.entered, self.release = asyncio.Event(), asyncio.Event()
+        self.ran: list[str] = []
+        self.tools = ToolRegistry([Tool("send_email", "Send an email.", _Args, self.send_email, "side_effect")])
+
+    async def send_email(self, args: _Args) -> str:
+        self.entered.set()
+        await self.release.wait()
+        self.ran.append("send_email")
         return "sent"
 
-    tools = ToolRegistry([Tool("send_email", "Send an email.", _Args, send_email, "side_effect")])
-    log, model = FileLog(tmp_path), _Held(tool="send_email")
-    send, read = _on_file_log(log)
-    async with running(log, model, _config(tools)):
-        await send("m1", "email bob")
-        await asyncio.wait_for(entered.wait(), 10)
-        await send("m2", "and cc alice")
-        await _eventually(read, lambda es: any(getattr(e, "message_id", None) == "m2" for e in es))
-        release.set()
-        events = await _eventually(read, lambda es: sum(isinstance(e, TurnCompleted) for e in es) == 2)
-    assert not any(isinstance(e, TurnInterrupted) for e in events) and ran == ["send_email"]
+
+async def _waits_after_a_side_effect(mailer: _Mailer, send: Publish, read: Read) -> list[Event]:
+    """B arrives while the side-effecting tool runs: no interruption, B is the next turn."""
+    await send("m1", "email bob")
+    await asyncio.wait_for(mailer.entered.wait(), 30)
+    await send("m2", "and cc alice")
+    await _eventually(read, lambda es: any(getattr(e, "message_id", None) == "m2" for e in es))
+    mailer.release.set()
+    events = await _eventually(read, lambda es: sum(isinstance(e, TurnCompleted) for e in es) == 2)
+    assert not any(isinstance(e, TurnInterrupted) for e in events) and mailer.ran == ["send_email"]
     assert [c.input_ids for c in events if isinstance(c, TurnClaimed)] == [("m1",), ("m2",)]
+    return events
+
+
+async def test_once_a_side_effect_started_the_message_waits_for_the_next_turn(tmp_path):
+    log, mailer = FileLog(tmp_path), _Mailer()
+    send, read = _on_file_log(log)
+    async with running(log, _Held(tool="send_email"), _config(mailer.tools)):
+        await _waits_after_a_side_effect(mailer, send, read)
     assert audit(log.read_all(log.topics.events)).ok
 
 
 @contextlib.asynccontextmanager
-async def _kafka_worker(bootstrap: str, topics: Topics, model: _Held) -> AsyncIterator[tuple[Publish, Read]]:
+async def _kafka_worker(
+    bootstrap: str, topics: Topics, model: _Held, tools: ToolRegistry | None = None
+) -> AsyncIterator[tuple[Publish, Read]]:
     from turnstile.streams.worker import Worker
 
     group = f"g-{uuid.uuid4().hex[:8]}"
-    worker = Worker(KafkaLog(bootstrap, group, topics), model, _config())
+    worker = Worker(KafkaLog(bootstrap, group, topics), model, _config(tools))
     publisher = KafkaLog(bootstrap, group, topics)
     await publisher.producer.start()
     stop = asyncio.Event()
@@ -303,3 +316,43 @@ async def test_a_message_mid_turn_interrupts_and_merges_on_kafka(kafka_bootstrap
         await _interrupt_and_merge(model, send, read)
     report = audit(await read_topic(kafka_bootstrap, fresh_topics.events))
     assert report.ok and report.rule("interrupt").checked == 1, report
+
+
+@pytest.mark.kafka
+async def test_once_a_side_effect_started_the_message_waits_on_kafka(kafka_bootstrap: str, fresh_topics: Topics):  # noqa: F811
+    mailer = _Mailer()
+    async with _kafka_worker(kafka_bootstrap, fresh_topics, _Held(tool="send_email"), mailer.tools) as (send, read):
+        await _waits_after_a_side_effect(mailer, send, read)
+    assert audit(await read_topic(kafka_bootstrap, fresh_topics.events)).ok
+
+
+# -- where the policy is set -------------------------------------------------------------
+def test_the_policy_is_taken_by_the_cli_the_config_file_and_the_agent():
+    from turnstile import Agent, Model
+    from turnstile.streams.cli import build_parser
+    from turnstile.streams.config_file import DoubleTextConfig
+
+    args = build_parser().parse_args(["run", "--double-text", "interrupt", "--double-text-for", "c1=enqueue"])
+    assert args.double_text == "interrupt" and dict(args.double_text_for) == {"c1": "enqueue"}
+    file_policy = DoubleTextConfig(default="enqueue", per_conversation={"support": "interrupt"}).policy()
+    assert file_policy.of("support") == "interrupt" and file_policy.of("other") == "enqueue"
+    assert Agent("a", model=Model("gpt"), double_text="interrupt").double_text_policy() == INTERRUPT
+    with pytest.raises(ValueError):
+        DoubleTextPolicy("merge")  # type: ignore[arg-type]
+
+
+def test_a_turn_backing_off_between_attempts_is_not_interrupted():
+    from turnstile.handlers.provider import ProviderError
+    from turnstile.handlers.turn_steps import ModelFailed, SleepUntil, Woke
+
+    state = new_state("conv-1")
+    assert apply_event(state, message("m1", 10)) is None
+    ids = (f"id-{n}" for n in itertools.count())
+    m = machine_for(state, TurnSettings(model="m"), "openai", lambda: next(ids))
+    plan = plan_claim(state, 5_000, DebouncePolicy())
+    assert isinstance(plan, ClaimPlan)
+    decide(m, Claimed(plan, 5_000))
+    backoff = decide(m, ModelFailed(ProviderError("server_error", "500", retryable=True), 5_100))
+    assert isinstance(backoff[-1], SleepUntil) and not interruptible(m)  # the run is closed
+    decide(m, Woke(5_400))
+    assert interruptible(m)  # the next attempt runs: it can be withdrawn again

@@ -4,6 +4,7 @@ Time is the observation's; ids come from a counter. Each test feeds observations
 
 from __future__ import annotations
 
+import copy
 import itertools
 from dataclasses import dataclass
 
@@ -16,6 +17,7 @@ from turnstile.events import (
     AttemptStarted,
     Event,
     FallbackEngaged,
+    InputInjected,
     ModelResponded,
     ProtocolFailure,
     ToolCall,
@@ -27,6 +29,7 @@ from turnstile.events import (
     TurnPaused,
     Usage,
 )
+from turnstile.events.inputs import Approval
 from turnstile.handlers.budget import TurnBudget
 from turnstile.handlers.claim import ClaimPlan, DebouncePolicy, plan_claim
 from turnstile.handlers.pricing import ModelPrice
@@ -372,3 +375,63 @@ def test_model_responded_is_recorded_with_its_cost():
     claimed(m)
     responded = events(decide(m, ModelAnswered(reply("x", out=1000), T0)))[0]
     assert isinstance(responded, ModelResponded) and responded.cost_usd == pytest.approx((100 * 1 + 1000 * 2) / 1e6)
+
+
+# -- more budgets and approvals -------------------------------------------------------------
+def test_the_tool_call_allowance_pauses_before_the_next_call_keeping_it_as_blocked():
+    m = machine(settings(budget=TurnBudget(max_tool_calls=1)))
+    claimed(m)
+    commands = decide(m, ModelAnswered(reply("two", ("c1", "search", "{}"), ("c2", "search", '{"q": "b"}')), T0))
+    assert types(commands) == ["ModelResponded", "ToolCallStarted", "RunTool"]
+    after = decide(m, ToolReturned("one", T0 + 10))
+    assert types(after) == ["ToolCallFinished", "TurnPaused", "Finish"]
+    paused = events(after)[-1]
+    assert isinstance(paused, TurnPaused) and paused.reason == "tool_calls"
+    assert [c.call_id for c in paused.blocked_calls] == ["c2"] and "search({}) -> ok: one" in paused.kept
+
+
+def test_a_request_whose_worst_case_does_not_fit_the_cost_left_is_not_sent():
+    m = machine(settings(budget=TurnBudget(max_cost_usd=0.0001)))
+    commands = claimed(m)
+    assert types(commands) == ["TurnClaimed", "AttemptStarted", "TurnPaused", "Finish"]
+    paused = events(commands)[-1]
+    assert isinstance(paused, TurnPaused) and paused.reason == "cost" and paused.metrics.iterations == 0
+
+
+def test_past_the_soft_threshold_older_tool_exchanges_are_compacted_before_the_next_request():
+    m = machine(settings(budget=TurnBudget(max_iterations=4, soft_fraction=0.5)))
+    claimed(m)
+    for n in (1, 2):
+        decide(m, ModelAnswered(reply("", (f"c{n}", "search", f'{{"q": "{n}"}}')), T0))
+        last = decide(m, ToolReturned(f"result {n} " * 40, T0))
+    assert types(last) == ["ToolCallFinished", "ContextCompacted", "CallModel"]
+    request = effect(last)
+    assert isinstance(request, CallModel) and request.iteration == 3
+    assert [m.content.startswith("[compacted") for m in request.request.messages if m.role == "tool"] == [True, False]
+
+
+def test_an_approved_call_runs_once_and_a_denied_one_is_reported_to_the_model():
+    grant_state = new_state(CONV)
+    paused_turn = machine(state=grant_state)  # a conversation whose first turn paused on `wire`
+    assert apply_event(grant_state, message("m1", T0 - 5_000, "wire bob")) is None
+    claimed(paused_turn)
+    pause = events(decide(paused_turn, ModelAnswered(reply("", ("c1", "wire", '{"q": "bob"}')), T0)))[-1]
+    assert isinstance(pause, TurnPaused) and pause.pending_call is not None
+    for approved, seen in ((True, "RunTool"), (False, "CallModel")):
+        state = copy.deepcopy(grant_state)
+        decision = Approval(turn_id=pause.turn_id, call_id="c1", approved=approved)
+        approval = InputInjected(
+            event_id=f"a-{approved}", conversation_id=CONV, occurred_at=T0 + 100, occurrence_key=f"approval-{approved}",
+            source="approval", content="decided", approval=decision,
+        )  # fmt: skip
+        assert apply_event(state, approval) is None
+        m = machine(state=state)
+        claimed(m, at=T0 + 5_000)
+        commands = decide(m, ModelAnswered(reply("", ("c9", "wire", '{ "q":"bob" }')), T0 + 5_100))
+        assert type(effect(commands)).__name__ == seen
+        if not approved:
+            assert "denied" in effect(commands).request.messages[-1].content  # type: ignore[union-attr]
+            continue
+        decide(m, ToolReturned("wired", T0 + 5_200))
+        again = decide(m, ModelAnswered(reply("", ("c10", "wire", '{"q": "bob"}')), T0 + 5_300))
+        assert events(again)[-1].type == "TurnPaused"  # one approval lets one call run

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from turnstile.events import ToolCall, ToolCallStarted
+from turnstile.events import ProtocolFailure, ToolCall, ToolCallStarted
 from turnstile.handlers.failure_text import MAX_ATTEMPTS, NOT_REPLAYED
 from turnstile.handlers.pauses import DoneCall, kept_work
 from turnstile.handlers.provider import ProviderError
@@ -12,6 +12,7 @@ from turnstile.handlers.turn_rules import (
     MAX_RESULT_CHARS,
     approval_of,
     bounded_result,
+    fenced,
     isolated_turn,
     retries_after,
     takeover_failure,
@@ -79,3 +80,17 @@ def test_a_pause_keeps_the_reply_the_results_and_the_calls_not_run():
     assert lines[2].startswith("- search({}) -> ok: rrr") and lines[2].endswith("...")
     assert lines[-1] == "- send({}) [call c3]"
     assert kept_work(None, []) == ""
+
+
+def test_only_a_side_effecting_start_is_fenced_by_its_read_back():
+    def start(side_effect: bool) -> ToolCallStarted:
+        return ToolCallStarted(
+            event_id="e", conversation_id="c", occurred_at=0, turn_id="t", run_id="r", attempt=1,
+            iteration=1, call_id="c1", tool="send", arguments="{}", side_effect=side_effect,
+        )  # fmt: skip
+
+    assert fenced(start(True)) and not fenced(start(False))
+    assert not fenced(ProtocolFailure(
+        event_id="p", conversation_id="c", occurred_at=0, turn_id="t", run_id="r", attempt=1,
+        iteration=1, model="m", kind="unknown_tool", detail="no such tool",
+    ))  # fmt: skip

@@ -34,6 +34,6 @@ def add_parser(
 ) -> None:
     parser = sub.add_parser("export-turn", help="write one turn's console page as a standalone HTML file")
     add_log_args(parser)
-    parser.add_argument("conversation")
+    parser.add_argument("conversation", help="the conversation id")
     parser.add_argument("turn_id", help="the turn's id, or its first 8+ characters (inspect and the console show it)")
     parser.add_argument("-o", "--output", type=Path, default=None, help="the file (default: turn-<id>.html here)")
