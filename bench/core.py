@@ -26,7 +26,7 @@ from turnstile.handlers.provider import ChatMessage
 from turnstile.handlers.providers.scripted import ScriptedProvider
 from turnstile.projections import ConversationState, apply_event, new_state
 from turnstile.streams.log import PartitionStart, Record, Topics
-from turnstile.streams.worker import Worker
+from turnstile.streams.worker import FROM_THE_LOG, Worker
 
 SIZES = (10, 1_000, 10_000)
 EVENTS_PER_MEASURE = 60_000  # each figure times at least this many events (or calls)
@@ -234,7 +234,7 @@ async def _fold_into_worker(conversations: int, partitions: int = 8) -> tuple[in
             records.append(Record(p, offsets[p], key.encode(), encode(event)))
             offsets[p] += 1
     log_bytes = sum(len(r.value or b"") + len(r.key or b"") for r in records)
-    worker = Worker(_NullLog(), ScriptedProvider())  # type: ignore[arg-type]
+    worker = Worker(_NullLog(), ScriptedProvider(), FROM_THE_LOG)  # type: ignore[arg-type]
     big = 10**12
     await worker.on_assigned({p: PartitionStart(end_offset=big, committed=big) for p in range(partitions)})
     gc.collect()

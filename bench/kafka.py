@@ -52,10 +52,10 @@ class Broker:
     created: list[str] = field(default_factory=list)
 
     async def fresh_topics(self, name: str) -> Topics:
-        prefix = f"bench-{RUN_ID}-{name}-{len(self.created) // 4}"
+        prefix = f"bench-{RUN_ID}-{name}-{len(self.created) // 5}"
         topics = Topics(f"{prefix}.events", f"{prefix}.out", f"{prefix}.dlq", f"{prefix}.deltas")
         await ensure_topics(self.bootstrap, topics, partitions=PARTITIONS)
-        self.created += [topics.events, topics.outcomes, topics.dead_letters, topics.deltas]
+        self.created += [topics.events, topics.outcomes, topics.dead_letters, topics.deltas, topics.snapshots]
         return topics
 
     async def cleanup(self) -> None:

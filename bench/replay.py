@@ -42,7 +42,7 @@ from turnstile.handlers.providers.scripted import ScriptedProvider
 from turnstile.projections import ConversationState, apply_event, new_state
 from turnstile.streams.log import PartitionStart, Record, Topics
 from turnstile.streams.replay_gc import ReplayGc
-from turnstile.streams.worker import Worker
+from turnstile.streams.worker import FROM_THE_LOG, Worker
 
 MAX_MESSAGES = 40  # longest conversation in the mix
 CONCURRENT = 1_000  # conversations interleaved on the log at a time
@@ -105,9 +105,11 @@ class Filled:
     seconds: float
 
 
-async def fill(broker: Broker, events: int) -> Filled:
+async def fill(broker: Broker, events: int, per_conversation: int | None = None) -> Filled:
+    """`per_conversation`: every conversation that many messages (5 events each) instead of
+    the long-tailed mix."""
     topics = await broker.fresh_topics("replay")
-    lengths = _lengths(events)
+    lengths = _lengths(events) if per_conversation is None else [per_conversation] * (events // 5 // per_conversation)
     templates = {n: _template(n) for n in set(lengths)}
     producer = AIOKafkaProducer(
         bootstrap_servers=broker.bootstrap, acks="all", linger_ms=50, max_batch_size=BATCH_BYTES
@@ -333,7 +335,7 @@ async def worker_rebuild(bootstrap: str, topic: str, replay_gc: bool = True) -> 
     GC eased while partitions replay, the state frozen once all are live -- inside the
     window). `replay_gc=False` (what-if): without them, as before they existed."""
     hooks = ReplayGc() if replay_gc else None
-    worker = Worker(_NoAppends(), ScriptedProvider(), replay_hooks=hooks)  # type: ignore[arg-type]
+    worker = Worker(_NoAppends(), ScriptedProvider(), FROM_THE_LOG, replay_hooks=hooks)  # type: ignore[arg-type]
     big = 10**12
 
     async def ready(ends: dict[TopicPartition, int]) -> None:

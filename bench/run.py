@@ -2,9 +2,9 @@
 
 Prints one table per benchmark; every figure is set against a baseline measured in the
 same run. `--only` / `--skip` pick sections by name (core, throughput, latency, replay,
-faust, memory, stream, deploy, reads). `--profile` also runs the engine benchmark under cProfile and prints where
-its CPU goes. The broker is the one `infra/kafka/start.sh` runs (started if it is not up,
-never stopped); benchmarks use fresh topics of their own and delete them at the end.
+faust, memory, stream, deploy, reads, recovery). `--profile` also runs the engine benchmark
+under cProfile and prints where its CPU goes. The broker is the one `infra/kafka/start.sh`
+runs (started if it is not up, never stopped); benchmarks use fresh topics of their own and delete them at the end.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TypeVar
 
-from bench import core, deploy, faust_vs_aiokafka, first_delta, http_reads, kafka, loop_hold, replay
+from bench import core, deploy, faust_vs_aiokafka, first_delta, http_reads, kafka, loop_hold, recovery, replay
 from bench.common import Section
 from turnstile.streams.kafka_reader import reachable
 
@@ -60,8 +60,10 @@ def _failed(title: str, exc: BaseException) -> Section:
     return section
 
 
-SECTIONS = ("core", "throughput", "latency", "replay", "faust", "memory", "stream", "deploy", "reads", "loop")
-ON_BROKER = ("throughput", "latency", "replay", "faust", "deploy", "reads")
+SECTIONS = (
+    "core", "throughput", "latency", "replay", "faust", "memory", "stream", "deploy", "reads", "loop", "recovery"
+)
+ON_BROKER = ("throughput", "latency", "replay", "faust", "deploy", "reads", "recovery")
 
 
 async def _on_broker(bootstrap: str, wanted: set[str], args: argparse.Namespace) -> list[Section]:
@@ -92,6 +94,15 @@ async def _on_broker(bootstrap: str, wanted: set[str], args: argparse.Namespace)
             await run("8. time to first delta", first_delta.first_delta(broker))
         if "deploy" in wanted:
             await run("9. rolling deploy", deploy.deploy(broker))
+        if "recovery" in wanted:
+            try:
+                events, conversations, scale = args.recovery
+                found = await recovery.recovery(broker, events, conversations, scale)
+                sections += [recovery.recovery_section(found.scales), recovery.memory_section(found.memory)]
+            except Exception as exc:
+                sections.append(_failed("12-13. assignment -> live, resident memory", exc))
+            for section in sections[-2:]:
+                print(section.render() + "\n", flush=True)
         if "reads" in wanted:
             await run("10. HTTP GET latency", http_reads.http_reads(broker, args.reads_events))
         if "loop" in wanted:
@@ -222,6 +233,12 @@ def main() -> None:
         type=lambda text: tuple(int(n) for n in text.split(",")),
         default=(10_000, 1_000_000),
         help="reads: the log sizes GETs are timed at (default 10000,1000000)",
+    )
+    parser.add_argument(
+        "--recovery",
+        type=lambda text: tuple(int(n) for n in text.split(",")),
+        default=(1_000_000, 100_000, 10),
+        help="recovery: EVENTS,CONVERSATIONS,SCALE: the log, then SCALE times its history (1000000,100000,10)",
     )
     parser.add_argument("--no-replay-worker", action="store_true", help="replay: skip the pass through Worker._consume")
     args = parser.parse_args()

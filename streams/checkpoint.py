@@ -137,12 +137,14 @@ class Checkpoint:
             self.effect(self._log.topics.dead_letters, record, value, DecodeError("effect_skipped", detail))
 
     # -- commits ---------------------------------------------------------------------------
-    async def commit_due(self, partitions: Iterable[int]) -> None:
-        """Step 5, on the interval: commit `partitions` (those not being revoked)."""
+    async def commit_due(self, partitions: Iterable[int]) -> dict[int, int] | None:
+        """Step 5, on the interval: commit `partitions` (those not being revoked); returns the
+        offsets committed (None: not due)."""
         now = asyncio.get_running_loop().time()
         if now - self._last_commit >= self._interval_s:
             self._last_commit = now
-            await self.commit(partitions)
+            return await self.commit(partitions)
+        return None
 
     async def commit_revoked(self, partitions: Iterable[int]) -> None:
         """Step 5, on a revoke: their effects in flight get a moment to land, then commit."""
@@ -152,22 +154,25 @@ class Checkpoint:
             await asyncio.wait(writes, timeout=REVOKE_FLUSH_S)
         await self.commit(wanted)
 
-    async def close(self, clean: bool) -> None:
+    async def close(self, clean: bool) -> dict[int, int]:
         """Step 5, on stop: after a clean one, effects get a while to land and the offsets
-        are committed; what is still unwritten then is cancelled (and not committed past)."""
+        are committed (returned); what is still unwritten then is cancelled (and not
+        committed past)."""
         try:
             if clean:
                 with contextlib.suppress(Exception):  # a failed last commit: the next owner redoes
                     writes = [e.write for e in self._effects]
                     if writes:
                         await asyncio.wait(writes, timeout=STOP_FLUSH_S)
-                    await self.commit(self._positions)
+                    return await self.commit(self._positions)
+            return {}
         finally:
             for effect in self._effects:
                 effect.write.cancel()  # not committed past: the next owner redoes them
 
-    async def commit(self, partitions: Iterable[int]) -> None:
-        """Step 4: each live partition's offset, held below any effect still unwritten."""
+    async def commit(self, partitions: Iterable[int]) -> dict[int, int]:
+        """Step 4: each live partition's offset, held below any effect still unwritten
+        (returned: below them every record's effects are on the log)."""
         self._effects = [e for e in self._effects if not e.write.done()]
         unwritten: dict[int, int] = {}
         for e in self._effects:
@@ -179,3 +184,4 @@ class Checkpoint:
                 offsets[p] = min(at.position, unwritten.get(p, at.position))
         if offsets:
             await self._log.commit(offsets)
+        return offsets

@@ -193,7 +193,7 @@ class FileLog:
         return handle
 
     def _partition_count(self, topic: str) -> int:
-        return self.partitions if topic == self.topics.events else 1
+        return self.partitions if topic in (self.topics.events, self.topics.snapshots) else 1
 
     def partition_count(self) -> int:
         return self.partitions
@@ -294,6 +294,9 @@ class FileLog:
                         yield record
             if quiet:
                 await asyncio.sleep(poll_s)
+
+    async def read_partitions(self, topic: str, partitions: list[int]) -> dict[int, list[Record]]:
+        return {p: self.read_all(topic, p) for p in partitions}
 
     def read_all(self, topic: str, partition: int | None = None) -> list[Record]:
         """Every record of a topic (or of one of its partitions), partition by partition."""

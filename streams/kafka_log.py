@@ -28,7 +28,7 @@ from aiokafka.errors import (
 )
 from aiokafka.structs import OffsetAndMetadata
 
-from turnstile.streams.kafka_reader import KafkaReader, record_of
+from turnstile.streams.kafka_reader import KafkaReader, ensure_snapshot_topic, read_partitions, record_of
 from turnstile.streams.log import (
     Acknowledged,
     PartitionStart,
@@ -44,6 +44,8 @@ log = logging.getLogger(__name__)
 # The producer refuses a record larger than this (aiokafka's default, set explicitly so the
 # worker knows it); the broker's own limit per topic is `max.message.bytes`.
 MAX_REQUEST_BYTES = 1 << 20
+# How long reading a topic's partitions outside the group (the snapshots, on assignment) may take.
+READ_TIMEOUT_S = 60.0
 # Kafka's broker default for `max.message.bytes`, when a topic's config cannot be read.
 BROKER_DEFAULT_MAX_MESSAGE_BYTES = 1_048_588
 # Records one poll returns at most: the consumer loop decodes them before it can let the
@@ -88,8 +90,13 @@ class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]
         positions = await self.listener.on_assigned(starts)
         # At once (seek does not await): the listener reads nothing of these partitions
         # until it returns, and nothing from elsewhere must reach it after.
-        for tp in assigned:
+        for tp in assigned & consumer.assignment():  # (one lost to a rebalance meanwhile: not ours)
             consumer.seek(tp, positions.get(tp.partition, 0))
+
+
+# What a rebalance allows a member beyond its session timeout to rejoin: a revoke's grace
+# (`WorkerConfig.revoke_grace_s`, 5 s by default) and its flush and commit, with room to spare.
+REVOKE_ROOM_MS = 10_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,6 +120,14 @@ class Membership:
         if not 6_000 <= self.session_timeout_ms <= 300_000:
             # The broker's default group.min/max.session.timeout.ms; outside them it refuses the join.
             raise ValueError(f"session timeout {self.session_timeout_ms} ms is outside 6000..300000 ms")
+
+    @property
+    def rebalance_timeout_ms(self) -> int:
+        """How long the group waits for a member to rejoin in a rebalance. aiokafka's default
+        is the session timeout; a revoke waits for the steps in progress (the worker's
+        `revoke_grace_s`, 5 s) and then flushes and commits, so it gets that much more room
+        whatever the session: a member slower than this is dropped and its partitions move."""
+        return self.session_timeout_ms + REVOKE_ROOM_MS
 
     @property
     def heartbeat_interval_ms(self) -> int:
@@ -142,6 +157,7 @@ class KafkaLog:
             group_instance_id=membership.instance_id,
             session_timeout_ms=membership.session_timeout_ms,
             heartbeat_interval_ms=membership.heartbeat_interval_ms,
+            rebalance_timeout_ms=membership.rebalance_timeout_ms,
             enable_auto_commit=False,
             auto_offset_reset="earliest",
             isolation_level="read_committed",
@@ -205,6 +221,7 @@ class KafkaLog:
     async def start(self, listener: RebalanceListener) -> None:
         effect_topics = [self.topics.outcomes, self.topics.dead_letters]
         self.max_message_bytes = await topic_max_message_bytes(self.bootstrap, effect_topics)
+        await ensure_snapshot_topic(self.bootstrap, self.topics)
         await self.producer.start()
         await self.consumer.start()
         self.consumer.subscribe([self.topics.events], listener=_Listener(self, listener))
@@ -256,6 +273,9 @@ class KafkaLog:
                 await self.consumer.commit(mine)
             except Exception as exc:  # a rebalance in progress: the next commit carries it
                 log.warning("offset commit skipped: %s", exc)
+
+    async def read_partitions(self, topic: str, partitions: list[int]) -> dict[int, list[Record]]:
+        return await read_partitions(self.bootstrap, topic, partitions, READ_TIMEOUT_S)
 
     async def flush(self) -> None:
         await self.producer.flush()

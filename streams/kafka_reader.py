@@ -101,6 +101,19 @@ async def read_topic(bootstrap: str, topic: str, timeout_s: float = 30.0) -> lis
         return await read_to_end(consumer, partitions, timeout_s)
 
 
+async def read_partitions(
+    bootstrap: str, topic: str, partitions: list[int], timeout_s: float = 30.0
+) -> dict[int, list[Record]]:
+    """The records of these partitions of `topic`, up to their end at the time of the call."""
+    async with group_less_consumer(bootstrap, topic, timeout_s) as (consumer, assigned):
+        wanted = [tp for tp in assigned if tp.partition in partitions]
+        consumer.pause(*(tp for tp in assigned if tp not in wanted))
+        out: dict[int, list[Record]] = {p: [] for p in partitions}
+        for record in await read_to_end(consumer, wanted, timeout_s):
+            out[record.partition].append(record)
+        return out
+
+
 async def read_conversation(
     bootstrap: str, topic: str, conversation_id: str, timeout_s: float = 30.0, max_records: int | None = None
 ) -> list[Record]:
@@ -155,8 +168,13 @@ class KafkaReader:
         return follow_topic(self.bootstrap, topic, since_ms)
 
 
+# The snapshot topic keeps the latest value per key (conversation id) for ever: compaction,
+# not age, removes a conversation's older snapshots.
+SNAPSHOTS_CONFIG = {"cleanup.policy": "compact"}
+
+
 async def ensure_topics(bootstrap: str, topics: Topics, partitions: int) -> None:
-    """Create the four topics if they are missing (the infra script does the same)."""
+    """Create the five topics if they are missing (the infra script does the same)."""
     admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
     await admin.start()
     try:
@@ -167,6 +185,9 @@ async def ensure_topics(bootstrap: str, topics: Topics, partitions: int) -> None
             NewTopic(topics.dead_letters, 1, 1, topic_configs=forever),
             # Deltas serve live readers of a reply in progress: an hour is plenty.
             NewTopic(topics.deltas, partitions, 1, topic_configs={"retention.ms": str(DELTAS_RETENTION_MS)}),
+            # Co-partitioned with the events: a conversation's snapshot is in the partition of
+            # the same number as its events, so an owner of one reads the other.
+            NewTopic(topics.snapshots, partitions, 1, topic_configs=SNAPSHOTS_CONFIG),
         ]
         existing = set(await admin.list_topics())
         missing = [t for t in wanted if t.name not in existing]
@@ -174,6 +195,33 @@ async def ensure_topics(bootstrap: str, topics: Topics, partitions: int) -> None
             with contextlib.suppress(TopicAlreadyExistsError):  # another process created them first
                 await admin.create_topics(missing)
         await _until_led(admin, [t.name for t in wanted])
+    finally:
+        await admin.close()
+
+
+async def ensure_snapshot_topic(bootstrap: str, topics: Topics) -> None:
+    """Create the snapshot topic if it is missing, with as many partitions as the events
+    topic (a deployment made before snapshots has the other topics only); refuse one that
+    is not co-partitioned with the events."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        described = {t["topic"]: t for t in await admin.describe_topics([topics.events, topics.snapshots])}
+        events = described.get(topics.events)
+        if events is None or events["error_code"] != 0 or not events["partitions"]:
+            return  # no events topic yet: the consumer reports that in its own words
+        partitions = len(events["partitions"])
+        snapshots = described.get(topics.snapshots)
+        if snapshots is not None and snapshots["error_code"] == 0 and snapshots["partitions"]:
+            if len(snapshots["partitions"]) != partitions:
+                raise ValueError(
+                    f"topic {topics.snapshots!r} has {len(snapshots['partitions'])} partitions and {topics.events!r}"
+                    f" {partitions}: they must be co-partitioned (recreate {topics.snapshots!r})"
+                )
+            return
+        with contextlib.suppress(TopicAlreadyExistsError):
+            await admin.create_topics([NewTopic(topics.snapshots, partitions, 1, topic_configs=SNAPSHOTS_CONFIG)])
+        await _until_led(admin, [topics.snapshots])
     finally:
         await admin.close()
 

@@ -50,6 +50,13 @@ class Topics:
     dead_letters: str = "turnstile.events.dlq"
     # Text of replies in progress, for live readers only: not the durable log, short retention.
     deltas: str = "turnstile.deltas"
+    # Compacted, co-partitioned with `events`, keyed by conversation id (`streams/snapshots.py`).
+    # By default named after the events topic: turnstile.events -> turnstile.snapshots.
+    snapshots: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.snapshots:
+            object.__setattr__(self, "snapshots", self.events.removesuffix(".events") + ".snapshots")
 
 
 class Acknowledged(Protocol):
@@ -174,6 +181,11 @@ class EventLog(Protocol):
         ...
 
     async def commit(self, offsets: dict[int, int]) -> None: ...
+
+    async def read_partitions(self, topic: str, partitions: list[int]) -> dict[int, list[Record]]:
+        """The records of these partitions of any topic, from their first to their end at the
+        time of the call, outside the consumer group (nothing is committed)."""
+        ...
 
     async def flush(self) -> None:
         """Wait until every append in flight is on the log (or failed)."""

@@ -12,6 +12,8 @@ after a restart does not count history twice within one process:
 * `turnstile_dead_letters_total{reason}`: values sent to the dead-letter topic
 * `turnstile_effects_skipped_total{topic}`: one-time writes (outcome records, dead letters)
   the log refused for good (too large for the topic...), each marked on the dead-letter topic
+* `turnstile_snapshots_ignored_total`: conversations found on assignment whose snapshots do
+  not decode (each is replayed from the events instead)
 * `turnstile_messages_rejected_total`: refusals of the double-text policy
 * `turnstile_scheduled_inputs_total{schedule}`: occurrences the scheduler published
 * `turnstile_consumer_lag{partition}`: end offset minus the worker's position, per owned
@@ -100,6 +102,9 @@ class Metrics:
         self.effects_skipped = Counter(
             "turnstile_effects_skipped", "One-time writes the log refused for good", ["topic"], registry=r
         )
+        self.snapshots_ignored = Counter(
+            "turnstile_snapshots_ignored", "Conversations whose snapshots did not decode on assignment", registry=r
+        )
         self.rejected = Counter("turnstile_messages_rejected", "Refusals of the double-text policy", registry=r)
         self.scheduled = Counter(
             "turnstile_scheduled_inputs", "Occurrences published by the scheduler", ["schedule"], registry=r
@@ -158,6 +163,9 @@ class Metrics:
 
     def on_dead_letter(self, reason: str) -> None:
         self.dead_letters.labels(reason).inc()
+
+    def on_snapshots_ignored(self, conversations: int) -> None:
+        self.snapshots_ignored.inc(conversations)
 
     def on_effect_skipped(self, topic: str) -> None:
         self.effects_skipped.labels(topic).inc()

@@ -23,7 +23,7 @@ from collections import OrderedDict, deque
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
-from turnstile.events import Event, TurnClaimed
+from turnstile.events import STEP_TYPES, Event, TurnClaimed, TurnEnvelope
 from turnstile.projections import STATUSES, ConversationState, Status, conversation_status
 from turnstile.streams.log import Record
 from turnstile.streams.views import ConversationView
@@ -124,18 +124,13 @@ class WorkerReadModel:
         view.add(record, event, ignored)
         if isinstance(event, TurnClaimed) and ignored is None:
             self._drop_old_details(view, event.turn_id)
-        sequence, status = next(self._sequence), conversation_status(state)
-        was = self._status.get(conversation)
-        if was != status:
-            if was is not None:
-                del self._by_status[was][conversation]
-            self._status[conversation] = status
-        for order in (self._recent, self._by_status[status]):
-            order[conversation] = sequence
-            order.move_to_end(conversation)
+        # The steps inside a turn (attempts, model and tool calls) leave its status as it was;
+        # any other event (inputs, claims, outcomes, refusals, interrupts) may move it.
+        status = self._moved(state, step=isinstance(event, STEP_TYPES))
         followers = self._followers.get(conversation)
         if followers:
-            told = Folded(record.partition, record.offset, event.type, getattr(event, "turn_id", None), status)
+            turn_id = event.turn_id if isinstance(event, TurnEnvelope) else None
+            told = Folded(record.partition, record.offset, event.type, turn_id, status)
             for queue in followers:
                 try:
                     queue.put_nowait(told)
@@ -143,6 +138,33 @@ class WorkerReadModel:
                     while not queue.empty():
                         queue.get_nowait()
                     queue.put_nowait(None)
+
+    def restored(self, state: ConversationState) -> None:
+        """From its snapshot: the state, without the timelines of the turns it covers."""
+        self._views[state.conversation_id] = ConversationView(state)
+        self._moved(state)
+
+    def evicted(self, state: ConversationState) -> None:
+        """Out of the worker's memory: its view goes too; it stays listed, read back from the
+        worker's local store when a page or a lookup shows it."""
+        self._views.pop(state.conversation_id, None)
+        if state.conversation_id not in self._status:
+            self._moved(state)
+
+    def _moved(self, state: ConversationState, step: bool = False) -> Status:
+        """Put the conversation first in the recency orders; returns its status (`step`: a
+        step inside a turn, which leaves a known status as it was)."""
+        conversation = state.conversation_id
+        sequence, was = next(self._sequence), self._status.get(conversation)
+        status = was if step and was is not None else conversation_status(state)
+        if was != status:
+            if was is not None:
+                del self._by_status[was][conversation]
+            self._status[conversation] = status
+        for order in (self._recent, self._by_status[status]):
+            order[conversation] = sequence
+            order.move_to_end(conversation)
+        return status
 
     def forgotten(self, conversations: set[str]) -> None:
         for conversation in conversations:
@@ -169,7 +191,10 @@ class WorkerReadModel:
             return NotOwned(partition)
         if not live:
             return Replaying(partition)
-        return self._views.get(conversation)
+        view = self._views.get(conversation)
+        if view is None and (state := self._worker.state_of(conversation)) is not None:
+            return ConversationView(state)  # out of memory (evicted): its state from the local store
+        return view
 
     def page(
         self, *, contains: str = "", status: Status | None = None, before: int | None = None, limit: int = 50
@@ -185,14 +210,16 @@ class WorkerReadModel:
                 continue
             if len(rows) == limit:
                 return ConversationPage(rows, last_sequence)
-            view = self._views[conversation]
-            state = view.state
+            view = self._views.get(conversation)
+            state = view.state if view is not None else self._worker.state_of(conversation)
+            if state is None:
+                continue
             row = ConversationRow(
                 conversation,
                 self._status[conversation],
-                view.last_event_at,
+                view.last_event_at if view is not None else None,
                 state.events_applied,
-                len(view.turns),
+                len(view.turns) if view is not None else len(state.turns),
                 len(state.pending),
             )
             rows.append(row)

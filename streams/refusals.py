@@ -79,6 +79,11 @@ class Refusals:
         else:
             self._done(conversation)
 
+    def owes(self, conversation: str) -> bool:
+        """A refusal of it is still to be written or folded back: the worker's alone, not in
+        the conversation's state."""
+        return bool(self._unfolded.get(conversation)) or conversation in self._writers
+
     def writers(self, conversations: Iterable[str] | None = None) -> list[asyncio.Task[None]]:
         """The writers in flight (of these conversations)."""
         if conversations is None:

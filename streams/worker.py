@@ -40,12 +40,15 @@ from turnstile.handlers.claim import (
 from turnstile.handlers.provider import ChatMessage, Provider
 from turnstile.projections import ConversationState, apply_event, new_state
 from turnstile.streams.checkpoint import Checkpoint, Position
+from turnstile.streams.eviction import EvictionPolicy, Evictor, settled
 from turnstile.streams.log import Acknowledged, EventLog, PartitionStart, Record
 from turnstile.streams.metrics import Metrics
 from turnstile.streams.refusals import Refusals
 from turnstile.streams.reply_deltas import DeltaPublisher
 from turnstile.streams.runner_slot import RunnerSlot
 from turnstile.streams.runtime import Clock, Ids, RandomIds, SystemClock
+from turnstile.streams.snapshots import Loaded, SnapshotPolicy, Snapshotter
+from turnstile.streams.state_store import StateStore
 from turnstile.streams.turn_runner import TurnRunner, TurnSettings
 
 if TYPE_CHECKING:
@@ -78,6 +81,16 @@ class FoldObserver(Protocol):
 
     def folded(self, record: Record, event: Event, state: ConversationState, ignored: str | None) -> None: ...
 
+    def restored(self, state: ConversationState) -> None:
+        """A conversation of a newly assigned partition starts from its snapshot (or an
+        evicted one comes back): its events up to the snapshot are not folded (told) again."""
+        ...
+
+    def evicted(self, state: ConversationState) -> None:
+        """The conversation is out of memory (still owned: `Worker.state_of` reads it from the
+        local store); `state` is how it left, to look at now, not to keep."""
+        ...
+
     def forgotten(self, conversations: set[str]) -> None: ...
 
 
@@ -96,8 +109,8 @@ class WorkerConfig:
     drain_grace_s: float = 30.0
     # On a revoke: how long the steps in progress may take to finish before the group moves
     # on. It holds up the whole group's rebalance, so it must stay well inside the group's
-    # rebalance timeout (aiokafka's default: the session timeout, 10 s), or the member is
-    # dropped and its partitions move anyway: half of it leaves the join round trips room.
+    # rebalance timeout (the Kafka log's: the session timeout + 10 s), or the member is
+    # dropped and its partitions move anyway; the rest leaves the flush and commit room.
     revoke_grace_s: float = 5.0
     # Stream the text of replies to the deltas topic as it arrives (providers then ask
     # for server-sent events); the events topic records each reply whole either way.
@@ -105,6 +118,11 @@ class WorkerConfig:
     # OpenTelemetry spans of turns, attempts, model and tool calls (`streams/tracing.py`),
     # to the global tracer provider unless the worker is given one.
     tracing: bool = False
+    # Conversation states on the compacted snapshot topic (`streams/snapshots.py`): an
+    # assignment folds only the events after them.
+    snapshots: SnapshotPolicy = SnapshotPolicy()
+    # Idle conversations leave memory for the local store (`streams/eviction.py`); needs snapshots.
+    eviction: EvictionPolicy = EvictionPolicy()
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,6 +135,10 @@ class ReplayProgress:
     events_total: int  # records to read before every assigned partition is live
 
 
+# A worker that rebuilds every partition from offset 0, as before snapshots (benchmarks of the replay).
+FROM_THE_LOG = WorkerConfig(snapshots=SnapshotPolicy(enabled=False))
+
+
 @dataclass(slots=True)
 class _Partition:
     at: Position  # the checkpoint's: where its fold stands
@@ -125,6 +147,8 @@ class _Partition:
     suspended: bool = False
     # Records are folded only from where the log was told to read it (after an assignment).
     reading: bool = True
+    # Assigned with snapshots: which events of the partition they include already.
+    loaded: Loaded | None = None
 
     @property
     def live(self) -> bool:
@@ -176,6 +200,13 @@ class Worker:
         # (history is append-only): a turn start then does not re-render all of it.
         self._rendered: dict[str, list[ChatMessage]] = {}
         self.fold_observers: list[FoldObserver] = []
+        evicting = config.snapshots.enabled and config.eviction.enabled
+        self._store = StateStore(config.eviction.state_dir, log_.topics.events) if evicting else None
+        self.snapshots = (
+            Snapshotter(log_, config.snapshots, self.clock.now_ms, self._store) if config.snapshots.enabled else None
+        )
+        self.evictor = Evictor(config.eviction, self._store, self.clock.now_ms) if self._store is not None else None
+        self.fold_observers.extend(o for o in (self.snapshots, self.evictor) if o is not None)
 
     # -- what others may ask -----------------------------------------------------------
     def measure(self, metrics: Metrics) -> None:
@@ -186,8 +217,13 @@ class Worker:
         metrics.report_lag(self.consumer_lag)
 
     def state_of(self, conversation_id: str) -> ConversationState | None:
-        """The conversation as this worker has folded it (None: not on a partition it owns)."""
-        return self.states.get(conversation_id)
+        """The conversation as this worker has folded it (None: not on a partition it owns);
+        one out of memory is read from the local store, and left there."""
+        state = self.states.get(conversation_id)
+        partition = self.log.partition_for(conversation_id)
+        if state is None and self.evictor is not None and partition in self._partitions:
+            return self.evictor.reload(conversation_id, partition)
+        return state
 
     def live_here(self, conversation_id: str) -> bool:
         """Whether the conversation's partition is assigned here and replayed to its present."""
@@ -218,6 +254,8 @@ class Worker:
         self._rebalances += 1
         moved = [p for p, part in self._partitions.items() if part.suspended and p not in partitions]
         await self._hand_over(moved)
+        fresh_parts = [p for p in partitions if (part := self._partitions.get(p)) is None or not part.suspended]
+        loaded = await self._load_snapshots(fresh_parts)
         # Nothing awaits from here to the return: the log seeks to the returned offsets before
         # the consumer loop runs again, so no record read from elsewhere is folded.
         kept = []
@@ -228,14 +266,50 @@ class Worker:
                 part.reading = True
                 kept.append(p)
             else:
-                self._partitions[p] = _Partition(self.checkpoint.assign(p, start))
+                part = self._partitions[p] = _Partition(self.checkpoint.assign(p, start))
+                self._start_from(p, part, loaded.get(p))
         for p in kept:
             if self._partitions[p].live:
                 self._continue_kept(p)
         fresh = sorted(set(partitions) - set(kept))
-        log.info("assigned partitions %s: kept %s, replaying %s from the beginning", sorted(partitions), kept, fresh)
+        starts = {p: self._partitions[p].at.position for p in partitions}
+        log.info("assigned partitions %s: kept %s, replaying %s from %s", sorted(partitions), kept, fresh, starts)
         self._note_replay()
-        return {p: self._partitions[p].at.position for p in partitions}
+        return starts
+
+    async def _load_snapshots(self, partitions: list[int]) -> dict[int, Loaded]:
+        if self.snapshots is None:
+            return {}
+        loaded = await self.snapshots.load(partitions)
+        ignored = sum(len(one.ignored) for one in loaded.values())
+        if ignored and self.metrics is not None:
+            self.metrics.on_snapshots_ignored(ignored)
+        return loaded
+
+    def _start_from(self, p: int, part: _Partition, loaded: Loaded | None) -> None:
+        """A new partition's conversations from their snapshots; it is read from after them."""
+        if loaded is None:
+            return
+        part.loaded = loaded
+        part.at.position = loaded.seek
+        for conversation, state in loaded.resident.items():
+            self.states[conversation] = state
+            self._partition_of[conversation] = p
+            part.conversations.add(conversation)
+            for observer in self.fold_observers:
+                observer.restored(state)
+        for state in loaded.stored:  # waiting in the local store
+            for observer in self.fold_observers:
+                observer.evicted(state)
+        loaded.stored = []
+        if part.live:
+            self._went_live(part)
+
+    def _went_live(self, part: _Partition) -> None:
+        # Decisions were held while replaying: every conversation of the partition is due
+        # one now, not only those a later event happens to touch.
+        self._dirty.update(part.conversations)
+        part.loaded = None  # its snapshots cover less than the end the partition was live at
 
     async def on_revoked(self, partitions: set[int]) -> None:
         """Before the group moves partitions: let the step in progress of each turn on them
@@ -270,6 +344,8 @@ class Worker:
         # the next owner replays, rather than after it has taken the conversation over.
         await self.log.flush()
         await self.checkpoint.commit_revoked(revoked)
+        if self.snapshots is not None:
+            await self.snapshots.drain()  # on the topic before the next owner reads it
         log.info("revoked partitions %s", sorted(partitions))
 
     async def _read_back_now(self, slots: list[RunnerSlot], deadline: float) -> None:
@@ -302,6 +378,8 @@ class Worker:
             task.cancel()
         await asyncio.gather(*stopping, return_exceptions=True)
         await self.log.flush()
+        if self.snapshots is not None:
+            self.snapshots.handed_over(partitions)
         for p in partitions:
             part = self._partitions.pop(p)
             self.checkpoint.drop(p)
@@ -370,7 +448,13 @@ class Worker:
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
-            await self.checkpoint.close(clean=stopped_cleanly)
+            done = await self.checkpoint.close(clean=stopped_cleanly)
+            if self.snapshots is not None:
+                if done:  # a clean stop: what changed is snapshotted now, for the next owner
+                    self._snapshot(done, final=True)
+                await self.snapshots.drain()
+            if self._store is not None:
+                self._store.close()
             if self.replies is not None:
                 await self.replies.aclose()
             await self.log.stop()
@@ -387,7 +471,61 @@ class Worker:
             await self._consume(record)
             await self._let_the_loop_run()
         self._decide()
-        await self.checkpoint.commit_due(p for p, part in self._partitions.items() if not part.suspended)
+        done = await self.checkpoint.commit_due(p for p, part in self._partitions.items() if not part.suspended)
+        if done is not None:
+            self._snapshot(done)
+            self._evict()
+
+    def _snapshot(self, done: dict[int, int], final: bool = False) -> None:
+        """Snapshots due at this checkpoint; `done`: the offsets just committed."""
+        if self.snapshots is None:
+            return
+        positions = {p: part.at.position for p, part in self._partitions.items() if part.live and not part.suspended}
+        self.snapshots.checkpoint(positions, done, self.clock.now_ms(), self.states.get, self._owes_nothing, final)
+
+    def _owes_nothing(self, conversation: str) -> bool:
+        """No refusal is owed for it: one not yet on the log is the worker's alone, so a
+        snapshot would hide it from the next owner (a full replay would not)."""
+        return not self.refusals.owes(conversation)
+
+    def _back_from_store(self, conversation: str, partition: int) -> ConversationState:
+        """An evicted conversation's state, or a new one's."""
+        state = self.evictor.reload(conversation, partition) if self.evictor is not None else None
+        if state is None:
+            return new_state(conversation)
+        for observer in self.fold_observers:
+            observer.restored(state)
+        return state
+
+    def _evict(self) -> None:
+        if self.evictor is None:
+            return
+        for conversation in self.evictor.evict(self._evictable):
+            state = self.states.pop(conversation)
+            part = self._partitions.get(self._partition_of.pop(conversation, -1))
+            if part is not None:
+                part.conversations.discard(conversation)
+            self._rendered.pop(conversation, None)
+            for observer in self.fold_observers:
+                observer.evicted(state)
+
+    def _evictable(self, conversation: str) -> bool:
+        """Nothing to decide or under way for it, and its latest state is in the store."""
+        state = self.states.get(conversation)
+        partition = self._partition_of.get(conversation)
+        part = self._partitions.get(partition) if partition is not None else None
+        return (
+            state is not None
+            and part is not None
+            and partition is not None
+            and not part.suspended
+            and settled(state)
+            and conversation not in self.runners
+            and conversation not in self._dirty
+            and self._owes_nothing(conversation)
+            and self.snapshots is not None
+            and self.snapshots.clean(partition, conversation)
+        )
 
     async def _let_the_loop_run(self) -> None:
         """Folding awaits nothing real, and neither does a poll with records at hand: a
@@ -437,13 +575,14 @@ class Worker:
             return  # folded already (read back while the partition was being revoked)
         was_live = part.live
         effects = self.checkpoint.advance(record)
+        in_snapshot = part.loaded is not None and part.loaded.folded_already(record)
         if not was_live and part.live:
-            # Decisions were held while replaying: every conversation of the partition is
-            # due one now, not only those a later event happens to touch.
-            self._dirty.update(part.conversations)
+            self._went_live(part)
             if part.suspended:
                 self._continue_kept(record.partition)
             self._note_replay()
+        if in_snapshot:
+            return
         event = decode(record.value, self.config.max_value_bytes)
         if isinstance(event, DecodeError):
             self._dead_letter(record, event, effects)
@@ -456,7 +595,7 @@ class Worker:
         conversation = event.conversation_id
         state = self.states.get(conversation)
         if state is None:
-            state = self.states[conversation] = new_state(conversation)
+            state = self.states[conversation] = self._back_from_store(conversation, record.partition)
             self._partition_of[conversation] = record.partition
             part.conversations.add(conversation)
         rejection = apply_event(state, event)

@@ -1,0 +1,223 @@
+"""Issue 13 item 5 (a) and (b): assignment -> live with and without snapshots, at N events
+and at 10x the history over the same conversations; and the resident memory of a worker
+that owns many conversations of which 1,000 are active.
+
+The topic is filled as for the replay benchmark (`bench.replay.fill`: every conversation the
+same number of messages, each answered by a completed turn, 5 events per message). Then, each
+pass a fresh `Worker` on the real broker (`KafkaLog`, its own consumer group), draining from
+the start so it only folds, never claims:
+* *writer* (not timed): snapshots on; it replays, writes the one-time effects (outcome
+  records) and commits, snapshots every conversation (`max_per_checkpoint` of them per
+  checkpoint) and stays until they and the watermarks are written;
+* *full replay*: snapshots off, from offset 0 (the baseline, as before snapshots);
+* *with snapshots*: snapshots on, from the writer's snapshots and watermark.
+All passes share one consumer group, so the timed ones start as a restart does (committed
+offsets at the end). The window is from the worker's `on_assigned` being called to every
+assigned partition being live (polled every 5 ms), the same for both; the group join before
+it is not counted.
+
+Memory (b): after the with-snapshots pass has gone live, 1,000 of the conversations get a
+message (they come back from the local store and stay pending: the worker is draining);
+resident set size of the process (VmRSS, after gc) is read then, against a full-replay worker
+that holds every conversation, each measured in a subprocess of its own so neither inherits
+the other's heap.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import sys
+import time
+from dataclasses import dataclass
+
+from bench.common import Section
+from bench.kafka import Broker
+from bench.replay import fill
+from turnstile.handlers.providers.scripted import ScriptedProvider
+from turnstile.streams.eviction import EvictionPolicy
+from turnstile.streams.kafka_log import KafkaLog
+from turnstile.streams.log import PartitionStart, Topics
+from turnstile.streams.publisher import message_event, publish
+from turnstile.streams.runtime import SystemClock
+from turnstile.streams.snapshots import SnapshotPolicy
+from turnstile.streams.worker import FROM_THE_LOG, Worker, WorkerConfig
+
+FULL = FROM_THE_LOG
+# Every settled conversation leaves memory once its snapshot is written.
+SNAPSHOTS = WorkerConfig(snapshots=SnapshotPolicy(idle_ms=0), eviction=EvictionPolicy(idle_ms=0))
+ACTIVE = 1_000
+TIMEOUT_S = 900
+
+
+class _Timed(Worker):
+    """A worker that notes when its partitions are handed to it."""
+
+    assigned_at: float | None = None
+
+    async def on_assigned(self, partitions: dict[int, PartitionStart]) -> dict[int, int]:
+        if self.assigned_at is None:
+            self.assigned_at = time.perf_counter()
+        return await super().on_assigned(partitions)
+
+
+@dataclass(frozen=True)
+class Pass:
+    label: str
+    seconds: float  # assignment -> live
+    seek: int  # events the worker skipped thanks to the snapshots (sum of seek offsets)
+    rss_mb: float
+
+
+def _rss_mb() -> float:
+    gc.collect()
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def _group(topics: Topics) -> str:
+    """One consumer group per topic: after the writer's pass its committed offsets are at the
+    end, so the timed passes start as a restart does, with every one-time effect done."""
+    return f"bench-recovery-{topics.events}"
+
+
+async def _pass(
+    broker: Broker, topics: Topics, config: WorkerConfig, label: str, active: int = 0, write: bool = False
+) -> Pass:
+    """`write`: stay until every change is on the snapshot topic, watermarks included."""
+    worker = _Timed(KafkaLog(broker.bootstrap, _group(topics), topics), ScriptedProvider(), config)
+    worker.draining = True  # it only folds: the log stays as filled
+    stop = asyncio.Event()
+    task = asyncio.create_task(worker.run(stop))
+    try:
+        deadline = time.perf_counter() + TIMEOUT_S
+        while not ((p := worker.replay_progress()).partitions and p.replaying == 0):
+            if task.done() or time.perf_counter() > deadline:
+                raise TimeoutError(f"{label}: not live in {TIMEOUT_S} s ({p})")
+            await asyncio.sleep(0.005)
+        assert worker.assigned_at is not None
+        seconds = time.perf_counter() - worker.assigned_at
+        seek = sum(worker.snapshots.seeks.values()) if worker.snapshots is not None else 0
+        snapshots = worker.snapshots
+        while write and snapshots is not None and any(snapshots.pending(p) for p in worker.partition_liveness()):
+            if time.perf_counter() > deadline:
+                raise TimeoutError(f"{label}: snapshots not written in {TIMEOUT_S} s")
+            await asyncio.sleep(0.1)
+        if active:
+            now = SystemClock().now_ms()
+            for i in range(active):
+                await publish(worker.log, message_event(f"conv-{i:07d}", "one more question", now, f"active-{i}"))
+            # the active ones folded, and (with eviction) every settled one out of memory
+            while sum(1 for s in worker.states.values() if s.pending) < active or (
+                worker.evictor is not None and len(worker.states) > active
+            ):
+                if time.perf_counter() > deadline:
+                    raise TimeoutError(f"{label}: the {active} active conversations did not arrive")
+                await asyncio.sleep(0.05)
+        rss = _rss_mb()
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, TIMEOUT_S)
+    return Pass(label, seconds, seek, rss)
+
+
+@dataclass(frozen=True)
+class Scale:
+    events: int
+    conversations: int
+    full: Pass
+    snapshots: Pass
+
+
+async def _scale(broker: Broker, events: int, conversations: int) -> tuple[Scale, str]:
+    filled = await fill(broker, events, per_conversation=max(1, events // 5 // conversations))
+    topics = Topics(filled.topic, filled.topic.removesuffix(".events") + ".out")
+    await _pass(broker, topics, SNAPSHOTS, "writer", write=True)  # its one-time effects, then its snapshots
+    full = await _pass(broker, topics, FULL, "full replay")
+    with_snapshots = await _pass(broker, topics, SNAPSHOTS, "with snapshots")
+    return Scale(filled.events, filled.conversations, full, with_snapshots), filled.topic
+
+
+@dataclass(frozen=True)
+class Recovery:
+    scales: list[Scale]
+    memory: Memory
+
+
+async def recovery(broker: Broker, events: int, conversations: int, scale: int) -> Recovery:
+    first, topic = await _scale(broker, events, conversations)
+    scales = [first]
+    if scale > 1:
+        scales.append((await _scale(broker, events * scale, conversations))[0])
+    return Recovery(scales, await memory(broker.bootstrap, topic, first.conversations))
+
+
+def recovery_section(scales: list[Scale]) -> Section:
+    section = Section(
+        "12. assignment -> live (8 partitions, one worker)",
+        ("log", "full replay", "with snapshots", "ratio", "events skipped", "goal"),
+    )
+    base = scales[0].snapshots.seconds
+    for i, s in enumerate(scales):
+        ratio = s.snapshots.seconds / s.full.seconds
+        goal = f"<= 1/10 of full: {'met' if ratio <= 0.1 else 'MISSED'}"
+        if i > 0:
+            growth = s.snapshots.seconds / base - 1
+            goal += f"; flat at {s.events // scales[0].events}x history ({growth:+.0%}): "
+            goal += "met" if abs(growth) <= 0.2 else "MISSED"
+        section.add(
+            f"{s.events:,} events / {s.conversations:,} conversations",
+            f"{s.full.seconds:.2f} s",
+            f"{s.snapshots.seconds:.2f} s",
+            f"{ratio:.3f}",
+            f"{s.snapshots.seek:,}",
+            goal,
+        )
+    return section
+
+
+@dataclass(frozen=True)
+class Memory:
+    conversations: int
+    full_mb: float
+    snapshots_mb: float
+
+
+async def memory(bootstrap: str, topic: str, conversations: int) -> Memory:
+    """(b): each worker in a process of its own (`python -m bench.recovery`)."""
+
+    async def rss(mode: str) -> float:
+        child = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "bench.recovery", bootstrap, topic, mode, stdout=asyncio.subprocess.PIPE
+        )
+        out, _ = await asyncio.wait_for(child.communicate(), TIMEOUT_S)
+        if child.returncode != 0:
+            raise RuntimeError(f"the {mode} memory run exited with {child.returncode}")
+        return float(out.decode().split()[-1])
+
+    return Memory(conversations, await rss("full"), await rss("snapshots"))
+
+
+def memory_section(m: Memory) -> Section:
+    section = Section(
+        f"13. resident memory, {m.conversations:,} conversations of which {ACTIVE:,} active",
+        ("worker", "RSS", "goal"),
+    )
+    section.add("every conversation in memory (no snapshots; baseline)", f"{m.full_mb:.0f} MB", "")
+    goal = f"<= 300 MB: {'met' if m.snapshots_mb <= 300 else 'MISSED'}"
+    section.add("snapshots + eviction (settled ones in the local store)", f"{m.snapshots_mb:.0f} MB", goal)
+    section.notes.append("VmRSS after gc, once live and the active conversations' messages are folded")
+    return section
+
+
+async def _one_memory_run(bootstrap: str, topic: str, mode: str) -> None:
+    topics = Topics(topic, topic.removesuffix(".events") + ".out")
+    result = await _pass(Broker(bootstrap), topics, FULL if mode == "full" else SNAPSHOTS, mode, active=ACTIVE)
+    print(f"{result.rss_mb:.1f}")
+
+
+if __name__ == "__main__":
+    asyncio.run(_one_memory_run(sys.argv[1], sys.argv[2], sys.argv[3]))

@@ -1,0 +1,327 @@
+"""The snapshot codec: a conversation's folded state, and the events offset it covers, as bytes.
+
+A snapshot lets a reader start from a conversation's state instead of folding its events
+from offset 0. It is the value of the compacted snapshot topic (keyed by conversation id)
+and of the worker's local store, so it has a contract of its own, like the events: a
+version, golden values in `tests/golden/snapshots/` that must keep decoding, and a decoder
+that never raises -- a snapshot that does not decode is ignored (the reader folds that
+conversation from the log instead) and reported.
+
+Encoding v1 is one orjson object `{"snapshot": 1, "covered": N, "state": [...]}`. `covered`
+is an offset of the conversation's events partition: the state includes every event of the
+conversation at or below it and none above, so a reader folds only the conversation's
+events after it (each offset is folded once). The state is positional arrays rather than objects -- field names would
+be most of the bytes of a typical conversation -- in the field order documented at each
+`_*_v1` function below. Sets are written sorted and dicts in their insertion order, so the
+same state always encodes to the same bytes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, NoReturn, TypeVar, get_args
+
+import orjson
+from pydantic import ValidationError
+
+from turnstile.events import DecodeError, Event, ToolCall, decode, encode
+from turnstile.projections.state import (
+    ActiveTurn,
+    ApprovalGrant,
+    AttemptState,
+    ConversationState,
+    HistoryEntry,
+    InputKind,
+    Operation,
+    OperationStatus,
+    OutcomeKind,
+    PendingInput,
+    TurnRecord,
+)
+
+SNAPSHOT_VERSION = 1
+_MAX_INT = 2**53  # as on the wire of the events: exact in any JSON reader
+
+_ROLES = ("user", "assistant")
+_INPUT_KINDS: tuple[InputKind, ...] = get_args(InputKind)
+_OPERATION_STATUSES: tuple[OperationStatus, ...] = get_args(OperationStatus)
+_ATTEMPT_STATES: tuple[AttemptState, ...] = get_args(AttemptState)
+_OUTCOMES: tuple[OutcomeKind, ...] = get_args(OutcomeKind)
+_Choice = TypeVar("_Choice", bound=str)
+_T = TypeVar("_T")
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    state: ConversationState
+    covered: int  # offset of the last events-partition record the state includes
+
+
+@dataclass(frozen=True, slots=True)
+class SnapshotError:
+    """Why bytes are not a snapshot this version can read (the decoder never raises)."""
+
+    detail: str
+
+
+def encode_snapshot(state: ConversationState, covered: int) -> bytes:
+    if not 0 <= covered < _MAX_INT:
+        raise ValueError(f"covered offset {covered} is out of range")
+    return orjson.dumps({"snapshot": SNAPSHOT_VERSION, "covered": covered, "state": _state_v1(state)})
+
+
+def decode_snapshot(value: bytes | None, conversation_id: str | None = None) -> Snapshot | SnapshotError:
+    """Bytes to a snapshot; with `conversation_id`, also checks that it is that conversation's
+    (a snapshot stored under another key is as unusable as a corrupt one)."""
+    if value is None:
+        return SnapshotError("empty value")
+    try:
+        doc = orjson.loads(value)
+    except orjson.JSONDecodeError as exc:
+        return SnapshotError(f"not JSON: {exc}")
+    try:
+        if not isinstance(doc, dict) or set(doc) != {"snapshot", "covered", "state"}:
+            _bad("expected an object with exactly snapshot, covered and state")
+        if doc["snapshot"] != SNAPSHOT_VERSION or isinstance(doc["snapshot"], bool):
+            _bad(f"snapshot version {doc['snapshot']!r} is not {SNAPSHOT_VERSION}")
+        covered = _int(doc["covered"])
+        state = _read_state_v1(doc["state"])
+    except _Invalid as exc:
+        return SnapshotError(str(exc))
+    if conversation_id is not None and state.conversation_id != conversation_id:
+        return SnapshotError(f"snapshot of {state.conversation_id!r} under the key {conversation_id!r}")
+    return Snapshot(state, covered)
+
+
+# -- encoding v1 ---------------------------------------------------------------------------------
+def _state_v1(s: ConversationState) -> list[Any]:
+    """[conversation_id, events_applied, history, pending, active, turns, seen_inputs,
+    claimed_by, rejected]; the last three are [key, value] pairs."""
+    return [
+        s.conversation_id,
+        s.events_applied,
+        [[_ROLES.index(h.role), h.content, h.occurred_at, h.turn_id, h.outcome] for h in s.history],
+        [_input_v1(p) for p in s.pending.values()],
+        None if s.active is None else _active_v1(s.active),
+        [_turn_v1(t) for t in s.turns.values()],
+        list(s.seen_inputs.items()),
+        list(s.claimed_by.items()),
+        list(s.rejected.items()),
+    ]
+
+
+def _input_v1(p: PendingInput) -> list[Any]:
+    """[input_id, kind, content, occurred_at, source, grant]; grant is
+    [turn_id, call_id, tool, arguments, approved] or null."""
+    grant = None if p.grant is None else [p.grant.turn_id, p.grant.call_id, p.grant.tool, p.grant.arguments,
+                                          p.grant.approved]  # fmt: skip
+    return [p.input_id, p.kind, p.content, p.occurred_at, p.source, grant]
+
+
+def _active_v1(a: ActiveTurn) -> list[Any]:
+    """[turn_id, inputs, history_boundary, claimed_at, run_id, attempt, attempt_state, model,
+    iterations, tool_calls, input_tokens, output_tokens, cached_input_tokens,
+    cache_write_tokens, reasoning_tokens, cost_usd, fallbacks, operations ([call_id, tool,
+    side_effect, status] each), invalid_calls ([signature, n] pairs), step_ids (sorted),
+    journal (the events, each in the events' own wire encoding)]."""
+    return [
+        a.turn_id,
+        [_input_v1(i) for i in a.inputs],
+        a.history_boundary,
+        a.claimed_at,
+        a.run_id,
+        a.attempt,
+        a.attempt_state,
+        a.model,
+        a.iterations,
+        a.tool_calls,
+        a.input_tokens,
+        a.output_tokens,
+        a.cached_input_tokens,
+        a.cache_write_tokens,
+        a.reasoning_tokens,
+        a.cost_usd,
+        a.fallbacks,
+        [[o.call_id, o.tool, o.side_effect, o.status] for o in a.operations.values()],
+        list(a.invalid_calls.items()),
+        sorted(a.step_ids),
+        [orjson.Fragment(encode(e)) for e in a.journal],
+    ]
+
+
+def _turn_v1(t: TurnRecord) -> list[Any]:
+    """[turn_id, input_ids, outcome, attempts, pending_call]; pending_call is
+    [call_id, name, arguments] or null."""
+    call = None if t.pending_call is None else [t.pending_call.call_id, t.pending_call.name, t.pending_call.arguments]
+    return [t.turn_id, list(t.input_ids), t.outcome, t.attempts, call]
+
+
+# -- decoding v1 ---------------------------------------------------------------------------------
+class _Invalid(Exception):
+    pass
+
+
+def _bad(detail: str) -> NoReturn:
+    raise _Invalid(detail)
+
+
+def _list(value: object, length: int | None = None) -> list[Any]:
+    if not isinstance(value, list) or (length is not None and len(value) != length):
+        _bad(f"expected an array{'' if length is None else f' of {length}'}, got {_shown(value)}")
+    return value
+
+
+def _of(value: object, kind: type[_T], what: str) -> _T:
+    if not isinstance(value, kind):
+        _bad(f"expected {what}, got {_shown(value)}")
+    return value
+
+
+def _str(value: object) -> str:
+    return _of(value, str, "a string")
+
+
+def _opt_str(value: object) -> str | None:
+    return None if value is None else _str(value)
+
+
+def _int(value: object) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value < _MAX_INT:
+        _bad(f"expected a non-negative integer, got {_shown(value)}")
+    return value
+
+
+def _bool(value: object) -> bool:
+    return _of(value, bool, "true or false")
+
+
+def _choice(value: object, choices: tuple[_Choice, ...]) -> _Choice:
+    for choice in choices:
+        if value == choice:
+            return choice
+    _bad(f"expected one of {list(choices)}, got {_shown(value)}")
+
+
+def _pairs(value: object) -> dict[str, str]:
+    return {_str(k): _str(v) for k, v in (_list(pair, 2) for pair in _list(value))}
+
+
+def _shown(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _read_state_v1(value: object) -> ConversationState:
+    (conversation, applied, history, pending, active, turns, seen, claimed, rejected) = _list(value, 9)
+    inputs = [_read_input_v1(p) for p in _list(pending)]
+    records = [_read_turn_v1(t) for t in _list(turns)]
+    return ConversationState(
+        conversation_id=_str(conversation),
+        history=[_read_history_v1(h) for h in _list(history)],
+        pending={p.input_id: p for p in inputs},
+        active=None if active is None else _read_active_v1(active),
+        turns={t.turn_id: t for t in records},
+        seen_inputs=_pairs(seen),
+        claimed_by=_pairs(claimed),
+        rejected=_pairs(rejected),
+        events_applied=_int(applied),
+    )
+
+
+def _read_history_v1(value: object) -> HistoryEntry:
+    role, content, at, turn, outcome = _list(value, 5)
+    if role not in (0, 1) or isinstance(role, bool):
+        _bad(f"expected a role of 0 or 1, got {_shown(role)}")
+    kind = None if outcome is None else _choice(outcome, _OUTCOMES)
+    return HistoryEntry("user" if role == 0 else "assistant", _str(content), _int(at), _str(turn), kind)
+
+
+def _read_input_v1(value: object) -> PendingInput:
+    input_id, kind, content, at, source, grant = _list(value, 6)
+    approval = None
+    if grant is not None:
+        turn, call, tool, arguments, approved = _list(grant, 5)
+        approval = ApprovalGrant(_str(turn), _str(call), _str(tool), _str(arguments), _bool(approved))
+    return PendingInput(_str(input_id), _choice(kind, _INPUT_KINDS), _str(content), _int(at), _opt_str(source),
+                        approval)  # fmt: skip
+
+
+def _read_active_v1(value: object) -> ActiveTurn:
+    (turn, inputs, boundary, claimed_at, run, attempt, attempt_state, model, iterations, tool_calls,
+     input_tokens, output_tokens, cached, cache_write, reasoning, cost, fallbacks, operations, invalid, steps,
+     journal) = _list(value, 21)  # fmt: skip
+    if cost is not None and (not isinstance(cost, int | float) or isinstance(cost, bool)):
+        _bad(f"expected a cost or null, got {_shown(cost)}")
+    ops = {}
+    for op in _list(operations):
+        call, tool, side_effect, status = _list(op, 4)
+        ops[_str(call)] = Operation(_str(call), _str(tool), _bool(side_effect), _choice(status, _OPERATION_STATUSES))
+    return ActiveTurn(
+        turn_id=_str(turn),
+        inputs=tuple(_read_input_v1(i) for i in _list(inputs)),
+        history_boundary=_int(boundary),
+        claimed_at=_int(claimed_at),
+        run_id=_str(run),
+        attempt=_int(attempt),
+        attempt_state=_choice(attempt_state, _ATTEMPT_STATES),
+        model=_opt_str(model),
+        iterations=_int(iterations),
+        tool_calls=_int(tool_calls),
+        input_tokens=_int(input_tokens),
+        output_tokens=_int(output_tokens),
+        cached_input_tokens=_int(cached),
+        cache_write_tokens=_int(cache_write),
+        reasoning_tokens=_int(reasoning),
+        cost_usd=None if cost is None else float(cost),
+        fallbacks=_int(fallbacks),
+        operations=ops,
+        invalid_calls={_str(k): _int(n) for k, n in (_list(pair, 2) for pair in _list(invalid))},
+        step_ids={_str(s) for s in _list(steps)},
+        journal=[_read_event(e) for e in _list(journal)],
+    )
+
+
+def _read_event(value: object) -> Event:
+    # The journal's events were accepted by the fold once: they decode by the events' own
+    # codec (and its upcasters), without the size limit of a record.
+    event = decode(orjson.dumps(value), None)
+    if isinstance(event, DecodeError):
+        _bad(f"journal event: {event.reason}: {event.detail}")
+    return event
+
+
+def _read_turn_v1(value: object) -> TurnRecord:
+    turn, input_ids, outcome, attempts, call = _list(value, 5)
+    pending_call = None
+    if call is not None:
+        call_id, name, arguments = _list(call, 3)
+        try:
+            pending_call = ToolCall(call_id=_str(call_id), name=_str(name), arguments=_str(arguments))
+        except ValidationError as exc:
+            _bad(f"pending call: {exc.errors()[0]['msg']}")
+    return TurnRecord(_str(turn), tuple(_str(i) for i in _list(input_ids)), _choice(outcome, _OUTCOMES),
+                      _int(attempts), pending_call)  # fmt: skip
+
+
+# -- watermarks ---------------------------------------------------------------------------------
+# One record per partition of the snapshot topic, under the empty key (no conversation id is
+# empty), says: every conversation with an event below `offset` has a snapshot on the topic,
+# written before this record, that includes all its events below `offset`; so a reader can
+# start the events partition at `offset`.
+WATERMARK_KEY = ""
+
+
+def encode_watermark(offset: int) -> bytes:
+    if not 0 <= offset < _MAX_INT:
+        raise ValueError(f"watermark offset {offset} is out of range")
+    return orjson.dumps({"watermark": SNAPSHOT_VERSION, "offset": offset})
+
+
+def decode_watermark(value: bytes | None) -> int | SnapshotError:
+    try:
+        doc = orjson.loads(value) if value is not None else None
+        if not isinstance(doc, dict) or set(doc) != {"watermark", "offset"} or doc["watermark"] != SNAPSHOT_VERSION:
+            _bad(f"not a version {SNAPSHOT_VERSION} watermark")
+        return _int(doc["offset"])
+    except (orjson.JSONDecodeError, _Invalid) as exc:
+        return SnapshotError(str(exc))

@@ -1,0 +1,374 @@
+"""Snapshots of conversation state on a compacted topic, the way Kafka Streams keeps a
+state store: taking a partition over costs its snapshots plus the events since, not the
+whole history.
+
+The snapshot topic is co-partitioned with the events topic and keyed by conversation id;
+compaction keeps the latest snapshot of each conversation. A snapshot is the folded state
+and `covered`, an offset of the events partition: the state includes every event of its
+conversation at or below it. Beside them each partition has a *watermark* record (empty
+key): "every conversation with an event below W has a snapshot, written before this
+record, that includes its events below W". A new owner
+
+1. reads the snapshot partition (`load_partition`): per conversation the decodable
+   snapshot covering most (every writer folds the same log, so each is a true state at
+   its offset), and the latest watermark;
+2. reads the events partition from the watermark, skipping each event at or below its
+   conversation's covered offset (`Loaded.folded_already`): the fold is applied once per
+   offset, so an at-least-once snapshot never applies an event twice;
+3. goes back further where the watermark cannot vouch for a conversation: one whose
+   snapshots do not decode (folded from offset 0, counted and logged), or whose usable
+   snapshot covers less than the watermark and was written after it or beside a broken
+   one (compaction may have dropped the record the watermark vouched for).
+
+Why a watermark and not only the smallest covered offset: a conversation idle for a month
+has a month-old snapshot, and the minimum would drag every replay back a month.
+
+Writing (`Snapshotter`) happens at the worker's checkpoints, never in a turn: a
+conversation is due when it has been quiet for `idle_ms` or after `every_events` of its
+events, and is taken only once the one-time effects (outcome records, dead letters) of all
+its events are on the log -- a new owner skips what a snapshot covers, effects included.
+The states are encoded on the loop (they are the loop's), the sends and acknowledgements
+run in one background task, which writes a partition's watermark only once every snapshot
+before it is acknowledged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+from turnstile.events import Event
+from turnstile.projections import ConversationState
+from turnstile.projections.snapshot import (
+    WATERMARK_KEY,
+    SnapshotError,
+    decode_snapshot,
+    decode_watermark,
+    encode_snapshot,
+    encode_watermark,
+)
+from turnstile.streams.eviction import settled
+from turnstile.streams.log import Acknowledged, EventLog, Record
+from turnstile.streams.state_store import StateStore
+
+log = logging.getLogger(__name__)
+
+
+# The longest a revoke or a stop waits for snapshots in flight.
+DRAIN_S = 10.0
+
+
+@dataclass(frozen=True, slots=True)
+class SnapshotPolicy:
+    enabled: bool = True
+    # A conversation is snapshotted once it has been quiet this long, or after this many of
+    # its events since its last snapshot, whichever comes first.
+    idle_ms: int = 2_000
+    every_events: int = 500
+    # Encoding work per checkpoint, on the loop: the rest waits for the next checkpoint.
+    max_per_checkpoint: int = 2_000
+
+
+# -- loading -----------------------------------------------------------------------------------
+@dataclass(slots=True)
+class Loaded:
+    """What a newly assigned partition starts from."""
+
+    seek: int  # read the events partition from here
+    covered: dict[str, int]  # conversation -> the offset its snapshot covers
+    # The states to hold in memory from the start: all of them without a local store, else
+    # those with something to decide (the others wait in the store until an event comes).
+    resident: dict[str, ConversationState]
+    # The others, for the worker to tell its observers about once and let go.
+    stored: list[ConversationState]
+    ignored: list[str]  # conversations whose snapshots did not decode (folded from offset 0)
+    # Past this offset no snapshot covers anything: the skip test is over.
+    _skip_until: int = -1
+
+    def __post_init__(self) -> None:
+        self._skip_until = max(self.covered.values(), default=-1)
+
+    def folded_already(self, record: Record) -> bool:
+        """The record is an event its conversation's snapshot includes."""
+        if record.offset > self._skip_until:
+            self.covered.clear()  # no longer needed: let it go
+            return False
+        covered = self.covered.get(record.key.decode("utf-8", "replace")) if record.key is not None else None
+        return covered is not None and record.offset <= covered
+
+
+@dataclass(slots=True)
+class _Found:
+    """Of one conversation: its decodable snapshot covering most, so far."""
+
+    covered: int = -1  # -1: none yet
+    state: ConversationState | None = None
+    value: bytes = b""
+    source: int = -1  # its offset in the snapshot topic
+    broken: bool = False  # some record of it did not decode
+
+
+def load_partition(topic: str, partition: int, records: list[Record], store: StateStore | None = None) -> Loaded:
+    """From the records of a partition of the snapshot topic (put in `store`, if given):
+    where the events partition must be read from, and the states it starts with."""
+    found: dict[str, _Found] = {}
+    watermark, watermark_source = 0, -1
+    for record in records:
+        key = (record.key or b"").decode("utf-8", "replace")
+        if key == WATERMARK_KEY:
+            decoded = decode_watermark(record.value)
+            if isinstance(decoded, SnapshotError):
+                where = f"{topic}[{partition}]@{record.offset}"
+                log.warning("ignored the watermark at %s: %s", where, decoded.detail)
+            else:
+                watermark, watermark_source = decoded, record.offset
+            continue
+        entry = found.setdefault(key, _Found())
+        snapshot = decode_snapshot(record.value, key)
+        if isinstance(snapshot, SnapshotError):
+            log.warning(
+                "ignored the snapshot of %r at %s[%d]@%d: %s", key, topic, partition, record.offset, snapshot.detail
+            )
+            entry.broken = True
+        elif snapshot.covered >= entry.covered:
+            entry.covered, entry.value, entry.source = snapshot.covered, record.value or b"", record.offset
+            entry.state = snapshot.state
+    seek = watermark
+    ignored: list[str] = []
+    for key, entry in found.items():
+        if entry.covered < 0:
+            ignored.append(key)
+            seek = 0
+        elif entry.covered < watermark - 1 and (entry.source > watermark_source or entry.broken):
+            seek = min(seek, entry.covered + 1)
+    if ignored:
+        log.warning("%d conversation(s) of partition %d have no usable snapshot: replaying it from 0", len(ignored),
+                    partition)  # fmt: skip
+    usable = {key: entry for key, entry in found.items() if entry.covered >= 0}
+    if store is not None:
+        store.put((key, partition, entry.value) for key, entry in usable.items())
+    covered = {key: entry.covered for key, entry in usable.items()}
+    states = [entry.state for entry in usable.values() if entry.state is not None]
+    if store is None:
+        return Loaded(seek, covered, {s.conversation_id: s for s in states}, [], ignored)
+    resident = {s.conversation_id: s for s in states if not settled(s)}
+    return Loaded(seek, covered, resident, [s for s in states if settled(s)], ignored)
+
+
+# -- writing -----------------------------------------------------------------------------------
+@dataclass(slots=True)
+class _Dirty:
+    """A conversation changed since its last snapshot."""
+
+    first: int  # offset of its first event since then
+    last: int  # and of its latest
+    events: int
+    last_ms: int  # when the latest was folded
+
+
+@dataclass(slots=True)
+class _Captured:
+    conversation: str
+    value: bytes
+    dirty: _Dirty
+
+
+@dataclass(slots=True)
+class _Partition:
+    dirty: dict[str, _Dirty] = field(default_factory=dict)
+    watermark: int = 0  # the last one written (or found) for the partition
+
+
+class Snapshotter:
+    """Tracks which conversations changed since their snapshot and writes snapshots and
+    watermarks at the worker's checkpoints."""
+
+    def __init__(
+        self, log_: EventLog, policy: SnapshotPolicy, now_ms: Callable[[], int], store: StateStore | None = None
+    ) -> None:
+        self.log = log_
+        self.policy = policy
+        self._now_ms = now_ms
+        self.store = store  # gets every snapshot once it is on the topic
+        self._flying: frozenset[str] = frozenset()  # captured, not acknowledged yet
+        self._partitions: dict[int, _Partition] = {}
+        self._writing: asyncio.Task[None] | None = None
+        self._too_large: set[str] = set()
+        self.written = 0  # snapshots acknowledged
+        self.ignored = 0  # conversations found on assignment with no snapshot that decodes
+        self.seeks: dict[int, int] = {}  # partition -> where its last assignment started reading
+
+    async def load(self, partitions: list[int]) -> dict[int, Loaded]:
+        """The partitions' snapshots, read in one go; none (a full replay) when they cannot
+        be read: a snapshot topic that is away must cost time, never the assignment."""
+        topic = self.log.topics.snapshots
+        try:
+            found = await self.log.read_partitions(topic, partitions) if partitions else {}
+        except Exception as exc:
+            log.warning("reading the snapshots of partitions %s failed, replaying them from 0: %r", partitions, exc)
+            found = {}
+        out = {}
+        for p in partitions:
+            if self.store is not None:
+                self.store.drop_partitions([p])
+            loaded = out[p] = load_partition(topic, p, found.get(p, []), self.store)
+            self._partitions[p] = _Partition(watermark=loaded.seek)
+            self.ignored += len(loaded.ignored)
+            self.seeks[p] = loaded.seek
+        return out
+
+    def handed_over(self, partitions: Iterable[int]) -> None:
+        """The partitions moved to another member: forget their changes (the next owner
+        folds them from the log) and their rows in the store."""
+        for p in partitions:
+            self._partitions.pop(p, None)
+        if self.store is not None:
+            self.store.drop_partitions(partitions)
+
+    def clean(self, partition: int, conversation: str) -> bool:
+        """Its latest state is on the snapshot topic (and in the store, if any)."""
+        part = self._partitions.get(partition)
+        return part is not None and conversation not in part.dirty and conversation not in self._flying
+
+    async def drain(self) -> None:
+        """Wait for the write in flight, for a while: a broker that is away must not hold up a
+        revoke or a stop. One cut short writes no watermark; its snapshots that land later are
+        still true states (a new owner takes the one covering most)."""
+        if self._writing is not None:
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(asyncio.gather(self._writing, return_exceptions=True), DRAIN_S)
+
+    def pending(self, partition: int) -> bool:
+        """Some change of the partition is not on the snapshot topic yet."""
+        part = self._partitions.get(partition)
+        writing = self._writing is not None and not self._writing.done()
+        return writing or (part is not None and bool(part.dirty))
+
+    # -- the worker's fold observer: what changed since the last snapshots ----------------------
+    def folded(self, record: Record, event: Event, state: ConversationState, ignored: str | None) -> None:
+        part = self._partitions.get(record.partition)
+        if part is None:
+            return
+        dirty = part.dirty.get(state.conversation_id)
+        if dirty is None:
+            part.dirty[state.conversation_id] = _Dirty(record.offset, record.offset, 1, self._now_ms())
+        else:
+            dirty.last, dirty.events, dirty.last_ms = record.offset, dirty.events + 1, self._now_ms()
+
+    def forgotten(self, conversations: set[str]) -> None:
+        pass  # their partitions' changes were dropped on revoke (`revoked`)
+
+    def restored(self, state: ConversationState) -> None:
+        pass  # its snapshot is the one just read: nothing changed
+
+    def evicted(self, state: ConversationState) -> None:
+        pass  # evicted only once its snapshot is written
+
+    def checkpoint(
+        self,
+        positions: dict[int, int],
+        done: dict[int, int],
+        now_ms: int,
+        state_of: Callable[[str], ConversationState | None],
+        ready: Callable[[str], bool],
+        final: bool = False,
+    ) -> None:
+        """Capture the snapshots due now. `positions`: where each live partition's states are
+        folded to; `done`: below it every record's one-time effects are on the log.
+        `ready(c)`: the worker owes nothing for `c` that a new owner could not see in its
+        state (a refusal not yet written). `final`: everything that changed is due."""
+        if self._writing is not None and not self._writing.done():
+            return  # one write at a time: its watermarks must follow its own snapshots
+        budget = None if final else self.policy.max_per_checkpoint
+        captured: dict[int, list[_Captured]] = {}
+        watermarks: dict[int, int] = {}
+        for p, position in positions.items():
+            part = self._partitions.get(p)
+            if part is None:
+                continue
+            items = captured[p] = []
+            for conversation, dirty in list(part.dirty.items()):
+                if budget is not None and budget <= 0:
+                    break
+                due = final or dirty.events >= self.policy.every_events or now_ms - dirty.last_ms >= self.policy.idle_ms
+                state = state_of(conversation)
+                if not due or state is None or dirty.last >= done.get(p, 0) or not ready(conversation):
+                    continue
+                value = encode_snapshot(state, position - 1)
+                if not self._fits(conversation, value):
+                    continue
+                items.append(_Captured(conversation, value, dirty))
+                del part.dirty[conversation]
+                if budget is not None:
+                    budget -= 1
+            watermark = min((d.first for d in part.dirty.values()), default=position)
+            if watermark > part.watermark:
+                watermarks[p] = watermark
+        captured = {p: items for p, items in captured.items() if items}
+        if captured or watermarks:
+            self._flying = frozenset(c.conversation for items in captured.values() for c in items)
+            self._writing = asyncio.create_task(self._write(captured, watermarks), name="snapshots")
+
+    def _fits(self, conversation: str, value: bytes) -> bool:
+        limit = self.log.max_value_bytes(self.log.topics.snapshots, conversation)
+        if limit is None or len(value) <= limit:
+            return True
+        if conversation not in self._too_large:
+            self._too_large.add(conversation)
+            log.warning("no snapshot of %r: %d bytes is over the topic's limit of %d; the watermark waits for it",
+                        conversation, len(value), limit)  # fmt: skip
+        return False
+
+    async def _write(self, captured: dict[int, list[_Captured]], watermarks: dict[int, int]) -> None:
+        try:
+            await self._write_partitions(captured, watermarks)
+        finally:
+            self._flying = frozenset()
+
+    async def _write_partitions(self, captured: dict[int, list[_Captured]], watermarks: dict[int, int]) -> None:
+        topic = self.log.topics.snapshots
+        for p in captured.keys() | watermarks.keys():
+            items = captured.get(p, [])
+            try:
+                sent: list[asyncio.Future[Acknowledged]] = [
+                    await self.log.send(topic, c.conversation, c.value, p) for c in items
+                ]
+                acks = await asyncio.gather(*sent, return_exceptions=True)
+            except Exception as exc:  # e.g. the broker went away: the changes stay due
+                acks = [exc] * len(items)
+            failed = [c for c, ack in zip(items, acks, strict=True) if isinstance(ack, BaseException)]
+            self.written += len(items) - len(failed)
+            if self.store is not None and p in self._partitions:
+                landed = zip(items, acks, strict=True)
+                self.store.put((c.conversation, p, c.value) for c, ack in landed if not isinstance(ack, BaseException))
+            if failed:
+                log.warning("%d snapshot(s) of %s[%d] not written (tried again later): %r", len(failed), topic, p,
+                            next(a for a in acks if isinstance(a, BaseException)))  # fmt: skip
+                self._redo(p, failed)
+                continue  # no watermark over a snapshot that is not on the topic
+            watermark = watermarks.get(p)
+            if watermark is None:
+                continue
+            try:
+                await (await self.log.send(topic, WATERMARK_KEY, encode_watermark(watermark), p))
+            except Exception as exc:
+                log.warning("the watermark of %s[%d] not written (tried again later): %r", topic, p, exc)
+                continue
+            part = self._partitions.get(p)
+            if part is not None:
+                part.watermark = max(part.watermark, watermark)
+
+    def _redo(self, partition: int, items: list[_Captured]) -> None:
+        part = self._partitions.get(partition)
+        if part is None:
+            return  # revoked meanwhile: the next owner folds those events
+        for c in items:
+            newer = part.dirty.get(c.conversation)
+            if newer is None:
+                part.dirty[c.conversation] = c.dirty
+            else:
+                newer.first = min(newer.first, c.dirty.first)
+                newer.events += c.dirty.events

@@ -1,0 +1,227 @@
+"""Snapshots on the embedded log: a worker that restarts from them rebuilds exactly the state
+a full replay of the log gives, reads only the events after them, and falls back to
+replaying a conversation whose snapshot is corrupt or missing."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import random
+import shutil
+from collections import Counter
+from pathlib import Path
+
+import orjson
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from log_generator import fold, generated_log
+from worker_harness import FAST, events_of, running, until
+
+from turnstile.events import DecodeError, Event, TurnClaimed, TurnCompleted, decode, encode
+from turnstile.handlers.providers.scripted import ScriptedProvider
+from turnstile.projections import ConversationState
+from turnstile.projections.audit import Auditor
+from turnstile.streams.eviction import EvictionPolicy
+from turnstile.streams.file_log import FileLog
+from turnstile.streams.metrics import Metrics
+from turnstile.streams.publisher import message_event, publish
+from turnstile.streams.read_model import WorkerReadModel
+from turnstile.streams.runtime import SystemClock
+from turnstile.streams.snapshots import SnapshotPolicy
+from turnstile.streams.views import ConversationView
+from turnstile.streams.worker import Worker, WorkerConfig
+
+# Every checkpoint snapshots whatever changed (idle_ms=0), as often as commits run.
+EAGER = dataclasses.replace(FAST, snapshots=SnapshotPolicy(idle_ms=0))
+PARTITIONS = 2
+NOW = SystemClock().now_ms
+
+
+async def _publish(log: FileLog, events: list[Event]) -> None:
+    for event in events:
+        await log.append(log.topics.events, event.conversation_id, encode(event))
+
+
+def _log_states(log: FileLog) -> dict[str, ConversationState]:
+    events = [e for r in log.read_all(log.topics.events) if not isinstance(e := decode(r.value), DecodeError)]
+    return fold(events)
+
+
+def _ends(log: FileLog) -> dict[int, int]:
+    counts = {p: 0 for p in range(PARTITIONS)}
+    for record in log.read_all(log.topics.events):
+        counts[record.partition] += 1
+    return counts
+
+
+def assert_holds(worker: Worker, states: dict[str, ConversationState]) -> None:
+    """The worker holds exactly these conversations, in memory or in its local store."""
+    assert set(worker.states) <= set(states)
+    assert {c: worker.state_of(c) for c in states} == states
+
+
+class Run:
+    """A worker that claims nothing (it is draining from the start), so the log changes only
+    as the test says; it still folds, checkpoints and snapshots."""
+
+    def __init__(self, log: FileLog, config: WorkerConfig = EAGER, metrics: Metrics | None = None) -> None:
+        self.worker = Worker(log, ScriptedProvider(), config, metrics=metrics)
+        self.worker.draining = True
+        self.reads = WorkerReadModel(self.worker)
+        self.log = log
+        self.task: asyncio.Task[None] | None = None
+        self.stop = asyncio.Event()
+
+    async def __aenter__(self) -> Run:
+        self.task = asyncio.create_task(self.worker.run(self.stop))
+        await self.caught_up()
+        return self
+
+    async def caught_up(self) -> None:
+        def done() -> bool:
+            lag = self.worker.consumer_lag()
+            return len(lag) == PARTITIONS and not any(lag.values())
+
+        await until(done)
+
+    async def snapshots_cover_everything(self) -> None:
+        snapshots = self.worker.snapshots
+        assert snapshots is not None
+        await until(lambda: not any(snapshots.pending(p) for p in range(PARTITIONS)))
+
+    def crash(self) -> None:
+        assert self.task is not None
+        self.task.cancel()
+
+    async def __aexit__(self, *_: object) -> None:
+        assert self.task is not None
+        self.stop.set()
+        await asyncio.gather(self.task, return_exceptions=True)
+
+
+def _snapshot_lines(log: FileLog) -> list[Path]:
+    return [log.directory / log.topics.snapshots / f"{p}.log" for p in range(PARTITIONS)]
+
+
+def _corrupt(log: FileLog, rng: random.Random, share: float) -> set[str]:
+    """Overwrite the value of some snapshot records in place (the file log never compacts:
+    a corrupt record stands for one compaction left as the only one of its key)."""
+    hit: set[str] = set()
+    for path in _snapshot_lines(log):
+        if not path.exists():
+            continue
+        rows = [orjson.loads(line) for line in path.read_bytes().splitlines()]
+        for row in rows:
+            if row["key"] and rng.random() < share:
+                row["value"] = "not a snapshot"
+                hit.add(row["key"])
+        path.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in rows))
+    return hit
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    seed=st.integers(0, 2**32),
+    sizes=st.tuples(st.integers(0, 150), st.integers(0, 80), st.integers(0, 80)),
+    crash_before_catching_up=st.booleans(),
+    damage=st.sampled_from(["none", "corrupt", "missing"]),
+)
+async def test_a_worker_restarting_from_snapshots_rebuilds_the_state_a_full_replay_gives(
+    tmp_path_factory, seed: int, sizes: tuple[int, int, int], crash_before_catching_up: bool, damage: str
+) -> None:
+    rng = random.Random(seed)
+    events = generated_log(rng, 5, sum(sizes))
+    a, b = sizes[0], sizes[0] + sizes[1]
+    log = FileLog(tmp_path_factory.mktemp("log"), partitions=PARTITIONS)
+    await _publish(log, events[:a])
+    async with Run(log) as first:
+        await first.snapshots_cover_everything()
+        await _publish(log, events[a:b])  # folded (and perhaps snapshotted) or not, as it happens
+        if not crash_before_catching_up:
+            await first.caught_up()
+        first.crash()
+    if damage == "corrupt":
+        _corrupt(log, rng, 0.5)
+    elif damage == "missing":
+        shutil.rmtree(log.directory / log.topics.snapshots, ignore_errors=True)
+    await _publish(log, events[b:])
+    log = FileLog(log.directory, partitions=PARTITIONS)  # a new process
+    async with Run(log) as second:
+        assert_holds(second.worker, _log_states(log))
+
+
+async def test_a_restart_reads_only_the_events_after_the_snapshots(tmp_path: Path) -> None:
+    log = FileLog(tmp_path, partitions=PARTITIONS)
+    await _publish(log, generated_log(random.Random(3), 6, 400))
+    async with Run(log) as first:
+        await first.snapshots_cover_everything()
+    ends = _ends(log)
+    log = FileLog(tmp_path, partitions=PARTITIONS)
+    async with Run(log) as second:
+        snapshots = second.worker.snapshots
+        assert snapshots is not None and snapshots.seeks == ends  # nothing left to replay
+        states = _log_states(log)
+        assert_holds(second.worker, states)
+        # reads from state see the conversations restored from their snapshots
+        for conversation, state in states.items():
+            view = second.reads.lookup(conversation)
+            assert isinstance(view, ConversationView) and view.state == state
+        assert len(second.reads.page(limit=100).rows) == len(states)
+
+
+async def test_a_corrupt_snapshot_is_ignored_counted_and_its_conversation_replayed(tmp_path: Path, caplog) -> None:
+    log = FileLog(tmp_path, partitions=PARTITIONS)
+    await _publish(log, generated_log(random.Random(5), 6, 300))
+    async with Run(log) as first:
+        await first.snapshots_cover_everything()
+    corrupted = _corrupt(log, random.Random(1), 1.0)
+    assert corrupted
+    log = FileLog(tmp_path, partitions=PARTITIONS)
+    metrics = Metrics()
+    async with Run(log, metrics=metrics) as second:
+        snapshots = second.worker.snapshots
+        assert snapshots is not None and snapshots.ignored == len(corrupted)
+        assert b"turnstile_snapshots_ignored_total %.1f" % len(corrupted) in metrics.exposition()
+        assert snapshots.seeks == {p: 0 for p in range(PARTITIONS)}
+        assert_holds(second.worker, _log_states(log))
+    assert "ignored the snapshot of" in caplog.text
+
+
+async def test_without_snapshots_the_worker_replays_from_the_beginning(tmp_path: Path) -> None:
+    log = FileLog(tmp_path, partitions=PARTITIONS)
+    await _publish(log, generated_log(random.Random(8), 4, 200))
+    off = dataclasses.replace(EAGER, snapshots=SnapshotPolicy(enabled=False))
+    async with Run(log, off) as first:
+        assert first.worker.snapshots is None
+    assert not any(path.exists() for path in _snapshot_lines(log))
+    async with Run(FileLog(tmp_path, partitions=PARTITIONS)) as second:
+        snapshots = second.worker.snapshots
+        assert snapshots is not None and snapshots.seeks == {p: 0 for p in range(PARTITIONS)}
+        assert_holds(second.worker, _log_states(log))
+
+
+async def test_a_message_for_an_evicted_conversation_is_claimed_once_and_every_rule_holds(tmp_path: Path) -> None:
+    """Every conversation leaves memory as soon as its settled state is snapshotted; each new
+    message brings it back from the local store, and its turn sees the whole history."""
+    config = dataclasses.replace(EAGER, eviction=EvictionPolicy(idle_ms=0))
+    log = FileLog(tmp_path, partitions=PARTITIONS)
+    rounds, conversations = 3, 6
+    async with running(log, ScriptedProvider(), config) as worker:
+        evictor = worker.evictor
+        assert evictor is not None
+        for round_ in range(rounds):
+            for i in range(conversations):
+                await publish(log, message_event(f"c{i}", f"question {round_} of {i}", NOW(), f"c{i}-m{round_}"))
+            done = conversations * (round_ + 1)
+            await until(lambda: sum(isinstance(e, TurnCompleted) for e in events_of(log)) == done)  # noqa: B023
+            await until(lambda: evictor.evictions >= done and not worker.states)  # noqa: B023
+        assert evictor.reloads >= conversations * (rounds - 1)
+    events = events_of(log)
+    claims = Counter(i for e in events if isinstance(e, TurnClaimed) for i in e.input_ids)
+    assert sorted(claims) == sorted(f"c{i}-m{r}" for i in range(conversations) for r in range(rounds))
+    assert set(claims.values()) == {1}
+    report = Auditor().feed_all(log.read_all(log.topics.events)).report()
+    assert report.ok, report
+    # each later turn was claimed at the full history length: its state came back whole
+    boundaries = sorted(e.history_boundary for e in events if isinstance(e, TurnClaimed))
+    assert boundaries == sorted(2 * r for r in range(rounds) for _ in range(conversations))
