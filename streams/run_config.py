@@ -30,24 +30,11 @@ from turnstile.streams.worker import WorkerConfig
 log = logging.getLogger(__name__)
 _DEFAULT_BASE_URLS = {"openai": "https://api.openai.com/v1", "anthropic": "https://api.anthropic.com"}
 SECRET = "***"
-_REVOKE_GRACE_S = WorkerConfig().revoke_grace_s
 
 
 def worker_options(config: Config) -> WorkerOptions:
     """The keys about the process, not the agent: they apply to an agent too."""
-    return {
-        "drain_grace_s": config.drain_grace_s,
-        "revoke_grace_s": revoke_grace_s(config.session_timeout_s),
-        "stream_replies": config.stream,
-        "tracing": config.trace,
-    }
-
-
-def revoke_grace_s(session_timeout_s: float) -> float:
-    """How long a revoke lets the steps in progress finish. It holds up the group's
-    rebalance, whose timeout aiokafka sets to the session timeout: at most half of that (a
-    member past the rebalance timeout is dropped and its partitions move anyway)."""
-    return min(_REVOKE_GRACE_S, session_timeout_s / 2)
+    return {"drain_grace_s": config.drain_grace_s, "stream_replies": config.stream, "tracing": config.trace}
 
 
 def provider(model: ModelConfig, api_key: str | None) -> Provider:

@@ -31,7 +31,6 @@ class WorkerOptions(TypedDict, total=False):
     """`WorkerConfig` fields about the process rather than the agent (`turnstile run` flags)."""
 
     drain_grace_s: float
-    revoke_grace_s: float
     stream_replies: bool
     tracing: bool
 

@@ -122,15 +122,6 @@ def test_a_file_configures_the_worker_of_run():
     assert worker.turn.prices["gpt-4.1-mini"] == shipped_prices().prices["gpt-4.1-mini"]
 
 
-def test_a_short_session_timeout_shortens_the_revoke_grace_to_half_of_it():
-    # A revoke holds up the group's rebalance (timeout: the session timeout); a 5 s grace
-    # inside a 6 s session would get the member dropped mid-rebalance.
-    provider = ScriptedProvider()
-    assert run_config.worker_config(resolve({}).config, provider).revoke_grace_s == 5.0
-    short = resolve({"session_timeout_s": 6}).config
-    assert run_config.worker_config(short, provider).revoke_grace_s == 3.0
-
-
 def shop() -> Agent:
     return Agent("shop", model=Model("acme-7b", price=ModelPrice(1, 2)), fallbacks=[Model("acme-3b")],
                  budget=TurnBudget(max_iterations=4, max_cost_usd=0.02), debounce=DebouncePolicy(800, 5000))
