@@ -44,3 +44,7 @@ EVENT_ADAPTER: TypeAdapter[Event] = TypeAdapter(Event)
 
 INPUT_TYPES = (MessageReceived, InputInjected, ResumeRequested)
 OUTCOME_TYPES = (TurnCompleted, TurnFailed, TurnPaused, TurnExhausted)
+# The steps inside a turn, between its claim and its end: they change neither the pending set
+# nor which turn is active (a reader's "is it paused, running, idle" stays as it was).
+STEP_TYPES = (AttemptStarted, ModelResponded, ToolCallStarted, ToolCallFinished, ProtocolFailure, ContextCompacted,
+              FallbackEngaged, AttemptFailed)

@@ -22,7 +22,7 @@ ORDERS = {
 }
 OUTBOX: list[dict[str, str]] = []  # stands in for your mail service
 
-BASE_URL = os.environ.get("TURNSTILE_BASE_URL")
+BASE_URL = os.environ.get("TURNSTILE_BASE_URL") or None  # empty: the provider's own
 
 agent = Agent(
     "support",

@@ -49,6 +49,17 @@ class Model:
     # OpenAI-compatible servers that only know `max_tokens` (not max_completion_tokens).
     legacy_max_tokens: bool = False
 
+    def __post_init__(self) -> None:
+        # Made where the agent's code says it, refused there: not at the first request.
+        if not self.name:
+            raise ValueError("a model needs a name")
+        if self.family not in _DEFAULT_BASE_URLS:
+            raise ValueError(f"model {self.name!r}: family is 'openai' or 'anthropic', not {self.family!r}")
+        if self.base_url is not None and not self.base_url.startswith(("http://", "https://")):
+            raise ValueError(f"model {self.name!r}: base_url {self.base_url!r} is not an http:// or https:// URL")
+        if not self.api_key_env:
+            raise ValueError(f"model {self.name!r}: api_key_env names no environment variable")
+
     def provider(self) -> Provider:
         from turnstile.streams.provider_http import HttpProvider
 
@@ -149,6 +160,10 @@ class Agent:
     ) -> None:
         if not name:
             raise ValueError("an agent needs a name")
+        if max_attempts < 1 or max_output_tokens < 1:
+            raise ValueError(f"agent {name!r}: max_attempts and max_output_tokens must be at least 1")
+        if isinstance(double_text, str):
+            double_text = DoubleTextPolicy(double_text).default  # refuses an unknown policy
         for fallback in fallbacks:
             if fallback.family != model.family:
                 raise ValueError(

@@ -408,6 +408,11 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         return asyncio.run(checked())
+    except KeyboardInterrupt:
+        # Ctrl-C before run's own handler is installed (waiting for the broker, starting) or
+        # in a command that has none (tail, audit): one line, the shell's code for SIGINT.
+        print(f"turnstile {args.command}: interrupted", file=sys.stderr)
+        return 130
     except Exception as exc:
         error = explain(exc, args.command)
         if error is None:

@@ -94,6 +94,11 @@ class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]
             consumer.seek(tp, positions.get(tp.partition, 0))
 
 
+# What a rebalance allows a member beyond its session timeout to rejoin: a revoke's grace
+# (`WorkerConfig.revoke_grace_s`, 5 s by default) and its flush and commit, with room to spare.
+REVOKE_ROOM_MS = 10_000
+
+
 @dataclass(frozen=True, slots=True)
 class Membership:
     """How this worker belongs to its consumer group.
@@ -115,6 +120,14 @@ class Membership:
         if not 6_000 <= self.session_timeout_ms <= 300_000:
             # The broker's default group.min/max.session.timeout.ms; outside them it refuses the join.
             raise ValueError(f"session timeout {self.session_timeout_ms} ms is outside 6000..300000 ms")
+
+    @property
+    def rebalance_timeout_ms(self) -> int:
+        """How long the group waits for a member to rejoin in a rebalance. aiokafka's default
+        is the session timeout; a revoke waits for the steps in progress (the worker's
+        `revoke_grace_s`, 5 s) and then flushes and commits, so it gets that much more room
+        whatever the session: a member slower than this is dropped and its partitions move."""
+        return self.session_timeout_ms + REVOKE_ROOM_MS
 
     @property
     def heartbeat_interval_ms(self) -> int:
@@ -144,6 +157,7 @@ class KafkaLog:
             group_instance_id=membership.instance_id,
             session_timeout_ms=membership.session_timeout_ms,
             heartbeat_interval_ms=membership.heartbeat_interval_ms,
+            rebalance_timeout_ms=membership.rebalance_timeout_ms,
             enable_auto_commit=False,
             auto_offset_reset="earliest",
             isolation_level="read_committed",

@@ -23,7 +23,7 @@ from collections import OrderedDict, deque
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
-from turnstile.events import Event, TurnClaimed
+from turnstile.events import STEP_TYPES, Event, TurnClaimed, TurnEnvelope
 from turnstile.projections import STATUSES, ConversationState, Status, conversation_status
 from turnstile.streams.log import Record
 from turnstile.streams.views import ConversationView
@@ -124,10 +124,13 @@ class WorkerReadModel:
         view.add(record, event, ignored)
         if isinstance(event, TurnClaimed) and ignored is None:
             self._drop_old_details(view, event.turn_id)
-        status = self._moved(state)
+        # The steps inside a turn (attempts, model and tool calls) leave its status as it was;
+        # any other event (inputs, claims, outcomes, refusals, interrupts) may move it.
+        status = self._moved(state, step=isinstance(event, STEP_TYPES))
         followers = self._followers.get(conversation)
         if followers:
-            told = Folded(record.partition, record.offset, event.type, getattr(event, "turn_id", None), status)
+            turn_id = event.turn_id if isinstance(event, TurnEnvelope) else None
+            told = Folded(record.partition, record.offset, event.type, turn_id, status)
             for queue in followers:
                 try:
                     queue.put_nowait(told)
@@ -148,11 +151,12 @@ class WorkerReadModel:
         if state.conversation_id not in self._status:
             self._moved(state)
 
-    def _moved(self, state: ConversationState) -> Status:
-        """Put the conversation first in the recency orders; returns its status."""
+    def _moved(self, state: ConversationState, step: bool = False) -> Status:
+        """Put the conversation first in the recency orders; returns its status (`step`: a
+        step inside a turn, which leaves a known status as it was)."""
         conversation = state.conversation_id
-        sequence, status = next(self._sequence), conversation_status(state)
-        was = self._status.get(conversation)
+        sequence, was = next(self._sequence), self._status.get(conversation)
+        status = was if step and was is not None else conversation_status(state)
         if was != status:
             if was is not None:
                 del self._by_status[was][conversation]

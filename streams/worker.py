@@ -109,8 +109,8 @@ class WorkerConfig:
     drain_grace_s: float = 30.0
     # On a revoke: how long the steps in progress may take to finish before the group moves
     # on. It holds up the whole group's rebalance, so it must stay well inside the group's
-    # rebalance timeout (aiokafka's default: the session timeout, 10 s), or the member is
-    # dropped and its partitions move anyway: half of it leaves the join round trips room.
+    # rebalance timeout (the Kafka log's: the session timeout + 10 s), or the member is
+    # dropped and its partitions move anyway; the rest leaves the flush and commit room.
     revoke_grace_s: float = 5.0
     # Stream the text of replies to the deltas topic as it arrives (providers then ask
     # for server-sent events); the events topic records each reply whole either way.

@@ -89,6 +89,23 @@ def test_a_fallback_of_another_protocol_family_is_refused_when_the_agent_is_made
         Agent("a", model=Model("gpt"), fallbacks=[Model("claude", family="anthropic")])
 
 
+@pytest.mark.parametrize(
+    ("make", "says"),
+    [
+        # Each was taken and failed only at the first request (or never: max_attempts=0).
+        (lambda: Model("m", family="gemini"), "family is 'openai' or 'anthropic', not 'gemini'"),  # type: ignore[arg-type]
+        (lambda: Model(""), "a model needs a name"),
+        (lambda: Model("m", base_url="localhost:8000/v1"), "is not an http:// or https:// URL"),
+        (lambda: Agent("a", model=Model("m"), max_attempts=0), "max_attempts and max_output_tokens must be at least 1"),
+        (lambda: Agent("a", model=Model("m"), max_output_tokens=0), "must be at least 1"),
+        (lambda: Agent("a", model=Model("m"), double_text="maybe"), "unknown double-text policy 'maybe'"),  # type: ignore[arg-type]
+    ],
+)
+def test_a_bad_model_or_agent_setting_is_refused_when_it_is_made(make, says) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(ValueError, match=re.escape(says)):
+        make()
+
+
 def test_a_target_that_is_not_an_agent_is_a_clear_error() -> None:
     with pytest.raises(ValueError, match="expected MODULE:AGENT"):
         load_agent("examples.support_agent")

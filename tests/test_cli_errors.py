@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+import signal
 import socket
 import subprocess
 import sys
@@ -79,6 +80,17 @@ def test_an_unreachable_broker_is_retried_then_named_with_the_fix(tmp_path):
         " is it running? (bash infra/kafka/start.sh starts one)"
     )
     assert "worker running" not in result.stderr and "Traceback" not in result.stderr
+
+
+def test_ctrl_c_while_run_waits_for_the_broker_is_one_line_not_a_traceback(tmp_path):
+    argv = [*CLI, "run", "--broker", f"kafka://127.0.0.1:{closed_port()}", "--connect-timeout-s", "60"]
+    with subprocess.Popen(argv, cwd=tmp_path, stderr=subprocess.PIPE, text=True) as process:
+        assert process.stderr is not None
+        assert "not reachable, retrying" in process.stderr.readline()  # it is waiting now
+        process.send_signal(signal.SIGINT)
+        rest = process.stderr.read()
+        assert process.wait(timeout=30) == 130
+    assert rest.strip() == "turnstile run: interrupted"
 
 
 def test_send_to_an_unreachable_broker_fails_at_once(tmp_path):

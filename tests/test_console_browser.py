@@ -55,6 +55,8 @@ def test_list_conversation_live_turn_approval_and_the_next_turn_in_chromium(tmp_
         driver.find_element(By.CSS_SELECTOR, 'tr[data-conversation="support-7"] a').click()
         wait_for(lambda: "(scripted reply to) hello there" in driver.find_element(By.TAG_NAME, "main").text,
                  what="the first reply in the history")
+        wait_for(lambda: driver.find_element(By.TAG_NAME, "body").get_attribute("data-following") == "1",
+                 what="the live feed open")
         refreshed = int(driver.find_element(By.TAG_NAME, "body").get_attribute("data-refreshed") or 0)
         api.post("/conversations/support-7/messages", json={"message_id": "m2", "content": "and the refund rules?"})
         wait_for(lambda: driver.find_element(By.TAG_NAME, "body").get_attribute("data-status") == "active",

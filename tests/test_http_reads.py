@@ -7,18 +7,19 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from builders import claim, completed, message
+from builders import claim, completed, message, started
 from worker_harness import FAST, client_of, serving, until
 
-from turnstile.events import encode
+from turnstile.events import TurnInterrupted, encode
 from turnstile.handlers.providers.scripted import ScriptedProvider
-from turnstile.projections import conversation_status, new_state
+from turnstile.projections import apply_event, conversation_status, new_state
 from turnstile.projections.state import ActiveTurn, PendingInput, TurnRecord
 from turnstile.streams.file_log import FileLog
 from turnstile.streams.http_api import HttpServer, build_app
 from turnstile.streams.log import PartitionStart, Record
 from turnstile.streams.read_model import Folded, NotOwned, Replaying, WorkerReadModel
 from turnstile.streams.service import conversation_reader
+from turnstile.streams.views import ConversationView
 from turnstile.streams.worker import Worker
 
 
@@ -162,3 +163,25 @@ async def test_a_client_can_page_a_hundred_thousand_conversations(tmp_path: Path
     assert [r.conversation_id for r in model.page(contains="099999").rows] == ["conv-099999"]
 
 
+
+
+async def test_an_interrupted_turn_reads_as_interrupted_and_its_conversation_as_debouncing(tmp_path: Path) -> None:
+    log = FileLog(tmp_path)
+    worker = Worker(log, ScriptedProvider(), FAST)
+    model = WorkerReadModel(worker)
+    await worker.on_assigned({p: PartitionStart(end_offset=0, committed=0) for p in range(log.partition_count() or 0)})
+    state = new_state("c1")
+    c = claim(["m1"], 20, 0, conv="c1")
+    interrupted = TurnInterrupted(event_id="e-int", conversation_id="c1", occurred_at=40, turn_id=c.turn_id,
+                                  run_id=c.run_id, attempt=1, message_id="m2")
+    events = [message("m1", 10, conv="c1"), c, started(c, 25), message("m2", 30, conv="c1"), interrupted]
+    for offset, event in enumerate(events):
+        rejection = apply_event(state, event)
+        assert rejection is None, rejection
+        model.folded(Record(0, offset, b"c1", encode(event)), event, state, None)
+    assert state.active is None and list(state.pending) == ["m1", "m2"]
+    held = model.lookup("c1")
+    assert isinstance(held, ConversationView)
+    [turn] = held.turns.values()
+    assert (turn.outcome, turn.duration_ms) == ("interrupted", 20)
+    assert [r.status for r in model.page().rows] == ["debouncing"]

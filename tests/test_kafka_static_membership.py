@@ -11,6 +11,7 @@ from kafka_fixtures import fresh_topics, kafka_bootstrap  # noqa: F401  (fixture
 
 from turnstile.streams.kafka_log import KafkaLog, Membership
 from turnstile.streams.log import PartitionStart, Topics
+from turnstile.streams.worker import WorkerConfig
 
 pytestmark = pytest.mark.kafka
 
@@ -50,6 +51,11 @@ def test_membership_refuses_what_the_broker_would():
     # A rebalance is noticed within a second; two lost heartbeats never drop a live member.
     assert Membership("w1", session_timeout_ms=6_000).heartbeat_interval_ms == 1_000
     assert all(Membership("w1", session_timeout_ms=ms).heartbeat_interval_ms * 3 <= ms for ms in (6_000, 300_000))
+    # A revoke's wait (the grace, then a flush and a commit) fits the group's rebalance
+    # timeout whatever the session, with room: a member that outlasts it would be dropped.
+    grace_ms = WorkerConfig().revoke_grace_s * 1000
+    for ms in (6_000, 10_000):
+        assert Membership("w1", session_timeout_ms=ms).rebalance_timeout_ms >= ms + 2 * grace_ms
 
 
 async def test_a_worker_restarted_under_its_instance_id_takes_its_partitions_back_without_a_rebalance(

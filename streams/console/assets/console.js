@@ -85,6 +85,8 @@
     refresh();
   });
   events.addEventListener("reload", refresh);
+  // Subscribed from here on (the server follows before it answers): what is folded now is told.
+  events.onopen = function () { body.dataset.following = "1"; };
 
   // The reply as the model writes it (streamed replies only).
   var live = document.getElementById("live");
