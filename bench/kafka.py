@@ -231,10 +231,11 @@ class BenchWorker(Worker):
         super().__init__(log_, ScriptedProvider(), NO_DEBOUNCE)
         self.assigned = asyncio.Event()
 
-    async def on_assigned(self, partitions: dict[int, PartitionStart]) -> None:
-        await super().on_assigned(partitions)
-        if len(self.partitions) == PARTITIONS:
+    async def on_assigned(self, partitions: dict[int, PartitionStart]) -> dict[int, int]:
+        starts = await super().on_assigned(partitions)
+        if len(self.partition_liveness()) == PARTITIONS:
             self.assigned.set()
+        return starts
 
 
 async def _verdict(bootstrap: str, topics: Topics, turns: int, dead_letters: int) -> str:

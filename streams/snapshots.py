@@ -304,7 +304,9 @@ class Snapshotter:
                 del part.dirty[conversation]
                 if budget is not None:
                     budget -= 1
-            watermark = min((d.first for d in part.dirty.values()), default=position)
+            # Never past a record whose one-time effect is not on the log yet (a dead letter of
+            # a record of no conversation, say): a new owner starting there would not redo it.
+            watermark = min(min((d.first for d in part.dirty.values()), default=position), done.get(p, 0))
             if watermark > part.watermark:
                 watermarks[p] = watermark
         captured = {p: items for p, items in captured.items() if items}
