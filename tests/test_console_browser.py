@@ -16,8 +16,10 @@ from mail_agent import mail_worker
 TOKEN = "console-test-token"
 
 
-def wait_for(condition: Callable[[], object], timeout_s: float = 30.0, what: str = "the page") -> object:
-    """Polls a browser condition (selenium calls block; the server runs in its own thread)."""
+def wait_for(condition: Callable[[], object], timeout_s: float = 90.0, what: str = "the page") -> object:
+    """Polls a browser condition (selenium calls block; the server runs in its own thread).
+    A deadline, not a timing: generous, since the machines are shared and Chromium is slow
+    to start pages under load."""
     deadline = time.monotonic() + timeout_s
     while True:
         found = condition()

@@ -86,7 +86,12 @@
   });
   events.addEventListener("reload", refresh);
   // Subscribed from here on (the server follows before it answers): what is folded now is told.
-  events.onopen = function () { body.dataset.following = "1"; };
+  // What was folded between the page's render and this (re)subscription is not: one refresh
+  // on every open catches it (a turn that paused or ended in that gap showed as active).
+  events.onopen = function () {
+    body.dataset.following = "1";
+    refresh();
+  };
 
   // The reply as the model writes it (streamed replies only).
   var live = document.getElementById("live");
