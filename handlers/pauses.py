@@ -53,8 +53,9 @@ def waiting_for_approval(call: ToolCall) -> str:
 
 
 def approval_hint(conversation_id: str, turn_id: str, call: ToolCall) -> str:
+    command = f"turnstile approve|deny {shlex.quote(conversation_id)} {shlex.quote(call.call_id)}"
     return (
-        f"Approve or deny it with `turnstile approve|deny {shlex.quote(conversation_id)} {shlex.quote(call.call_id)}` (an "
+        f"Approve or deny it with `{command}` (an "
         f"InputInjected of source 'approval' carrying approval={{turn_id: {turn_id}, call_id: "
         f"{call.call_id}, approved: true|false}}); it starts a new turn that sees this request."
     )
