@@ -12,20 +12,21 @@ outcome or the retry. A second worker then takes the turn over:
 * failed retryably (no side effect): attempt 2, fresh from the inputs, after the backoff.
 """
 
+# ruff: noqa: F811  (the loop tests' fixtures are imported by name, then requested as parameters)
 from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from loop_harness import ATTEMPTS_ONLY, World, config, say, settings
+from loop_harness import World, config, say, settings
 from provider_server import Gated, ProviderServer, Raw, Reply
+from test_audit_turn_loop import openai, server  # noqa: F401  (fixtures)
 from worker_harness import events_of, running, until
 
 from turnstile.events import AttemptFailed, AttemptStarted, ModelResponded, TurnCompleted, TurnFailed
-from turnstile.handlers.providers.openai_chat import OpenAIChat
 from turnstile.projections.audit import audit, render
 from turnstile.streams.file_log import FileLog
 from turnstile.streams.log import Topics
@@ -36,19 +37,6 @@ TRANSFER = ("call_1", "transfer", '{"to": "bob", "amount": 5}')
 SEARCH = ("call_1", "search", '{"q": "fees"}')
 # Holds the first owner's failing request in flight until its revoke has begun.
 gate = threading.Event()
-
-
-@pytest.fixture
-def server() -> Iterator[ProviderServer]:
-    with ProviderServer() as running_server:
-        yield running_server
-
-
-@pytest.fixture
-async def openai(server: ProviderServer) -> AsyncIterator[HttpProvider]:
-    provider = HttpProvider(OpenAIChat(), server.base_url_openai, "test-key", timeout_s=10.0, retry=ATTEMPTS_ONLY)
-    yield provider
-    await provider.aclose()
 
 
 def worker_config(world: World) -> WorkerConfig:
