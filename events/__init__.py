@@ -6,6 +6,7 @@ from turnstile.events.dead_letter import DeadLetter
 from turnstile.events.identity import content_fingerprint, logical_turn_id
 from turnstile.events.inputs import Approval, InputInjected, MessageReceived, ResumeRequested
 from turnstile.events.lifecycle import (
+    STOPPED_MID_ATTEMPT,
     AttemptFailed,
     AttemptStarted,
     ContextCompacted,
@@ -46,6 +47,7 @@ __all__ = [
     "OUTCOME_TYPES",
     "SCHEMA_VERSION",
     "STEP_TYPES",
+    "STOPPED_MID_ATTEMPT",
     "Approval",
     "AttemptFailed",
     "AttemptStarted",

@@ -145,9 +145,19 @@ class FallbackEngaged(TurnEnvelope):
     reason: str
 
 
+# The `AttemptFailed.reason` of an owner that takes a turn over and closes the run of a
+# stopped one (crash, lost partition, drain out of grace). That closing decides nothing
+# about the turn -- the new owner goes on from the journal -- whereas any other reason is
+# the run's own verdict, which whoever owns the turn next carries out. A fixed text rather
+# than a new field: every takeover ever written carries it, so old logs read the same.
+STOPPED_MID_ATTEMPT = "the worker running this attempt stopped before it ended"
+
+
 class AttemptFailed(TurnEnvelope):
-    """This attempt ended without an outcome. `retryable` says whether another attempt of
-    the same logical turn may follow (never after a side effect)."""
+    """This attempt ended without an outcome. `retryable` says whether a fresh attempt of
+    the same logical turn may follow (never after a side effect; not retryable, the turn
+    fails). A `reason` of exactly STOPPED_MID_ATTEMPT is a takeover closing a stopped
+    owner's run: the journal may be resumed whatever `retryable` says."""
 
     type: Literal["AttemptFailed"] = "AttemptFailed"
     reason: str

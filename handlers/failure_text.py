@@ -51,8 +51,17 @@ NOT_REPLAYED = (
     "replayed. Check the operation record before continuing."
 )
 MAX_ATTEMPTS = "The turn failed after the maximum number of attempts."
+
+
+def failed_by_owner(reason: str, side_effect_ran: bool) -> str:
+    """A turn whose worker failed its attempt for good and stopped before saying so: the
+    next owner says it, with the attempt's recorded reason."""
+    return f"The turn's attempt failed and was not retried: {reason.rstrip('.')}." + (
+        SIDE_EFFECT_NOTE if side_effect_ran else ""
+    )
+
+
 INTERNAL_ERROR = "The turn failed because of an internal error."
-STOPPED_MID_ATTEMPT = "the worker running this attempt stopped before it ended"
 
 
 def unresumable(tool: str, call_id: str) -> str:

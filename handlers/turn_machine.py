@@ -25,6 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from turnstile.events import (
+    STOPPED_MID_ATTEMPT,
     AttemptFailed,
     AttemptStarted,
     ContextCompacted,
@@ -54,7 +55,7 @@ from turnstile.handlers.budget import (
 from turnstile.handlers.claim import claim_event
 from turnstile.handlers.compaction import compact_tool_exchanges
 from turnstile.handlers.context import build_context
-from turnstile.handlers.failure_text import INTERNAL_ERROR, STOPPED_MID_ATTEMPT, provider_failure, reconcile_unknown
+from turnstile.handlers.failure_text import INTERNAL_ERROR, failed_by_owner, provider_failure, reconcile_unknown
 from turnstile.handlers.fallback import FallTo, RouteInfo, next_route
 from turnstile.handlers.pauses import (
     DoneCall,
@@ -67,7 +68,7 @@ from turnstile.handlers.pauses import (
 from turnstile.handlers.pricing import cost_usd
 from turnstile.handlers.protocol import repeated_call_error, tool_error
 from turnstile.handlers.provider import ChatMessage, ModelReply, ModelRequest, ProtocolFamily, ProviderError, ToolSpec
-from turnstile.handlers.resume import Recovery, Resume, idempotency_key, next_step
+from turnstile.handlers.resume import Recovery, Resume, StartOver, idempotency_key, next_step
 from turnstile.handlers.stops import AskAgain, Complete, CutOff, Refused, after_reply
 from turnstile.handlers.tools import InvalidCall, ValidCall, validate_call
 from turnstile.handlers.turn_rules import (
@@ -77,6 +78,7 @@ from turnstile.handlers.turn_rules import (
     approval_of,
     bounded_result,
     isolated_turn,
+    owner_verdict,
     retries_after,
     takeover_failure,
     tool_outcome,
@@ -295,6 +297,18 @@ def _attempt_failed(m: TurnMachine, out: _Out, error: ProviderError, reason: str
 
 def _take_over(m: TurnMachine, out: _Out) -> None:
     turn = m.turn
+    verdict = turn.verdict
+    match owner_verdict(verdict):
+        case "fail":
+            assert verdict is not None
+            _fail(m, out, failed_by_owner(verdict.reason, turn.side_effect_started))
+            return
+        case "retry":
+            assert verdict is not None
+            _retry_after_backoff(m, out, verdict.at)
+            return
+        case "go_on":
+            pass
     step = next_step(turn.journal, lambda start: _recovery_of(m, start))
     if turn.attempt_state != "closed":
         # Retryable says a replay from scratch may follow: never after a side effect
@@ -305,6 +319,22 @@ def _take_over(m: TurnMachine, out: _Out) -> None:
         _fail(m, out, failure)
     else:
         _start_attempt(m, out, first=False, resume=step if isinstance(step, Resume) else None)
+
+
+def _retry_after_backoff(m: TurnMachine, out: _Out, failed_at: int) -> None:
+    """The retry a dead owner was backing off for: a fresh attempt (`Woke` starts it), due
+    its backoff after the failure's event time. The wait a server asked for is not on the
+    log: the exponential backoff is what is honoured."""
+    turn = m.turn
+    failure = takeover_failure(StartOver(), turn.side_effect_started, turn.attempt, m.settings.max_attempts)
+    if failure is not None:
+        _fail(m, out, failure)
+        return
+    due = failed_at + round(m.settings.backoff_s(turn.attempt) * 1000)
+    if due > m.now_ms:
+        out.then(SleepUntil(due))
+    else:
+        _start_attempt(m, out, first=False)
 
 
 def _recovery_of(m: TurnMachine, start: ToolCallStarted) -> Recovery:

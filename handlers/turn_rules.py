@@ -1,19 +1,20 @@
 """The turn's rules that are not the loop itself, as named decisions: what makes a turn
-isolated, whether a failed attempt is retried, whether a turn taken over may go on,
+isolated, whether a failed attempt is retried, what a turn taken over carries out of its
+last attempt's verdict and whether it may go on,
 which approval decides a call, and what a tool's result is as the model reads it."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import TypeGuard
+from typing import Literal, TypeGuard
 
-from turnstile.events import Event, ToolCallStarted
+from turnstile.events import STOPPED_MID_ATTEMPT, Event, ToolCallStarted
 from turnstile.handlers.failure_text import MAX_ATTEMPTS, NOT_REPLAYED, unresumable
 from turnstile.handlers.provider import ProviderError
 from turnstile.handlers.resume import NextStep, Resume, Unresumable
 from turnstile.handlers.tools import call_signature
 from turnstile.handlers.turn_steps import ToolRaised, ToolReturned, ToolTimedOut
-from turnstile.projections import PendingInput
+from turnstile.projections import AttemptVerdict, PendingInput
 
 # A tool result is recorded in ToolCallFinished: keep it well inside one log value.
 MAX_RESULT_CHARS = 100_000
@@ -33,6 +34,19 @@ def retries_after(error: ProviderError, attempt: int, max_attempts: int, side_ef
     retryable error, within the attempt allowance, and never once a side-effecting call
     started (rule 9: a new attempt replays the turn from its inputs)."""
     return error.retryable and attempt < max_attempts and not side_effect_started
+
+
+def owner_verdict(verdict: AttemptVerdict | None) -> Literal["go_on", "fail", "retry"]:
+    """What a turn taken over carries out of the verdict its last attempt closed with. No
+    verdict (the run stopped mid-attempt) or a takeover's closing (`STOPPED_MID_ATTEMPT`):
+    go on from the journal. Failed for good by its owner: fail, writing the outcome that
+    owner did not get to write (rule 9: the next owner never runs on a turn its owner
+    decided to fail). Failed retryably (its owner died backing off): retry as that owner
+    would have -- a fresh attempt from the inputs, once its backoff, counted from the
+    failure's time, is over."""
+    if verdict is None or verdict.reason == STOPPED_MID_ATTEMPT:
+        return "go_on"
+    return "retry" if verdict.retryable else "fail"
 
 
 def takeover_failure(step: NextStep, side_effect_started: bool, attempt: int, max_attempts: int) -> str | None:

@@ -4,6 +4,7 @@ from turnstile.projections.conversation import Rejection, apply_event, new_state
 from turnstile.projections.state import (
     ActiveTurn,
     ApprovalGrant,
+    AttemptVerdict,
     ConversationState,
     HistoryEntry,
     Operation,
@@ -16,6 +17,7 @@ __all__ = [
     "STATUSES",
     "ActiveTurn",
     "ApprovalGrant",
+    "AttemptVerdict",
     "ConversationState",
     "HistoryEntry",
     "Operation",

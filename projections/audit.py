@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from turnstile.events import (
+    STOPPED_MID_ATTEMPT,
     AttemptFailed,
     AttemptStarted,
     DeadLetter,
@@ -52,8 +53,9 @@ RULES: dict[str, str] = {
     ),
     "one_active_turn": "rules 3, 5: no claim while another turn of the conversation is active",
     "attempts": (
-        "rule 6: attempts share the turn id, each has a new run id, attempt numbers go up by one "
-        "and a new attempt starts only after the previous one failed"
+        "rules 6, 9: attempts share the turn id, each has a new run id, attempt numbers go up by one "
+        "and a new attempt starts only after the previous one failed -- never, fresh or resuming, after "
+        "a failure its owner said no attempt may follow (not retryable, other than a takeover's closing)"
     ),
     "no_replay_after_side_effect": (
         "rule 9: no automatic attempt after a side-effecting tool started, and no failure that says one may follow"
@@ -473,6 +475,14 @@ class Auditor:
             return self._violate("attempts", conv, turn_id, detail)
         if turn.attempt_state != "closed":
             detail = f"attempt {start.attempt} started while attempt {turn.attempt} ({turn.run_id}) had not failed"
+            return self._violate("attempts", conv, turn_id, detail)
+        verdict = turn.verdict
+        if verdict is not None and not verdict.retryable and verdict.reason != STOPPED_MID_ATTEMPT:
+            # Its owner decided the turn fails: whoever owns it next writes that TurnFailed.
+            detail = (
+                f"attempt {start.attempt} started after attempt {turn.attempt} ({turn.run_id}) "
+                f"failed for good: {verdict.reason}"
+            )
             return self._violate("attempts", conv, turn_id, detail)
         if start.resumes_run_id is not None:
             self._rules["resume"].checked += 1

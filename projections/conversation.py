@@ -40,6 +40,7 @@ from turnstile.events import (
 from turnstile.projections.state import (
     ActiveTurn,
     ApprovalGrant,
+    AttemptVerdict,
     ConversationState,
     HistoryEntry,
     InputKind,
@@ -180,7 +181,7 @@ def _start_attempt(state: ConversationState, start: AttemptStarted) -> Rejection
         return Rejection(f"attempt {start.attempt} resumes run {resumes}, which is not the run it follows")
     if retry and resumes is None and turn.side_effect_started:
         return Rejection("no automatic attempt after a side effect started")
-    turn.run_id, turn.attempt, turn.attempt_state = start.run_id, start.attempt, "open"
+    turn.run_id, turn.attempt, turn.attempt_state, turn.verdict = start.run_id, start.attempt, "open", None
     turn.model = start.model
     if resumes is None:
         turn.iterations = 0
@@ -236,6 +237,7 @@ def _record_step(state: ConversationState, event: Event) -> Rejection | None:
             turn.model = event.to_model
         case AttemptFailed():
             turn.attempt_state = "closed"
+            turn.verdict = AttemptVerdict(event.retryable, event.reason, event.occurred_at)
         case ProtocolFailure():
             # Repeats of one invalid call are counted per logical turn; the `repeated_call`
             # records that report the count are not themselves counted.

@@ -7,13 +7,17 @@ version, golden values in `tests/golden/snapshots/` that must keep decoding, and
 that never raises -- a snapshot that does not decode is ignored (the reader folds that
 conversation from the log instead) and reported.
 
-Encoding v1 is one orjson object `{"snapshot": 1, "covered": N, "state": [...]}`. `covered`
+Encoding v2 is one orjson object `{"snapshot": 2, "covered": N, "state": [...]}`. `covered`
 is an offset of the conversation's events partition: the state includes every event of the
 conversation at or below it and none above, so a reader folds only the conversation's
 events after it (each offset is folded once). The state is positional arrays rather than objects -- field names would
 be most of the bytes of a typical conversation -- in the field order documented at each
-`_*_v1` function below. Sets are written sorted and dicts in their insertion order, so the
-same state always encodes to the same bytes.
+`_*_v1` / `_*_v2` function below. Sets are written sorted and dicts in their insertion order,
+so the same state always encodes to the same bytes.
+
+Versions: v2 added the closing verdict of the active turn's attempt (`ActiveTurn.verdict`)
+as the last field of the active turn; everything else is as in v1. A v1 snapshot still
+decodes, upcast (`_upcast_verdict`). Only the newest version is written.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from turnstile.projections.state import (
     ActiveTurn,
     ApprovalGrant,
     AttemptState,
+    AttemptVerdict,
     ConversationState,
     HistoryEntry,
     InputKind,
@@ -39,7 +44,12 @@ from turnstile.projections.state import (
     TurnRecord,
 )
 
-SNAPSHOT_VERSION = 1
+SNAPSHOT_VERSION = 2
+_READABLE = (1, 2)  # every version a snapshot was ever written in
+WATERMARK_VERSION = 1  # watermarks did not change with the snapshots' v2
+# What a v1 snapshot says of an attempt it holds closed: that it failed, for a reason the
+# version did not record (see `_upcast_verdict`).
+UNRECORDED_VERDICT = "why is not recorded in the version 1 snapshot the turn was read from"
 _MAX_INT = 2**53  # as on the wire of the events: exact in any JSON reader
 
 _ROLES = ("user", "assistant")
@@ -67,7 +77,7 @@ class SnapshotError:
 def encode_snapshot(state: ConversationState, covered: int) -> bytes:
     if not 0 <= covered < _MAX_INT:
         raise ValueError(f"covered offset {covered} is out of range")
-    return orjson.dumps({"snapshot": SNAPSHOT_VERSION, "covered": covered, "state": _state_v1(state)})
+    return orjson.dumps({"snapshot": SNAPSHOT_VERSION, "covered": covered, "state": _state(state)})
 
 
 def decode_snapshot(value: bytes | None, conversation_id: str | None = None) -> Snapshot | SnapshotError:
@@ -82,10 +92,11 @@ def decode_snapshot(value: bytes | None, conversation_id: str | None = None) -> 
     try:
         if not isinstance(doc, dict) or set(doc) != {"snapshot", "covered", "state"}:
             _bad("expected an object with exactly snapshot, covered and state")
-        if doc["snapshot"] != SNAPSHOT_VERSION or isinstance(doc["snapshot"], bool):
-            _bad(f"snapshot version {doc['snapshot']!r} is not {SNAPSHOT_VERSION}")
+        version = doc["snapshot"]
+        if version not in _READABLE or isinstance(version, bool):
+            _bad(f"snapshot version {version!r} is not one of {list(_READABLE)}")
         covered = _int(doc["covered"])
-        state = _read_state_v1(doc["state"])
+        state = _read_state(doc["state"], version)
     except _Invalid as exc:
         return SnapshotError(str(exc))
     if conversation_id is not None and state.conversation_id != conversation_id:
@@ -93,8 +104,8 @@ def decode_snapshot(value: bytes | None, conversation_id: str | None = None) -> 
     return Snapshot(state, covered)
 
 
-# -- encoding v1 ---------------------------------------------------------------------------------
-def _state_v1(s: ConversationState) -> list[Any]:
+# -- encoding v2 (as v1 but for the active turn) -------------------------------------------------
+def _state(s: ConversationState) -> list[Any]:
     """[conversation_id, events_applied, history, pending, active, turns, seen_inputs,
     claimed_by, rejected]; the last three are [key, value] pairs."""
     return [
@@ -102,7 +113,7 @@ def _state_v1(s: ConversationState) -> list[Any]:
         s.events_applied,
         [[_ROLES.index(h.role), h.content, h.occurred_at, h.turn_id, h.outcome] for h in s.history],
         [_input_v1(p) for p in s.pending.values()],
-        None if s.active is None else _active_v1(s.active),
+        None if s.active is None else _active_v2(s.active),
         [_turn_v1(t) for t in s.turns.values()],
         list(s.seen_inputs.items()),
         list(s.claimed_by.items()),
@@ -118,12 +129,14 @@ def _input_v1(p: PendingInput) -> list[Any]:
     return [p.input_id, p.kind, p.content, p.occurred_at, p.source, grant]
 
 
-def _active_v1(a: ActiveTurn) -> list[Any]:
+def _active_v2(a: ActiveTurn) -> list[Any]:
     """[turn_id, inputs, history_boundary, claimed_at, run_id, attempt, attempt_state, model,
     iterations, tool_calls, input_tokens, output_tokens, cached_input_tokens,
     cache_write_tokens, reasoning_tokens, cost_usd, fallbacks, operations ([call_id, tool,
     side_effect, status] each), invalid_calls ([signature, n] pairs), step_ids (sorted),
-    journal (the events, each in the events' own wire encoding)]."""
+    journal (the events, each in the events' own wire encoding), verdict ([retryable,
+    reason, at] or null; v2 only)]."""
+    verdict = None if a.verdict is None else [a.verdict.retryable, a.verdict.reason, a.verdict.at]
     return [
         a.turn_id,
         [_input_v1(i) for i in a.inputs],
@@ -146,6 +159,7 @@ def _active_v1(a: ActiveTurn) -> list[Any]:
         list(a.invalid_calls.items()),
         sorted(a.step_ids),
         [orjson.Fragment(encode(e)) for e in a.journal],
+        verdict,
     ]
 
 
@@ -156,7 +170,7 @@ def _turn_v1(t: TurnRecord) -> list[Any]:
     return [t.turn_id, list(t.input_ids), t.outcome, t.attempts, call]
 
 
-# -- decoding v1 ---------------------------------------------------------------------------------
+# -- decoding v1 and v2 --------------------------------------------------------------------------
 class _Invalid(Exception):
     pass
 
@@ -211,7 +225,7 @@ def _shown(value: object) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-def _read_state_v1(value: object) -> ConversationState:
+def _read_state(value: object, version: int) -> ConversationState:
     (conversation, applied, history, pending, active, turns, seen, claimed, rejected) = _list(value, 9)
     inputs = [_read_input_v1(p) for p in _list(pending)]
     records = [_read_turn_v1(t) for t in _list(turns)]
@@ -219,7 +233,7 @@ def _read_state_v1(value: object) -> ConversationState:
         conversation_id=_str(conversation),
         history=[_read_history_v1(h) for h in _list(history)],
         pending={p.input_id: p for p in inputs},
-        active=None if active is None else _read_active_v1(active),
+        active=None if active is None else _read_active(active, version),
         turns={t.turn_id: t for t in records},
         seen_inputs=_pairs(seen),
         claimed_by=_pairs(claimed),
@@ -246,10 +260,13 @@ def _read_input_v1(value: object) -> PendingInput:
                         approval)  # fmt: skip
 
 
-def _read_active_v1(value: object) -> ActiveTurn:
+def _read_active(value: object, version: int) -> ActiveTurn:
+    fields = _list(value, 21 if version == 1 else 22)
     (turn, inputs, boundary, claimed_at, run, attempt, attempt_state, model, iterations, tool_calls,
      input_tokens, output_tokens, cached, cache_write, reasoning, cost, fallbacks, operations, invalid, steps,
-     journal) = _list(value, 21)  # fmt: skip
+     journal) = fields[:21]  # fmt: skip
+    state = _choice(attempt_state, _ATTEMPT_STATES)
+    verdict = _upcast_verdict(state) if version == 1 else _read_verdict(fields[21], state)
     if cost is not None and (not isinstance(cost, int | float) or isinstance(cost, bool)):
         _bad(f"expected a cost or null, got {_shown(cost)}")
     ops = {}
@@ -263,7 +280,8 @@ def _read_active_v1(value: object) -> ActiveTurn:
         claimed_at=_int(claimed_at),
         run_id=_str(run),
         attempt=_int(attempt),
-        attempt_state=_choice(attempt_state, _ATTEMPT_STATES),
+        attempt_state=state,
+        verdict=verdict,
         model=_opt_str(model),
         iterations=_int(iterations),
         tool_calls=_int(tool_calls),
@@ -279,6 +297,27 @@ def _read_active_v1(value: object) -> ActiveTurn:
         step_ids={_str(s) for s in _list(steps)},
         journal=[_read_event(e) for e in _list(journal)],
     )
+
+
+def _upcast_verdict(state: AttemptState) -> AttemptVerdict | None:
+    """A v1 snapshot holds no verdict. Of an attempt it holds closed, it is read as failed,
+    not retryable: the one reading that cannot run on a turn whose owner decided it fails
+    (rule 9) -- a new attempt from it, fresh or resuming, might repeat what that owner had
+    ruled out, whereas failing a turn that could have been retried or resumed is visible
+    and costs nothing twice. Closed is a window of seconds (a backoff, or between a
+    takeover's two events), so a v1 snapshot taken in it is rare."""
+    return AttemptVerdict(retryable=False, reason=UNRECORDED_VERDICT, at=0) if state == "closed" else None
+
+
+def _read_verdict(value: object, state: AttemptState) -> AttemptVerdict | None:
+    if value is None:
+        if state == "closed":
+            _bad("a closed attempt without its verdict")
+        return None
+    if state != "closed":
+        _bad(f"a verdict on an attempt that is {state}")
+    retryable, reason, at = _list(value, 3)
+    return AttemptVerdict(_bool(retryable), _str(reason), _int(at))
 
 
 def _read_event(value: object) -> Event:
@@ -314,14 +353,14 @@ WATERMARK_KEY = ""
 def encode_watermark(offset: int) -> bytes:
     if not 0 <= offset < _MAX_INT:
         raise ValueError(f"watermark offset {offset} is out of range")
-    return orjson.dumps({"watermark": SNAPSHOT_VERSION, "offset": offset})
+    return orjson.dumps({"watermark": WATERMARK_VERSION, "offset": offset})
 
 
 def decode_watermark(value: bytes | None) -> int | SnapshotError:
     try:
         doc = orjson.loads(value) if value is not None else None
-        if not isinstance(doc, dict) or set(doc) != {"watermark", "offset"} or doc["watermark"] != SNAPSHOT_VERSION:
-            _bad(f"not a version {SNAPSHOT_VERSION} watermark")
+        if not isinstance(doc, dict) or set(doc) != {"watermark", "offset"} or doc["watermark"] != WATERMARK_VERSION:
+            _bad(f"not a version {WATERMARK_VERSION} watermark")
         return _int(doc["offset"])
     except (orjson.JSONDecodeError, _Invalid) as exc:
         return SnapshotError(str(exc))

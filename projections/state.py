@@ -64,6 +64,17 @@ class Operation:
     status: OperationStatus
 
 
+@dataclass(frozen=True, slots=True)
+class AttemptVerdict:
+    """How the last attempt closed (its `AttemptFailed`): what its owner decided, which
+    whoever owns the turn next carries out instead of running on (rule 9). `at` is the
+    failure's event time, from which a retry's backoff is counted."""
+
+    retryable: bool
+    reason: str
+    at: int
+
+
 @dataclass(slots=True)
 class ActiveTurn:
     """The one turn that owns the conversation between its claim and its outcome."""
@@ -77,6 +88,8 @@ class ActiveTurn:
     # claimed: TurnClaimed is on the log, its first AttemptStarted not yet;
     # open: the attempt of `run_id` runs; closed: it ended with AttemptFailed.
     attempt_state: AttemptState = "claimed"
+    # Closed: the AttemptFailed's verdict (None while claimed or open).
+    verdict: AttemptVerdict | None = None
     model: str | None = None
     iterations: int = 0  # of the current attempt
     # Totals over every attempt of the logical turn: budgets bound the turn, not one try.

@@ -9,6 +9,7 @@ each request with the next queued step:
         server.push(Reply(text="hi", usage=(10, 3)))
         server.push(Reply(tool_calls=[("call_1", "search", '{"q": "x"}')]))
         server.push(Raw(500, b"oops"), Delay(2.0, Reply(text="late")), Drop())
+        server.push(Gated(gate, Reply(text="when the test sets gate")))
         server.push(Streamed(["Hel", "lo"], gap_s=0.1))  # server-sent events, as they go
         ... HttpProvider(OpenAIChat(), server.base_url_openai, ...) ...
         server.requests[0].body  # what the client sent
@@ -70,6 +71,15 @@ class Delay:
 
 
 @dataclass(frozen=True)
+class Gated:
+    """Wait until the test sets `gate`, then answer with `then`: a request held in flight for
+    exactly as long as the test needs, with no guess at a duration."""
+
+    gate: threading.Event
+    then: Step
+
+
+@dataclass(frozen=True)
 class Drop:
     """Close the connection without answering."""
 
@@ -86,7 +96,7 @@ class Streamed:
     usage: tuple[int, int] = (10, 5)
 
 
-Step = Reply | Raw | Delay | Drop | Streamed
+Step = Reply | Raw | Delay | Gated | Drop | Streamed
 
 
 @dataclass(frozen=True)
@@ -177,6 +187,12 @@ class ProviderServer:
             if self._stopping.wait(step.seconds):
                 handler.close_connection = True  # shutting down: the client is gone or about to be
                 return
+            self._play(handler, step.then, request)
+        elif isinstance(step, Gated):
+            while not step.gate.is_set():
+                if self._stopping.wait(0.01):
+                    handler.close_connection = True
+                    return
             self._play(handler, step.then, request)
         elif isinstance(step, Drop):
             handler.close_connection = True

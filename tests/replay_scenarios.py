@@ -225,6 +225,20 @@ SCENARIOS = {
         ),
         Scenario("interrupted", (Hold(),), interrupted="recorded"),
         Scenario("merged", (Hold(), Say("Both answered.")), interrupted="before"),
+        # The owner failed its attempt for good (a side effect had run) and died before its
+        # TurnFailed: the next owner writes it and calls nothing.
+        Scenario(
+            "takeover_after_failed",
+            (Say("Emailing.", (("c1", "send_email", '{"q": "bob"}'),)), Fail(SERVER_ERROR)),
+            die_after=("AttemptFailed", 1),
+        ),
+        # The owner failed its attempt retryably and died backing off: the next owner, past
+        # the backoff, starts attempt 2 from the inputs (the search step is not resumed).
+        Scenario(
+            "takeover_in_backoff",
+            (Say("Looking.", (_search("c1"),)), Fail(SERVER_ERROR), Say("Started over.")),
+            die_after=("AttemptFailed", 1),
+        ),
         Scenario(
             "takeover_unresumable",
             (Say("Emailing.", (("c1", "send_email", '{"q": "bob"}'),)),),

@@ -16,7 +16,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from turnstile.events import (
+    STOPPED_MID_ATTEMPT,
     AttemptFailed,
+    AttemptStarted,
     DeadLetter,
     Event,
     MessageReceived,
@@ -203,6 +205,24 @@ def test_attempts_must_have_new_run_ids_increasing_numbers_and_follow_a_failure(
 
     unclaimed = audit(records(message("m1", 1), started(c, 11)))
     assert violations(unclaimed) == {"attempts": ["0@1 attempt 1 of a turn that was never claimed"]}
+
+
+def test_no_attempt_fresh_or_resuming_after_its_owner_failed_the_turn_for_good() -> None:
+    # Given an attempt whose owner failed it, not retryable (here after a side effect), when
+    # a next owner starts another attempt instead of writing the TurnFailed, then that is a
+    # violation -- resuming the journal or not.
+    c = claim(["m1"], 10, 0)
+    head: list[Event] = [message("m1", 1), c, started(c, 11), attempt_failed(c, retryable=False)]
+    fresh = audit(records(*head, started(c, 20, run_id="run-2", attempt=2)))
+    resumed = AttemptStarted(**turn_fields(c, "run-2", 2), model="m", resumes_run_id=c.run_id)
+    for report in (fresh, audit(records(*head, resumed))):
+        assert violations(report) == {
+            "attempts": ["0@4 attempt 2 started after attempt 1 (run-1) failed for good: timeout"]
+        }
+    # A takeover's closing of a stopped run is not its owner's verdict: resuming it is fine.
+    closing = AttemptFailed(**turn_fields(c, None, 1), reason=STOPPED_MID_ATTEMPT, retryable=False)
+    after_takeover = audit(records(message("m1", 1), c, started(c, 11), closing, resumed))
+    assert after_takeover.ok, render(after_takeover)
 
 
 def test_no_attempt_after_a_side_effect_started() -> None:
@@ -549,7 +569,8 @@ def _allowed(state: ConversationState, arrived_during: dict[str, str | None]) ->
     out = ["message"]
     if any(arrived_during.get(i) == turn.turn_id for i in state.pending):
         out.append("refuse")
-    if turn.attempt_state == "claimed" or (turn.attempt_state == "closed" and not turn.side_effect_started):
+    retry = turn.verdict is not None and turn.verdict.retryable and not turn.side_effect_started
+    if turn.attempt_state == "claimed" or (turn.attempt_state == "closed" and retry):
         out.append("start")
     if turn.attempt_state in ("claimed", "open"):
         out.append("fail")

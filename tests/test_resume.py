@@ -10,6 +10,7 @@ from builders import CONV, claim, eid, message, started
 from loop_harness import Transfer
 
 from turnstile.events import (
+    STOPPED_MID_ATTEMPT,
     AttemptFailed,
     AttemptStarted,
     ModelResponded,
@@ -107,7 +108,7 @@ def _interrupted(side_effect_key: str | None):  # type: ignore[no-untyped-def]
     for event in (message("m1", 0), TURN, started(TURN, 1), responded(1, ("c1", "transfer")),
                   tool_started("c1", "transfer", True, side_effect_key)):
         assert apply_event(state, event) is None
-    failed = AttemptFailed(event_id=eid(), occurred_at=5, **ENV, reason="stopped", retryable=False)
+    failed = AttemptFailed(event_id=eid(), occurred_at=5, **ENV, reason=STOPPED_MID_ATTEMPT, retryable=False)
     assert apply_event(state, failed) is None
     return state
 
@@ -153,7 +154,7 @@ def _records(*events):  # type: ignore[no-untyped-def]
 
 
 def _journal_then_resume(*after):  # type: ignore[no-untyped-def]
-    failed = AttemptFailed(event_id=eid(), occurred_at=5, **ENV, reason="stopped", retryable=False)
+    failed = AttemptFailed(event_id=eid(), occurred_at=5, **ENV, reason=STOPPED_MID_ATTEMPT, retryable=False)
     head = (message("m1", 0), TURN, started(TURN, 1), responded(1, ("c1", "transfer")),
             tool_started("c1", "transfer", True, "k"), failed, resumed("run-1"))  # fmt: skip
     return audit(_records(*head, *after))

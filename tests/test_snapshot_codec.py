@@ -13,8 +13,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from log_generator import fold, generated_log
 
-from turnstile.projections import new_state
+from turnstile.projections import AttemptVerdict, new_state
 from turnstile.projections.snapshot import (
+    SNAPSHOT_VERSION,
+    UNRECORDED_VERDICT,
     Snapshot,
     SnapshotError,
     decode_snapshot,
@@ -37,12 +39,27 @@ def test_every_folded_state_round_trips_exactly(seed: int, conversations: int, e
         assert encode_snapshot(decode_snapshot(value).state, 41) == value  # type: ignore[union-attr]
 
 
-@pytest.mark.parametrize("path", sorted(GOLDEN.glob("v*.json")), ids=lambda p: p.name)
+@pytest.mark.parametrize("path", sorted(GOLDEN.glob(f"v{SNAPSHOT_VERSION}.*.json")), ids=lambda p: p.name)
 def test_golden_snapshots_decode_and_encode_to_the_same_bytes(path: Path) -> None:
     value = path.read_bytes().strip()
     snapshot = decode_snapshot(value)
     assert isinstance(snapshot, Snapshot), snapshot
     assert encode_snapshot(snapshot.state, snapshot.covered) == value
+
+
+@pytest.mark.parametrize("path", sorted(GOLDEN.glob("v1.*.json")), ids=lambda p: p.name)
+def test_v1_snapshots_decode_to_the_state_their_v2_golden_holds_but_the_verdict(path: Path) -> None:
+    # Given a snapshot written by the v1 codec, when a worker of today reads it, then it
+    # gets the same state as the v2 golden of the same conversation, except for the
+    # verdict of a closed attempt, which v1 did not record (read as failed, for good).
+    old = decode_snapshot(path.read_bytes())
+    new = decode_snapshot((GOLDEN / path.name.replace("v1.", "v2.", 1)).read_bytes())
+    assert isinstance(old, Snapshot) and isinstance(new, Snapshot)
+    if new.state.active is not None and new.state.active.verdict is not None:
+        assert old.state.active is not None
+        assert old.state.active.verdict == AttemptVerdict(retryable=False, reason=UNRECORDED_VERDICT, at=0)
+        old.state.active.verdict = new.state.active.verdict
+    assert old == new
 
 
 def test_the_golden_values_hold_the_shapes_a_worker_resumes_from() -> None:
@@ -56,6 +73,11 @@ def test_the_golden_values_hold_the_shapes_a_worker_resumes_from() -> None:
     assert any(p.grant is not None for p in waiting.state.pending.values())
     empty = decode_snapshot((GOLDEN / "v1.empty.json").read_bytes())
     assert empty == Snapshot(new_state("conv-empty"), 0)
+    backing_off = decode_snapshot((GOLDEN / "v2.closed_turn.json").read_bytes())
+    assert isinstance(backing_off, Snapshot) and backing_off.state.active is not None
+    closed = backing_off.state.active
+    assert closed.attempt_state == "closed" and closed.verdict is not None and closed.verdict.retryable
+    assert closed.verdict.at == 1767225600900 and "HTTP 500" in closed.verdict.reason
 
 
 def _golden_doc() -> dict[str, object]:
@@ -70,7 +92,9 @@ def _golden_doc() -> dict[str, object]:
         (None, "empty value"),
         (b"\xff not json", "not JSON"),
         (b"[1, 2]", "expected an object"),
-        (orjson.dumps({**_golden_doc(), "snapshot": 2}), "snapshot version 2 is not 1"),
+        (orjson.dumps({**_golden_doc(), "snapshot": 3}), "snapshot version 3 is not one of [1, 2]"),
+        (orjson.dumps({**_golden_doc(), "snapshot": True}), "snapshot version True is not one of"),
+        (orjson.dumps({**_golden_doc(), "snapshot": 2}), "an array of 22"),
         (orjson.dumps({**_golden_doc(), "covered": -1}), "non-negative integer"),
         (orjson.dumps({**_golden_doc(), "state": ["gen-2", 0]}), "an array of 9"),
         (orjson.dumps({**_golden_doc(), "extra": 1}), "exactly snapshot, covered and state"),
@@ -94,6 +118,26 @@ def test_a_journal_event_that_no_longer_decodes_makes_the_snapshot_unusable() ->
     state[4][-1][0]["type"] = "NoSuchEvent"
     decoded = decode_snapshot(orjson.dumps(doc))
     assert isinstance(decoded, SnapshotError) and "journal event" in decoded.detail
+
+
+def _closed_doc(verdict: object, attempt_state: str = "closed") -> bytes:
+    doc = orjson.loads((GOLDEN / "v2.closed_turn.json").read_bytes())
+    doc["state"][4][6], doc["state"][4][21] = attempt_state, verdict
+    return orjson.dumps(doc)
+
+
+@pytest.mark.parametrize(
+    ("value", "why"),
+    [
+        (_closed_doc(None), "a closed attempt without its verdict"),
+        (_closed_doc([True, "x", 1], "open"), "a verdict on an attempt that is open"),
+        (_closed_doc([1, "x", 1]), "true or false"),
+        (_closed_doc([True, "x"]), "an array of 3"),
+    ],
+)
+def test_a_verdict_that_does_not_fit_its_attempt_is_refused(value: bytes, why: str) -> None:
+    decoded = decode_snapshot(value)
+    assert isinstance(decoded, SnapshotError) and why in decoded.detail
 
 
 def test_the_covered_offset_must_be_an_offset() -> None:

@@ -13,6 +13,7 @@ from builders import message
 from pydantic import BaseModel, ConfigDict
 
 from turnstile.events import (
+    STOPPED_MID_ATTEMPT,
     AttemptFailed,
     AttemptStarted,
     Event,
@@ -247,12 +248,11 @@ def test_no_new_attempt_once_a_side_effect_started():
     assert isinstance(outcome, TurnFailed) and "side effects had already run" in outcome.error
 
 
-@pytest.mark.xfail(strict=True, reason="open: _take_over ignores the AttemptFailed that closed the attempt")
 def test_a_takeover_after_the_owner_decided_to_fail_the_turn_does_not_run_it_on():
     # Given an owner that failed its attempt after a side effect (AttemptFailed, not
     # retryable) and stopped before its TurnFailed (a revoke holds a turn at that boundary),
-    # when the next owner takes the turn over, then the turn fails (rule 9) -- today it
-    # starts attempt 2 from the journal and asks the model again.
+    # when the next owner takes the turn over, then it writes that TurnFailed, with the
+    # attempt's reason, and nothing else: no new attempt, no model request (rule 9).
     m = machine()
     claimed(m)
     decide(m, ModelAnswered(reply("", ("c1", "send", "{}")), T0))
@@ -261,7 +261,78 @@ def test_a_takeover_after_the_owner_decided_to_fail_the_turn_does_not_run_it_on(
     failed = events(decide(m, ModelFailed(ProviderError("timeout", "slow", retryable=True), T0)))[0]
     assert isinstance(failed, AttemptFailed) and not failed.retryable
     assert apply_event(before, failed) is None
-    assert types(decide(machine(state=before), TakenOver(T0 + 1_000)))[:1] == ["TurnFailed"]
+    commands = decide(machine(state=before), TakenOver(T0 + 1_000))
+    assert types(commands) == ["TurnFailed", "Finish"]
+    outcome = events(commands)[0]
+    assert isinstance(outcome, TurnFailed) and outcome.run_id == failed.run_id
+    assert failed.reason in outcome.error and "side effects had already run" in outcome.error
+
+
+def _backing_off(backoff_base_ms: int = 2_000) -> ConversationState:
+    """A turn whose owner recorded a search step, then failed its attempt retryably at
+    T0 + 100 and died during the backoff."""
+    m = machine(settings(backoff_base_ms=backoff_base_ms))
+    claimed(m)
+    decide(m, ModelAnswered(reply("looking", ("c1", "search", "{}")), T0 + 50))
+    decide(m, ToolReturned("found", T0 + 60))
+    commands = decide(m, ModelFailed(ProviderError("server_error", "500", retryable=True, status=500), T0 + 100))
+    assert effect(commands) == SleepUntil(T0 + 100 + backoff_base_ms)
+    failed = events(commands)[0]
+    assert isinstance(failed, AttemptFailed) and failed.retryable and failed.occurred_at == T0 + 100
+    return m.state
+
+
+def test_a_takeover_during_the_backoff_waits_it_out_by_event_time_then_starts_over():
+    # Given an owner that died backing off after a retryable failure, when the next owner
+    # takes over before the backoff (counted from the AttemptFailed's time) is over, then
+    # it writes nothing and waits until it is; then it starts a fresh attempt from the
+    # inputs, as the dead owner would have -- not a resume of the failed attempt's journal.
+    state = _backing_off()
+    first_request = machine()
+    request = effect(claimed(first_request))
+    taken = machine(settings(backoff_base_ms=2_000), state=state)
+    assert decide(taken, TakenOver(T0 + 1_000)) == (SleepUntil(T0 + 2_100),)
+    again = decide(taken, Woke(T0 + 2_100))
+    assert types(again) == ["AttemptStarted", "CallModel"]
+    start = events(again)[0]
+    assert isinstance(start, AttemptStarted) and start.attempt == 2 and start.resumes_run_id is None
+    retry = effect(again)
+    assert isinstance(retry, CallModel) and isinstance(request, CallModel)
+    assert retry.request.messages == request.request.messages  # the inputs, no kept step
+
+
+def test_a_takeover_after_the_backoff_is_over_starts_the_next_attempt_at_once():
+    state = _backing_off(backoff_base_ms=200)
+    commands = decide(machine(settings(backoff_base_ms=200), state=state), TakenOver(T0 + 10_000))
+    assert types(commands) == ["AttemptStarted", "CallModel"]  # no second AttemptFailed
+    start = events(commands)[0]
+    assert isinstance(start, AttemptStarted) and start.attempt == 2 and start.resumes_run_id is None
+
+
+def test_a_takeover_whose_attempts_are_used_up_fails_instead_of_retrying():
+    # Given an owner that died backing off before its last attempt, when the next owner
+    # runs with fewer attempts allowed, then the turn fails rather than going past them.
+    state = _backing_off()
+    commands = decide(machine(settings(max_attempts=1), state=state), TakenOver(T0 + 10_000))
+    assert types(commands) == ["TurnFailed", "Finish"]
+    outcome = events(commands)[0]
+    assert isinstance(outcome, TurnFailed) and "maximum number of attempts" in outcome.error
+
+
+def test_a_takeover_of_a_run_another_takeover_closed_resumes_its_journal():
+    # Given a takeover that closed a stopped run (STOPPED_MID_ATTEMPT) and died before its
+    # next attempt, when a third owner takes over, then it goes on from the journal as the
+    # second would have: no second AttemptFailed, no model step asked again.
+    state = _journaled()
+    second = machine(state=state)
+    closing = events(decide(second, TakenOver(T0 + 1_000)))[0]
+    assert isinstance(closing, AttemptFailed) and closing.reason == STOPPED_MID_ATTEMPT
+    third_state = _journaled()
+    assert apply_event(third_state, closing) is None
+    commands = decide(machine(state=third_state), TakenOver(T0 + 2_000))
+    assert types(commands) == ["AttemptStarted", "ToolCallStarted", "RunTool"]
+    start = events(commands)[0]
+    assert isinstance(start, AttemptStarted) and start.resumes_run_id == closing.run_id
 
 
 def test_a_failing_model_falls_back_within_its_family_with_the_same_transcript():

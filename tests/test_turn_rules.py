@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from turnstile.events import ProtocolFailure, ToolCall, ToolCallStarted
+from turnstile.events import STOPPED_MID_ATTEMPT, ProtocolFailure, ToolCall, ToolCallStarted
 from turnstile.handlers.failure_text import MAX_ATTEMPTS, NOT_REPLAYED
 from turnstile.handlers.pauses import DoneCall, kept_work
 from turnstile.handlers.provider import ProviderError
@@ -14,12 +14,13 @@ from turnstile.handlers.turn_rules import (
     bounded_result,
     fenced,
     isolated_turn,
+    owner_verdict,
     retries_after,
     takeover_failure,
     tool_outcome,
 )
 from turnstile.handlers.turn_steps import ToolRaised, ToolReturned, ToolTimedOut
-from turnstile.projections import ApprovalGrant, PendingInput
+from turnstile.projections import ApprovalGrant, AttemptVerdict, PendingInput
 
 RETRYABLE = ProviderError("server_error", "500", retryable=True)
 
@@ -35,6 +36,16 @@ def test_a_failed_attempt_is_retried_only_if_retryable_within_the_allowance_and_
     assert not retries_after(RETRYABLE, 3, 3, side_effect_started=False)
     assert not retries_after(RETRYABLE, 1, 3, side_effect_started=True)
     assert not retries_after(ProviderError("authentication", "401", retryable=False), 1, 3, False)
+
+
+def test_a_takeover_carries_out_the_verdict_its_last_attempt_closed_with():
+    # A run that stopped mid-attempt, or one a takeover closed: on from the journal.
+    assert owner_verdict(None) == "go_on"
+    assert owner_verdict(AttemptVerdict(retryable=False, reason=STOPPED_MID_ATTEMPT, at=5)) == "go_on"
+    assert owner_verdict(AttemptVerdict(retryable=True, reason=STOPPED_MID_ATTEMPT, at=5)) == "go_on"
+    # The owner's own verdict stands: failed for good is failed; retryable is retried.
+    assert owner_verdict(AttemptVerdict(retryable=False, reason="timeout: slow", at=5)) == "fail"
+    assert owner_verdict(AttemptVerdict(retryable=True, reason="server_error: 500", at=5)) == "retry"
 
 
 def test_a_takeover_goes_on_unless_a_side_effect_cannot_be_settled_or_attempts_are_used():
