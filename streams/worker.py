@@ -21,7 +21,7 @@ import copy
 import dataclasses
 import heapq
 import logging
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -78,13 +78,15 @@ class WorkerConfig:
     max_value_bytes: int | None = None
     commit_interval_s: float = 1.0
     max_poll_wait_s: float = 0.1
-    # On stop (SIGTERM, SIGINT): how long turns in flight may take to end before they are
-    # cancelled and left to the next owner. 0 stops at once, as a crash would.
+    # On stop (SIGTERM, SIGINT): how long turns in flight may take to end. Past it, each
+    # still running finishes its step in progress (within `revoke_grace_s`) and is left at
+    # its next step boundary to the next owner. 0 stops at once, as a crash would.
     drain_grace_s: float = 30.0
     # On a revoke: how long the steps in progress may take to finish before the group moves
     # on. It holds up the whole group's rebalance, so it must stay well inside the group's
     # rebalance timeout (the Kafka log's: the session timeout + 10 s), or the member is
     # dropped and its partitions move anyway; the rest leaves the flush and commit room.
+    # A drain gives the steps still in progress when its grace is over the same bound.
     revoke_grace_s: float = 5.0
     # Stream the text of replies to the deltas topic as it arrives (providers then ask
     # for server-sent events); the events topic records each reply whole either way.
@@ -297,17 +299,31 @@ class Worker:
     async def _drain(self) -> None:
         """Stop claiming, and keep consuming -- runners wait for their own events to be read
         back -- until every turn in flight has ended and been folded, or the grace is over.
-        What is still running then is cancelled by `run` and resumed by the next owner."""
+        Then each turn still running finishes its step in progress (a model reply recorded, a
+        tool call and its ToolCallFinished; within `revoke_grace_s`, as at a revoke) and waits
+        at its next step boundary, where `run` cancels it: the next owner resumes it from the
+        journal. A grace of 0 stops at once, as a crash would."""
         self.draining = True
-        if not self.runners:
-            return
         grace = self.config.drain_grace_s
+        if not self.runners or grace <= 0:
+            return
         log.warning("stopping: %d turns in flight may take up to %.0f s to end", len(self.runners), grace)
-        deadline = asyncio.get_running_loop().time() + grace
-        while self.runners and asyncio.get_running_loop().time() < deadline:
+        await self._step_until(lambda: not self.runners, grace)
+        slots = list(self.runners.values())
+        if not slots:
+            return
+        for slot in slots:
+            slot.suspend()
+        step_s = self.config.revoke_grace_s
+        log.warning("stopping: grace over; %d turns finish their step in progress (up to %.0f s)", len(slots), step_s)
+        await self._step_until(lambda: all(slot.at_rest for slot in slots), step_s)
+        busy = sum(not slot.at_rest for slot in slots)
+        log.warning("stopping: %d turns left to the next owner (%d cut off mid-step)", len(self.runners), busy)
+
+    async def _step_until(self, done: Callable[[], bool], within_s: float) -> None:
+        deadline = asyncio.get_running_loop().time() + within_s
+        while not done() and asyncio.get_running_loop().time() < deadline:
             await self._step()
-        if self.runners:
-            log.warning("stopping: grace over, %d turns left to the next owner", len(self.runners))
 
     def _tracer(self, provider: TracerProvider | None) -> TurnTracer:
         from turnstile.streams.tracing import TurnTracer

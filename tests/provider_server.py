@@ -8,7 +8,7 @@ each request with the next queued step:
     with ProviderServer() as server:
         server.push(Reply(text="hi", usage=(10, 3)))
         server.push(Reply(tool_calls=[("call_1", "search", '{"q": "x"}')]))
-        server.push(Raw(500, b"oops"), Delay(2.0, Reply(text="late")), Drop())
+        server.push(Raw(500, b"oops"), Delay(2.0, Reply(text="late")), Held(event, Reply()), Drop())
         server.push(Streamed(["Hel", "lo"], gap_s=0.1))  # server-sent events, as they go
         ... HttpProvider(OpenAIChat(), server.base_url_openai, ...) ...
         server.requests[0].body  # what the client sent
@@ -70,6 +70,15 @@ class Delay:
 
 
 @dataclass(frozen=True)
+class Held:
+    """Answer with `then` once the test sets `release` (a model call that lasts exactly as
+    long as the test needs, e.g. until a worker under test has said it is stopping)."""
+
+    release: threading.Event
+    then: Step
+
+
+@dataclass(frozen=True)
 class Drop:
     """Close the connection without answering."""
 
@@ -86,7 +95,7 @@ class Streamed:
     usage: tuple[int, int] = (10, 5)
 
 
-Step = Reply | Raw | Delay | Drop | Streamed
+Step = Reply | Raw | Delay | Held | Drop | Streamed
 
 
 @dataclass(frozen=True)
@@ -177,6 +186,12 @@ class ProviderServer:
             if self._stopping.wait(step.seconds):
                 handler.close_connection = True  # shutting down: the client is gone or about to be
                 return
+            self._play(handler, step.then, request)
+        elif isinstance(step, Held):
+            while not step.release.wait(0.05):
+                if self._stopping.is_set():
+                    handler.close_connection = True
+                    return
             self._play(handler, step.then, request)
         elif isinstance(step, Drop):
             handler.close_connection = True
