@@ -21,12 +21,12 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
 import sys
 import threading
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from subprocess import STDOUT, Popen
 
 import pytest
 from fault_audit import audit_log, check_invariants, until_settled
@@ -52,6 +52,8 @@ pytestmark = pytest.mark.kafka
 
 SHORT_GRACE_S = 2  # --drain-grace-s of the cases whose step outlasts it
 EXIT_S = 60  # how long a stopping worker may take before the test gives up on it
+# What the worker says on stderr when its drain begins, and when the grace is over.
+DRAINING, GRACE_OVER = "turns in flight may take up to", "stopping: grace over"
 
 # The agent a user would write. Its side-effecting tool records each run; it then holds
 # until the test lets it go (after the worker has said its grace is over), so it runs
@@ -120,16 +122,16 @@ class Run:
             "DRAIN_TEST_BASE_URL": server.base_url_openai,
             "PYTHONUNBUFFERED": "1",
         }
-        self.procs: list[tuple[subprocess.Popen[bytes], Path]] = []
+        self.procs: list[tuple[Popen[bytes], Path]] = []
 
-    def start(self) -> subprocess.Popen[bytes]:
+    def start(self) -> Popen[bytes]:
         out = self.tmp / f"worker-{len(self.procs)}.log"
         with open(out, "ab") as fh:
-            proc = subprocess.Popen(self.argv, stdout=fh, stderr=subprocess.STDOUT, env=self.env, cwd=self.tmp)
+            proc = Popen(self.argv, stdout=fh, stderr=STDOUT, env=self.env, cwd=self.tmp)
         self.procs.append((proc, out))
         return proc
 
-    def output(self, proc: subprocess.Popen[bytes]) -> str:
+    def output(self, proc: Popen[bytes]) -> str:
         path = next(p for each, p in self.procs if each is proc)
         return path.read_text(errors="replace")
 
@@ -137,7 +139,7 @@ class Run:
         path = self.tmp / name
         return path.read_text().splitlines() if path.exists() else []
 
-    def stop(self, proc: subprocess.Popen[bytes]) -> int:
+    def stop(self, proc: Popen[bytes]) -> int:
         proc.send_signal(signal.SIGTERM)
         return proc.wait(EXIT_S)
 
@@ -163,6 +165,19 @@ async def events(bootstrap: str, topics: Topics) -> list[object]:
     return [e for _, e in (await audit_log(bootstrap, topics)).accepted]
 
 
+async def sigterm_when(
+    run: Run, publisher: KafkaLog, text: str, started: Callable[[], bool], said: str
+) -> Popen[bytes]:
+    """Start a worker, send it one message, SIGTERM it once `started` holds, and return it
+    once it has said `said` on stderr (the drain began, or its grace is over)."""
+    first = run.start()
+    await publish(publisher, message_event("conv-1", text, NOW(), "m1"))
+    await until(started, 90, "the step to be under way")
+    first.send_signal(signal.SIGTERM)
+    await until(lambda: said in run.output(first), 60, f"the worker to say {said!r}")
+    return first
+
+
 def of(kind: type | tuple[type, ...], seen: list[object]) -> list[object]:
     return [e for e in seen if isinstance(e, kind)]
 
@@ -173,11 +188,7 @@ async def test_sigterm_inside_a_side_effecting_tool_finishes_it_and_the_next_wor
     run = runs(tmp_path, fresh_topics, kafka_bootstrap, server, SHORT_GRACE_S)
     server.push(Reply(tool_calls=[PAY], usage=(10, 5)), Reply(text="Sent 5 to bob.", usage=(20, 5)))
     try:
-        first = run.start()
-        await publish(publisher, message_event("conv-1", "pay bob 5", NOW(), "m1"))
-        await until(lambda: len(run.lines("transfer.runs")) == 1, 90, "the transfer to start")
-        first.send_signal(signal.SIGTERM)
-        await until(lambda: "stopping: grace over" in run.output(first), 60, "the drain grace to run out")
+        first = await sigterm_when(run, publisher, "pay bob 5", lambda: bool(run.lines("transfer.runs")), GRACE_OVER)
         (tmp_path / "release").touch()  # the tool outlasted the grace; now it finishes
         assert first.wait(EXIT_S) == 0, run.output(first)
         # Drained: the tool finished and its ToolCallFinished is on the log; the turn was
@@ -198,7 +209,7 @@ async def test_sigterm_inside_a_side_effecting_tool_finishes_it_and_the_next_wor
     assert len(run.lines("transfer.runs")) == 1  # the side effect ran once, on the first worker
     assert len(server.requests) == len(log.of_type(ModelResponded)) == 2  # no model call paid twice
     starts = log.of_type(AttemptStarted)
-    assert [(s.attempt, s.resumes_run_id) for s in starts] == [(1, None), (2, starts[0].run_id)]  # type: ignore[attr-defined]
+    assert [(s.attempt, s.resumes_run_id) for s in starts] == [(1, None), (2, starts[0].run_id)]
     report = audit(await read_topic(kafka_bootstrap, fresh_topics.events))
     assert report.ok, render(report)
 
@@ -213,11 +224,7 @@ async def test_sigterm_during_a_model_call_records_its_reply_so_the_call_is_not_
         Reply(text="Bob is fine.", usage=(20, 5)),
     )
     try:
-        first = run.start()
-        await publish(publisher, message_event("conv-1", "how is bob", NOW(), "m1"))
-        await until(lambda: len(server.requests) == 1, 90, "the model call")
-        first.send_signal(signal.SIGTERM)
-        await until(lambda: "stopping: grace over" in run.output(first), 60, "the drain grace to run out")
+        first = await sigterm_when(run, publisher, "how is bob", lambda: bool(server.requests), GRACE_OVER)
         answer.set()  # the call outlasted the grace; now the model answers
         assert first.wait(EXIT_S) == 0, run.output(first)
         seen = await events(kafka_bootstrap, fresh_topics)
@@ -244,11 +251,7 @@ async def test_sigterm_inside_a_tool_within_the_grace_lets_the_turn_reach_its_ou
     run = runs(tmp_path, fresh_topics, kafka_bootstrap, server, 30)
     server.push(Reply(tool_calls=[PAY], usage=(10, 5)), Reply(text="Sent 5 to bob.", usage=(20, 5)))
     try:
-        first = run.start()
-        await publish(publisher, message_event("conv-1", "pay bob 5", NOW(), "m1"))
-        await until(lambda: len(run.lines("transfer.runs")) == 1, 90, "the transfer to start")
-        first.send_signal(signal.SIGTERM)
-        await until(lambda: "turns in flight may take up to" in run.output(first), 60, "the drain to begin")
+        first = await sigterm_when(run, publisher, "pay bob 5", lambda: bool(run.lines("transfer.runs")), DRAINING)
         (tmp_path / "release").touch()
         assert first.wait(EXIT_S) == 0, run.output(first)
     finally:
