@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -42,7 +43,7 @@ def kept_work(last_text: str | None, done: Iterable[DoneCall], blocked: tuple[To
 def resume_hint(conversation_id: str, turn_id: str, why: str) -> str:
     return (
         f"Paused because {why}. The completed work is kept above. To continue, run `turnstile resume "
-        f"{conversation_id}` (a ResumeRequested with resumes_turn_id={turn_id}): it starts a "
+        f"{shlex.quote(conversation_id)}` (a ResumeRequested with resumes_turn_id={turn_id}): it starts a "
         "new turn with a fresh budget that sees this one."
     )
 
@@ -52,8 +53,9 @@ def waiting_for_approval(call: ToolCall) -> str:
 
 
 def approval_hint(conversation_id: str, turn_id: str, call: ToolCall) -> str:
+    command = f"turnstile approve|deny {shlex.quote(conversation_id)} {shlex.quote(call.call_id)}"
     return (
-        f"Approve or deny it with `turnstile approve|deny {conversation_id} {call.call_id}` (an "
+        f"Approve or deny it with `{command}` (an "
         f"InputInjected of source 'approval' carrying approval={{turn_id: {turn_id}, call_id: "
         f"{call.call_id}, approved: true|false}}); it starts a new turn that sees this request."
     )

@@ -52,11 +52,15 @@ class _Strict(BaseModel):
 
     @field_validator("*", mode="before")
     @classmethod
-    def _no_boolean_numbers_or_empty_names(cls, value: Any, info: ValidationInfo) -> Any:
+    def _no_boolean_numbers_numeric_booleans_or_empty_names(cls, value: Any, info: ValidationInfo) -> Any:
         annotation = cls.model_fields[info.field_name or ""].annotation
         # pydantic takes `true` for 1 in a number key; in TOML it is a typo for a number.
         if isinstance(value, bool) and _is(annotation, int, float):
             raise ValueError(f"expected a number, not {str(value).lower()}")
+        # ... and the other way round: `stream = 1` is no TOML boolean (the environment's
+        # strings "1"/"true"/"on" still are).
+        if isinstance(value, int | float) and not isinstance(value, bool) and _is(annotation, bool):
+            raise ValueError(f"expected true or false, not {value}")
         # An empty name, folder or address is no value (`data = ""` is the current folder,
         # `topics.events = ""` the data folder itself); the environment's empty is unset.
         if isinstance(value, str) and not value.strip() and _is(annotation, str, Path):

@@ -10,10 +10,9 @@ import orjson
 
 
 class UtcFormatter(logging.Formatter):
-    converter = time.gmtime
-
     def __init__(self) -> None:
         super().__init__("%(asctime)s.%(msecs)03dZ %(levelname)s %(name)s: %(message)s", "%Y-%m-%dT%H:%M:%S")
+        self.converter = time.gmtime  # an instance attribute: typeshed types the class one as taking secs
 
 
 class JsonFormatter(UtcFormatter):

@@ -409,6 +409,20 @@ def test_given_the_workers_committed_offsets_when_audited_then_a_partition_stuck
     assert Auditor().feed_all(log).report().not_committed_past == []  # no offsets given: not reported
 
 
+def test_a_strict_audit_does_not_call_a_log_clean_when_the_workers_committed_nothing(tmp_path: Path) -> None:
+    # Given a clean log that no worker of the named group has committed on
+    _, turn = one_turn()
+    write_file_log(tmp_path, records(message("m1", 1), *turn))
+    # when audited strictly, then every partition is behind from offset 0, which fails the audit
+    result = turnstile_audit("--data", str(tmp_path), "--json", "--strict")
+    assert result.returncode == 1, result.stdout + result.stderr
+    [finding] = json.loads(result.stdout)["not_committed_past"]
+    assert finding["at"] == "0@0" and "--strict counts every partition" in result.stderr
+    # and once the worker has committed to the end the same audit passes
+    asyncio.run(FileLog(tmp_path).commit({0: 1 + len(turn)}))
+    assert turnstile_audit("--data", str(tmp_path), "--strict").returncode == 0
+
+
 def test_turnstile_audit_reads_how_far_the_embedded_worker_committed(tmp_path: Path) -> None:
     write_file_log(tmp_path, records(message("m1", 1), b"not json", message("m2", 3)))
     asyncio.run(FileLog(tmp_path).commit({0: 1}))

@@ -70,6 +70,9 @@ def test_an_unknown_key_is_refused_naming_it_and_the_file():
          "turnstile.toml: budget.max_iterations: expected a number, not true"),
         ({"file": {"prices": {"m": {"input": 1, "output": 1, "cached_input": False}}}}, 78,
          "turnstile.toml: prices.m.cached_input: expected a number, not false"),
+        # ... and TOML's 1 is no boolean: pydantic alone would read `stream = 1` as true.
+        ({"file": {"stream": 1}}, 78, "turnstile.toml: stream: expected true or false, not 1"),
+        ({"file": {"trace": 0.0}}, 78, "turnstile.toml: trace: expected true or false, not 0.0"),
         # An empty name: `topics.events = ""` wrote the log into the data folder itself.
         ({"file": {"topics": {"events": ""}}}, 78, "turnstile.toml: topics.events: is empty: give a value or leave"),
         ({"flags": ["--group", " "]}, 2, "--group: group: is empty"),
