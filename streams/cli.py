@@ -217,8 +217,9 @@ def _add_run_args(run: argparse.ArgumentParser) -> None:
     run.add_argument(
         "--drain-grace-s",
         type=float,
-        help=f"on SIGTERM or Ctrl-C, seconds the turns in flight may take to end (default: {d.drain_grace_s:g};"
-        " a second signal stops at once, leaving them to the next worker)",
+        help=f"on SIGTERM or Ctrl-C, seconds the turns in flight may take to end (default: {d.drain_grace_s:g});"
+        " then each finishes its step in progress (up to 5 s more) and is left to the next worker;"
+        " a second signal stops at once",
     )
     run.add_argument(
         "--connect-timeout-s",

@@ -14,7 +14,8 @@ import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from turnstile.streams.worker import ReplayProgress, Worker
+from turnstile.streams.partitions import ReplayProgress
+from turnstile.streams.worker import Worker
 
 POLL_S = 0.25  # how often the driver samples the worker; lines still come at most every `every_s`
 

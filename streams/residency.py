@@ -1,0 +1,152 @@
+"""Which conversations of a worker's partitions are in memory, and how they come and go: a
+newly assigned partition starts from its snapshots (`streams/snapshots.py`), an idle
+conversation leaves for the local store (`streams/eviction.py`) and comes back on its next
+event, and a partition handed over takes its conversations with it. The fold observers
+hear of each of these moves.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Protocol
+
+from turnstile.events import Event
+from turnstile.projections import ConversationState, new_state
+from turnstile.streams.eviction import EvictionPolicy, Evictor, settled
+from turnstile.streams.log import EventLog, Record
+from turnstile.streams.partitions import OwnedPartition, Partitions
+from turnstile.streams.snapshots import Loaded, SnapshotPolicy, Snapshotter
+from turnstile.streams.state_store import StateStore
+
+
+class FoldObserver(Protocol):
+    """Told of every event the worker folds (after its fold; `ignored`: why the fold
+    refused it) and of the conversations it forgets when their partition is revoked;
+    e.g. `streams.read_model.WorkerReadModel`, which serves HTTP reads from this state."""
+
+    def folded(self, record: Record, event: Event, state: ConversationState, ignored: str | None) -> None: ...
+
+    def restored(self, state: ConversationState) -> None:
+        """A conversation of a newly assigned partition starts from its snapshot (or an
+        evicted one comes back): its events up to the snapshot are not folded (told) again."""
+        ...
+
+    def evicted(self, state: ConversationState) -> None:
+        """The conversation is out of memory (still owned: `Worker.state_of` reads it from the
+        local store); `state` is how it left, to look at now, not to keep."""
+        ...
+
+    def forgotten(self, conversations: set[str]) -> None: ...
+
+
+class Residency:
+    def __init__(
+        self,
+        log_: EventLog,
+        snapshots: SnapshotPolicy,
+        eviction: EvictionPolicy,
+        now_ms: Callable[[], int],
+        partitions: Partitions,
+        states: dict[str, ConversationState],
+        observers: list[FoldObserver],
+    ) -> None:
+        """`states` and `observers` are the worker's own: this object keeps them in step."""
+        self.partitions = partitions
+        self.states = states
+        self.observers = observers
+        evicting = snapshots.enabled and eviction.enabled
+        self.store = StateStore(eviction.state_dir, log_.topics.events) if evicting else None
+        self.snapshots = Snapshotter(log_, snapshots, now_ms, self.store) if snapshots.enabled else None
+        self.evictor = Evictor(eviction, self.store, now_ms) if self.store is not None else None
+        self.observers.extend(o for o in (self.snapshots, self.evictor) if o is not None)
+
+    async def load(self, partitions: list[int]) -> dict[int, Loaded]:
+        """The snapshots of newly assigned partitions (none without snapshots)."""
+        return await self.snapshots.load(partitions) if self.snapshots is not None else {}
+
+    def restore(self, partition: int, part: OwnedPartition, loaded: Loaded | None) -> None:
+        """A new partition's conversations from their snapshots; it is read from after them."""
+        if loaded is None:
+            return
+        part.loaded = loaded
+        part.at.position = loaded.seek
+        for conversation, state in loaded.resident.items():
+            self.states[conversation] = state
+            self.partitions.place(conversation, partition)
+            for observer in self.observers:
+                observer.restored(state)
+        for state in loaded.stored:  # waiting in the local store
+            for observer in self.observers:
+                observer.evicted(state)
+        loaded.stored = []
+
+    def state_for(self, conversation: str, partition: int) -> ConversationState:
+        """The conversation's state to fold an event of it into: in memory, back from the
+        store, or a new one's."""
+        state = self.states.get(conversation)
+        if state is not None:
+            return state
+        state = self.evictor.reload(conversation, partition) if self.evictor is not None else None
+        if state is None:
+            state = new_state(conversation)
+        else:
+            for observer in self.observers:
+                observer.restored(state)
+        self.states[conversation] = state
+        self.partitions.place(conversation, partition)
+        return state
+
+    def stored(self, conversation: str, partition: int) -> ConversationState | None:
+        """An owned conversation out of memory, read from the local store and left there."""
+        return self.evictor.reload(conversation, partition) if self.evictor is not None else None
+
+    def snapshot(self, done: dict[int, int], now_ms: int, owes_nothing: Callable[[str], bool], final: bool) -> None:
+        """Snapshots due at this checkpoint; `done`: the offsets just committed."""
+        if self.snapshots is None:
+            return
+        positions = {p: part.at.position for p, part in self.partitions.items() if part.deciding}
+        self.snapshots.checkpoint(positions, done, now_ms, self.states.get, owes_nothing, final)
+
+    def evict(self, idle: Callable[[str], bool]) -> list[str]:
+        """Moves conversations out of memory; `idle(c)`: the worker has nothing under way or
+        owed for it. Returns those that left."""
+        if self.evictor is None:
+            return []
+        gone = self.evictor.evict(lambda c: self._evictable(c) and idle(c))
+        for conversation in gone:
+            state = self.states.pop(conversation)
+            self.partitions.remove(conversation)
+            for observer in self.observers:
+                observer.evicted(state)
+        return gone
+
+    def _evictable(self, conversation: str) -> bool:
+        """Nothing to decide for it, and its latest state is in the store."""
+        state = self.states.get(conversation)
+        partition = self.partitions.home(conversation)
+        part = self.partitions.get(partition)
+        return (
+            state is not None
+            and part is not None
+            and partition is not None
+            and not part.suspended
+            and settled(state)
+            and self.snapshots is not None
+            and self.snapshots.clean(partition, conversation)
+        )
+
+    def forget(self, part: OwnedPartition) -> None:
+        """The partition was handed over: its conversations leave memory for good."""
+        for conversation in part.conversations:
+            self.states.pop(conversation, None)
+        for observer in self.observers:
+            observer.forgotten(part.conversations)
+
+    async def close(self, done: dict[int, int], now_ms: int, owes_nothing: Callable[[str], bool]) -> None:
+        """On stop; `done`: what the last commit committed (empty when it was not clean)."""
+        if self.snapshots is not None:
+            if done:  # a clean stop: what changed is snapshotted now, for the next owner
+                self.snapshot(done, now_ms, owes_nothing, final=True)
+            await self.snapshots.drain()
+        if self.store is not None:
+            self.store.close()
