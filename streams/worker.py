@@ -312,11 +312,9 @@ class Worker:
         slots = list(self.runners.values())
         if not slots:
             return
-        for slot in slots:
-            slot.suspend()
         step_s = self.config.revoke_grace_s
         log.warning("stopping: grace over; %d turns finish their step in progress (up to %.0f s)", len(slots), step_s)
-        await self._step_until(lambda: all(slot.at_rest for slot in slots), step_s)
+        await self._step_until(lambda: _held(slots), step_s)
         busy = sum(not slot.at_rest for slot in slots)
         log.warning("stopping: %d turns left to the next owner (%d cut off mid-step)", len(self.runners), busy)
 
@@ -478,6 +476,15 @@ class Worker:
         work = runner.claim_and_run(plan) if plan is not None else runner.recover()
         slot.interrupt = runner.interrupt
         slot.start(work).add_done_callback(lambda _t: self._dirty.add(conversation))
+
+
+def _held(slots: list[RunnerSlot]) -> bool:
+    """Suspends each slot (again: a partition kept across a rebalance meanwhile lets its
+    turns go on); True once every one is at rest."""
+    for slot in slots:
+        if not slot.suspended:
+            slot.suspend()
+    return all(slot.at_rest for slot in slots)
 
 
 def _private_copy(state: ConversationState, plan: ClaimPlan | None) -> ConversationState:

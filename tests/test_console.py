@@ -149,3 +149,22 @@ def test_a_turn_page_exports_to_one_standalone_file(tmp_path: Path) -> None:
     assert "hello &lt;b&gt;" in page and "table class=\"waterfall\"" in page
     missing = subprocess.run([*command, "nope"], capture_output=True, text=True, cwd=ROOT, timeout=60, check=False)
     assert missing.returncode == 1 and "no turn 'nope'" in missing.stderr
+
+
+async def test_the_page_of_a_conversation_not_folded_yet_follows_it_until_its_first_event(tmp_path: Path) -> None:
+    async with serving(mail_worker(tmp_path, [])) as (_svc, client):
+        # Given a link opened before the worker folded anything of the conversation
+        page = await client.get("/ui/conversations/fresh-1")
+        # then it is a 404 that follows the conversation live, not a dead end
+        assert page.status_code == 404
+        assert 'data-conversation="fresh-1"' in page.text and 'data-live="1"' in page.text
+        assert "shows it once its first event is folded" in page.text
+        assert (await client.get("/ui/conversations/fresh-1", params={"fragment": "1"})).status_code == 404
+        # and when the first message is folded the feed tells it, and the page's part is there
+        async with client.stream("GET", "/ui/conversations/fresh-1/events") as feed:
+            await client.post("/conversations/fresh-1/messages", json={"message_id": "m1", "content": "hello"})
+            async for line in feed.aiter_lines():
+                if line.startswith("data: "):
+                    assert '"type":"MessageReceived"' in line
+                    break
+        assert (await client.get("/ui/conversations/fresh-1", params={"fragment": "1"})).status_code == 200

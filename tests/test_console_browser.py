@@ -69,9 +69,7 @@ def test_list_conversation_live_turn_approval_and_the_next_turn_in_chromium(tmp_
 
         # A paused call: approve it from the page and see the next turn start and finish.
         api.post("/conversations/mail-1/messages", json={"message_id": "m1", "content": "mail the invoice"})
-        # The page of a conversation the worker has not folded yet is a 404 without a live feed:
-        # open it once the worker knows the conversation (on a loaded machine the fold can lag).
-        wait_for(lambda: api.get("/conversations/mail-1").status_code == 200, what="mail-1 folded")
+        # Opened at once: before the worker has folded the message the page waits for it live.
         driver.get(f"{url}/ui/conversations/mail-1")
         approve = wait_for(lambda: driver.find_elements(By.CSS_SELECTOR, "button.approve"), what="the approve button")
         args = driver.find_element(By.CSS_SELECTOR, "pre.args").text

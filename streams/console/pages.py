@@ -121,6 +121,17 @@ def conversation_page(view: ConversationView, live: bool) -> str:
     return layout(f"turnstile · {conversation}", conversation_main(view), body_data=data, aside=aside)
 
 
+def awaited_conversation_page(conversation: str, why: str) -> str:
+    """A conversation with no event folded yet, on a worker that would fold it: the page
+    follows it live and turns into its page at its first event."""
+    main = (
+        f"<h1>Conversation {short_id(conversation, 40)}</h1><p class=\"muted\">{esc(why)}. This page follows it "
+        "and shows it once its first event is folded.</p>"
+    )
+    data = {"conversation": conversation, "live": "1"}
+    return layout(f"turnstile · {conversation}", main, body_data=data)
+
+
 def _turn_link(conversation: str, turn_id: str) -> str:
     href = f"/ui/conversations/{path_part(conversation)}/turns/{path_part(turn_id)}"
     return f'<a href="{href}">{short_id(turn_id)}</a>'

@@ -55,6 +55,12 @@ def add_console(app: web.Application, reads: Reads, token: str | None) -> None:
         if problem := id_problem("the conversation id", conversation_id):
             return _problem(Unavailable(400, problem))
         view = await reads.conversation(conversation_id)
+        if isinstance(view, Unavailable) and view.status == 404 and reads.model is not None:
+            if request.query.get("fragment"):
+                return _problem(view)
+            # A link opened right after a publish: the page follows the conversation and
+            # shows it once its first event is folded, instead of a dead end.
+            return _html(pages.awaited_conversation_page(conversation_id, view.message), 404)
         if isinstance(view, Unavailable):
             return _problem(view)
         if request.query.get("fragment"):
