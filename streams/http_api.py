@@ -35,7 +35,6 @@ producer's.
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import hmac
 import ipaddress
@@ -60,6 +59,7 @@ from turnstile.streams.log import EventLog
 from turnstile.streams.publisher import message_event
 from turnstile.streams.read_model import ReadModel
 from turnstile.streams.runtime import Clock, SystemClock
+from turnstile.streams.sse import serve_feed
 from turnstile.streams.views import state_json, turn_json
 
 if TYPE_CHECKING:
@@ -72,7 +72,6 @@ log = logging.getLogger(__name__)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 Middleware = Callable[[web.Request, Handler], Awaitable[web.StreamResponse]]
 MAX_BODY_BYTES = 256 * 1024
-KEEPALIVE_S = 15.0
 MAX_ID_CHARS = 200
 # Message ids this process published, with their content's fingerprint, until the worker
 # has folded them: a conflicting re-use is a 409 before the fold as after it. Bounded: the
@@ -383,22 +382,10 @@ def build_app(
         if problem := id_problem("the conversation id", conversation):
             return _error(400, problem)
         queue = hub.subscribe(conversation)
-        response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
         try:
-            await response.prepare(request)
-            while True:
-                try:
-                    event = await asyncio.wait_for(queue.get(), KEEPALIVE_S)
-                except TimeoutError:
-                    await response.write(b": keep-alive\n\n")  # proxies close silent connections
-                    continue
-                await response.write(event.sse())
-                if event.kind == "outcome":
-                    break
+            return await serve_feed(request, queue, lambda event: (event.sse(), event.kind == "outcome"))
         finally:
             hub.unsubscribe(conversation, queue)
-        await response.write_eof()
-        return response
 
     async def get_metrics(_request: web.Request) -> web.Response:
         if metrics is None:

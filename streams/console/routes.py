@@ -11,7 +11,6 @@ some.
 
 from __future__ import annotations
 
-import asyncio
 import hmac
 
 import orjson
@@ -20,14 +19,24 @@ from aiohttp import web
 from turnstile.streams.console import pages
 from turnstile.streams.console.format import esc
 from turnstile.streams.http_reads import Reads, Unavailable
+from turnstile.streams.read_model import Folded
+from turnstile.streams.sse import serve_feed
 
 COOKIE = "turnstile_token"
 CONSOLE_HEADER = "X-Turnstile-Console"
-KEEPALIVE_S = 15.0
 
 
 def _html(text: str, status: int = 200) -> web.Response:
     return web.Response(text=text, status=status, content_type="text/html", charset="utf-8")
+
+
+def _folded_event(folded: Folded | None) -> tuple[bytes, bool]:
+    """An event the worker folded, for the live page; None: some were missed, re-read it."""
+    if folded is None:
+        return b"event: reload\ndata: {}\n\n", False
+    data = {"partition": folded.partition, "offset": folded.offset, "type": folded.type,
+            "turn_id": folded.turn_id, "status": folded.status}  # fmt: skip
+    return b"event: folded\ndata: " + orjson.dumps(data) + b"\n\n", False
 
 
 def _problem(problem: Unavailable) -> web.Response:
@@ -86,21 +95,8 @@ def add_console(app: web.Application, reads: Reads, token: str | None) -> None:
         if reads.model is None:
             return _problem(Unavailable(404, "live updates need a worker beside this port"))
         queue = reads.model.follow(conversation_id)
-        response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
         try:
-            await response.prepare(request)
-            while True:
-                try:
-                    folded = await asyncio.wait_for(queue.get(), KEEPALIVE_S)
-                except TimeoutError:
-                    await response.write(b": keep-alive\n\n")
-                    continue
-                if folded is None:
-                    await response.write(b"event: reload\ndata: {}\n\n")
-                    continue
-                data = {"partition": folded.partition, "offset": folded.offset, "type": folded.type,
-                        "turn_id": folded.turn_id, "status": folded.status}
-                await response.write(b"event: folded\ndata: " + orjson.dumps(data) + b"\n\n")
+            return await serve_feed(request, queue, _folded_event)
         finally:
             reads.model.unfollow(conversation_id, queue)
 
