@@ -47,11 +47,12 @@ async def test_a_log_written_by_real_workers_has_no_violation(kafka_bootstrap: s
     config = WorkerConfig(debounce=DebouncePolicy(quiet_ms=150, max_wait_ms=500))
     publisher = KafkaLog(kafka_bootstrap, group, fresh_topics)
     await publisher.producer.start()
-    stop = asyncio.Event()
+    stops: list[asyncio.Event] = []
 
     def start_worker() -> asyncio.Task[None]:
         worker = Worker(KafkaLog(kafka_bootstrap, group, fresh_topics), ScriptedProvider(slow_for_some), config)
-        return asyncio.create_task(worker.run(stop))
+        stops.append(asyncio.Event())
+        return asyncio.create_task(worker.run(stops[-1]))
 
     tasks = [start_worker()]
     sent = set()
@@ -77,8 +78,12 @@ async def test_a_log_written_by_real_workers_has_no_violation(kafka_bootstrap: s
             assert asyncio.get_running_loop().time() < deadline, f"{len(sent - claimed)} unclaimed"
             await asyncio.sleep(1.0)
     finally:
-        stop.set()
-        await asyncio.gather(*tasks)
+        # One after the other, as a rolling stop: two members leaving at once rebalance each
+        # other's partitions mid-drain, and a partition still replaying is not committed (its
+        # next owner re-reads a few records), which the strict audit rightly reports as behind.
+        for stop, task in zip(stops, tasks, strict=True):
+            stop.set()
+            await task
         await publisher.producer.stop()
 
     audit_group = f"audit-{uuid.uuid4().hex[:8]}"
