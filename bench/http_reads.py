@@ -111,7 +111,7 @@ async def _at(broker: Broker, events: int) -> dict[str, list[float] | float]:
         baseline = []
         for conversation in picked[:BASELINE_SAMPLES]:
             started = time.perf_counter()
-            build_view(conversation, await read(conversation))
+            build_view(conversation, await read.whole(conversation))
             baseline.append((time.perf_counter() - started) * 1000)
         results["baseline"] = baseline
         results["filled_s"], results["replayed_s"] = filled.seconds, replayed_s

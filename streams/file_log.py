@@ -27,6 +27,7 @@ from turnstile.streams.log import (
     Landed,
     LogOwned,
     PartitionStart,
+    ReadTooLarge,
     RebalanceListener,
     Record,
     Topics,
@@ -330,6 +331,19 @@ class FileReader:
     async def span(self, topic: str, partition: int, start: int, end: int, timeout_s: float = 30.0) -> list[Record]:
         records = await asyncio.to_thread(self._log.read_all, topic, partition)
         return [r for r in records if start <= r.offset < end]
+
+    async def tail(
+        self, topic: str, partition: int, start: int, max_records: int | None = None, timeout_s: float = 30.0
+    ) -> list[Record]:
+        # A partition file has no offset index: it is read whole (the embedded log is for one
+        # process, whose worker serves its reads from memory) and the bound checked after.
+        records = [r for r in await asyncio.to_thread(self._log.read_all, topic, partition) if r.offset >= start]
+        if max_records is not None and len(records) > max_records:
+            raise ReadTooLarge([partition], len(records), max_records)
+        return records
+
+    async def partition_of(self, conversation_id: str, timeout_s: float = 30.0) -> int:
+        return self._log.partition_for(conversation_id)
 
     def follow(self, topic: str, since_ms: int) -> AsyncIterator[Record]:
         # One process, no record times: nothing it follows was written before it started.

@@ -3,7 +3,9 @@
 * `POST /conversations/{id}/messages` with `{"content": ..., "message_id"?: ...}` publishes a
   `MessageReceived` and answers 202 with the message id. Idempotent by id: the same id and
   content again is 202 again and answered once (`duplicate: true` and `status` accepted or
-  rejected once the worker has folded the first); the same id with other content is 409.
+  rejected once the worker has folded the first); the same id with other content is 409,
+  decided by log order: a client's id is appended and answered once the fold has reached it
+  (`first_use`), so every process gives the same answer.
 * `GET /conversations/{id}`: the conversation's state as the worker folded it (history,
   pending, rejected, active turn, a summary per turn); 404 if the log has nothing of it.
 * `GET /conversations/{id}/turns/{turn_id}`: the turn's timeline as JSON, or as the
@@ -24,8 +26,9 @@ refused without one. Every error, the framework's 404/405/413 included, is a JSO
 control character (400 otherwise).
 
 Reads are served from the worker's state (`streams/read_model.py`) for the conversations
-it owns, without reading the log; for another worker's partition, from one bounded read
-of it (`streams/http_reads.py`); 503 while the partition replays. `GET /conversations`
+it owns, without reading the log; for another worker's partition, from the conversation's
+snapshot and the tail of its partition (`streams/http_reads.py`); 503 while the partition
+replays. `GET /conversations`
 lists the worker's conversations (`?q=`, `status=`, `limit=`, `before=`). `POST
 /conversations/{id}/approve|deny|resume` are the CLI's operations. The console
 (`streams/console`) is served at `/ui` with the same authentication (or its sign-in
@@ -40,7 +43,6 @@ import hmac
 import ipaddress
 import logging
 import uuid
-from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypedDict
@@ -53,8 +55,9 @@ from pydantic import ValidationError
 from turnstile.events import InputInjected, content_fingerprint, encode
 from turnstile.handlers.claim import DebouncePolicy
 from turnstile.handlers.operations import VERBS, Refused, decide_operation
-from turnstile.projections import STATUSES, Status
-from turnstile.streams.http_reads import ReadConversation, Reads, Unavailable
+from turnstile.projections import STATUSES, ConversationState, Status
+from turnstile.streams.fold_watch import FoldWatch
+from turnstile.streams.http_reads import ConversationReads, Reads, Unavailable
 from turnstile.streams.log import EventLog
 from turnstile.streams.publisher import message_event
 from turnstile.streams.read_model import ReadModel
@@ -73,10 +76,9 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 Middleware = Callable[[web.Request, Handler], Awaitable[web.StreamResponse]]
 MAX_BODY_BYTES = 256 * 1024
 MAX_ID_CHARS = 200
-# Message ids this process published, with their content's fingerprint, until the worker
-# has folded them: a conflicting re-use is a 409 before the fold as after it. Bounded: the
-# oldest are forgotten first (by then the worker has folded them, or another owner has).
-PUBLISHED_IDS_KEPT = 100_000
+# How long a POST with the client's message id waits for the fold to say whether this use of
+# the id was its first (normally the time the worker takes to read its own append back).
+VERDICT_WAIT_S = 5.0
 OPEN_PATHS = frozenset({"/healthz", "/readyz", "/ui/login"})  # probes carry no credentials
 OPEN_PREFIXES = ("/ui/assets/",)  # the console's stylesheet and script, for the sign-in page
 
@@ -224,7 +226,7 @@ def _wants_html(request: web.Request) -> bool:
 
 def build_app(
     log_: EventLog,
-    read_conversation: ReadConversation,
+    log_reads: ConversationReads,
     *,
     worker: Worker | None = None,
     metrics: Metrics | None = None,
@@ -237,19 +239,43 @@ def build_app(
     `read_model`: the worker's, to serve the conversations it owns from its state (and to
     list them); without one every read is a bounded read of the conversation's partition."""
     clock = clock or SystemClock()
-    reads = Reads(read_model, read_conversation)
+    reads = Reads(read_model, log_reads)
     middlewares: list[Middleware] = [_json_errors, _bearer(token) if token else _same_origin]
     app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=middlewares)  # type: ignore[arg-type]
-    published: OrderedDict[tuple[str, str], str] = OrderedDict()
+    watch = FoldWatch(worker) if worker is not None else None
 
-    def known_fingerprint(conversation: str, message_id: str) -> str | None:
-        """The content fingerprint a message id was first used with, as far as this process
-        knows: folded by its worker, or published by this port and not folded yet."""
+    def folded_use(conversation: str, message_id: str) -> tuple[str, ConversationState] | None:
+        """The fingerprint of the id's first use on the log, if this worker has folded it."""
         state = worker.state_of(conversation) if worker is not None else None
-        if state is not None and (seen := state.seen_inputs.get(message_id)) is not None:
-            published.pop((conversation, message_id), None)  # folded: the state knows it now
-            return seen
-        return published.get((conversation, message_id))
+        if state is None or (seen := state.seen_inputs.get(message_id)) is None:
+            return None
+        return seen, state
+
+    async def first_use(conversation: str, message_id: str, partition: int, offset: int) -> str | Unavailable:
+        """The fingerprint the id's first use on the log carries, once the record just appended
+        at `partition`@`offset` is folded: by this worker when the partition is live here,
+        else from the conversation's snapshot and the tail of its partition. The log's order
+        decides, so every process gives the same answer."""
+        if watch is not None and worker is not None and worker.live_here(conversation):
+            folded = await watch.until_folded(partition, offset, VERDICT_WAIT_S)
+            found = folded_use(conversation, message_id) if folded else None
+            if found is not None:
+                return found[0]
+        if worker is None or not worker.live_here(conversation):  # not this worker's (any more)
+            view = await reads.logged(conversation)
+            if isinstance(view, Unavailable):
+                return view
+            if (seen := view.state.seen_inputs.get(message_id)) is not None:
+                return seen
+        return Unavailable(
+            503,
+            f"message {message_id!r} is on the log at {partition}@{offset}, but whether it was the id's first use is"
+            " not known yet; send it again with the same id and content (it is answered once)",
+            1,
+        )
+
+    def conflict(message_id: str) -> web.Response:
+        return _error(409, f"message id {message_id!r} was already used for other content")
 
     async def post_message(request: web.Request) -> web.Response:
         conversation = request.match_info["conversation"]
@@ -272,26 +298,21 @@ def build_app(
             problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()[:5])
             return _error(400, problems)
         reply = {"conversation_id": conversation, "message_id": event.message_id}
-        # A known id is not published again, whether the worker folded it already or not.
-        fingerprint, key = content_fingerprint(content), (conversation, event.message_id)
-        seen = known_fingerprint(*key)
-        if seen is not None:
+        fingerprint = content_fingerprint(content)
+        # An id this worker has folded is answered from its state, not published again.
+        if message_id is not None and (found := folded_use(conversation, message_id)) is not None:
+            seen, state = found
             if seen != fingerprint:
-                return _error(409, f"message id {event.message_id!r} was already used for other content")
-            state = worker.state_of(conversation) if worker is not None else None
-            status = "pending"  # published by this port, not folded yet
-            if state is not None and event.message_id in state.seen_inputs:
-                status = "rejected" if event.message_id in state.rejected else "accepted"
+                return conflict(message_id)
+            status = "rejected" if message_id in state.rejected else "accepted"
             return _json({**reply, "duplicate": True, "status": status}, 202)
-        # Noted before the append: a concurrent re-use of the id during it is judged too.
-        published[key] = fingerprint
-        while len(published) > PUBLISHED_IDS_KEPT:
-            published.popitem(last=False)
-        try:
-            partition, offset = await log_.append(log_.topics.events, conversation, encode(event))
-        except BaseException:
-            published.pop(key, None)  # not on the log: the id is free again
-            raise
+        partition, offset = await log_.append(log_.topics.events, conversation, encode(event))
+        if message_id is not None:  # the client's id may have been used before, by anyone
+            first = await first_use(conversation, message_id, partition, offset)
+            if isinstance(first, Unavailable):
+                return unavailable(first)
+            if first != fingerprint:
+                return conflict(message_id)  # this record is a conflicting duplicate: dead-lettered
         headers = {"Location": f"/conversations/{conversation}"}
         return web.Response(
             body=orjson.dumps({**reply, "partition": partition, "offset": offset}),

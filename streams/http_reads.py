@@ -2,50 +2,76 @@
 
 From the worker's read model (`streams.read_model`) for the conversations it owns: no log
 read at all. For a conversation on a partition it does not own (or with no worker beside
-the port), from one bounded read of that partition: past `max_records` records the read is
-refused before it starts and the client is told to ask the partition's owner, so a GET
-never scans a log that grows without bound. A partition still replaying is a 503 with
-Retry-After: its state is not the log's present yet.
+the port), from its newest snapshot plus the tail of its one partition after it
+(`PartitionReads.tail`): the read grows with what happened since the snapshot, not with
+the partition's history. A turn older than the snapshot (its timeline is not in a
+snapshot) is read from the whole partition (`PartitionReads.whole`). Both reads are
+bounded: past `max_records` records they are refused before they start and the client is
+told to ask the partition's owner. A partition still replaying is a 503 with Retry-After:
+its state is not the log's present yet.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+import logging
 from dataclasses import dataclass
+from typing import Protocol
 
-from turnstile.streams.kafka_reader import KafkaReader, ReadTooLarge, read_conversation
-from turnstile.streams.log import LogReader, Record
+from turnstile.streams.log import LogReader, ReadTooLarge, Record, Topics
 from turnstile.streams.read_model import NotOwned, ReadModel, Replaying
+from turnstile.streams.snapshots import Start, start_of
 from turnstile.streams.views import ConversationView, TurnView, build_view
 
-ReadConversation = Callable[[str], Awaitable[list[Record]]]
+log = logging.getLogger(__name__)
+
 # The default bound of a read of a partition this worker does not own.
 BOUNDED_READ_RECORDS = 200_000
 
 
-def bounded_reader(reader: LogReader, max_records: int | None) -> ReadConversation:
-    """`reader.conversation`, refused (`ReadTooLarge`) past `max_records`: on Kafka before a
-    record is fetched (the partition's offsets say its size). The embedded log is one
-    process's, whose worker holds every partition: its reads (no worker beside the port, an
-    old turn's page) are checked after the read."""
-    if max_records is None:
-        return reader.conversation
-    if isinstance(reader, KafkaReader):
-        kafka = reader
+@dataclass(frozen=True, slots=True)
+class Tail:
+    """A conversation's snapshot and the records of its partition after it, up to the
+    partition's end when read."""
 
-        async def on_kafka(conversation: str) -> list[Record]:
-            return await read_conversation(kafka.bootstrap, kafka.topics.events, conversation, max_records=max_records)
+    partition: int
+    start: Start
+    records: list[Record]
 
-        return on_kafka
+    def view(self, conversation: str) -> ConversationView:
+        return build_view(conversation, self.records, self.start.state)
 
-    async def checked(conversation: str) -> list[Record]:
-        records = await reader.conversation(conversation)
-        if len(records) > max_records:
-            raise ReadTooLarge([records[0].partition], len(records), max_records)
-        return records
 
-    return checked
+class ConversationReads(Protocol):
+    async def whole(self, conversation: str) -> list[Record]:
+        """Every record of the conversation's partition (`ReadTooLarge` past the bound)."""
+        ...
+
+    async def tail(self, conversation: str) -> Tail:
+        """Its snapshot and the partition after it (`ReadTooLarge` past the bound)."""
+        ...
+
+
+class PartitionReads:
+    """`ConversationReads` of a log, by a reader in no consumer group."""
+
+    def __init__(self, reader: LogReader, topics: Topics, max_records: int | None = BOUNDED_READ_RECORDS) -> None:
+        self.reader, self.topics, self.max_records = reader, topics, max_records
+
+    async def whole(self, conversation: str) -> list[Record]:
+        partition = await self.reader.partition_of(conversation)
+        return await self.reader.tail(self.topics.events, partition, 0, self.max_records)
+
+    async def tail(self, conversation: str) -> Tail:
+        partition = await self.reader.partition_of(conversation)
+        try:  # compacted: about one record per conversation of the partition, plus watermarks
+            snapshots = await self.reader.tail(self.topics.snapshots, partition, 0)
+        except Exception as exc:  # no snapshot topic (snapshots off), or it is away: read it all
+            log.warning("no snapshots of partition %d for %r, reading it whole: %r", partition, conversation, exc)
+            snapshots = []
+        start = start_of(conversation, self.topics.snapshots, partition, snapshots)
+        records = await self.reader.tail(self.topics.events, partition, start.offset, self.max_records)
+        return Tail(partition, start, records)
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,16 +82,16 @@ class Unavailable:
 
 
 class Reads:
-    def __init__(self, read_model: ReadModel | None, read_conversation: ReadConversation) -> None:
+    def __init__(self, read_model: ReadModel | None, log_reads: ConversationReads) -> None:
         self.model = read_model
-        self._read = read_conversation
+        self._log = log_reads
 
     async def conversation(self, conversation: str) -> ConversationView | Unavailable:
         found = self.model.lookup(conversation) if self.model is not None else NotOwned(None)
         if isinstance(found, Replaying):
             return Unavailable(503, f"partition {found.partition} is still replaying; try again shortly", 1)
         if isinstance(found, NotOwned):
-            return await self._bounded(conversation)
+            return await self._bounded(conversation, whole=False)
         if found is None:
             return Unavailable(404, f"no events of conversation {conversation!r}")
         return found
@@ -75,8 +101,9 @@ class Reads:
         if isinstance(view, Unavailable):
             return view
         turn = view.turns.get(turn_id)
-        if turn is not None and turn.entries_dropped:  # an old turn of an owned conversation
-            view = await self._bounded(conversation)
+        known = turn_id in view.state.turns or (view.state.active is not None and view.state.active.turn_id == turn_id)
+        if known and (turn is None or turn.entries_dropped):  # older than the snapshot, or dropped from memory
+            view = await self._bounded(conversation, whole=True)
             if isinstance(view, Unavailable):
                 return view
             turn = view.turns.get(turn_id)
@@ -84,9 +111,20 @@ class Reads:
             return Unavailable(404, f"no turn {turn_id!r} in conversation {conversation!r}")
         return view, turn
 
-    async def _bounded(self, conversation: str) -> ConversationView | Unavailable:
+    async def logged(self, conversation: str) -> ConversationView | Unavailable:
+        """The conversation as its snapshot and the rest of its partition have it now, whoever
+        owns it (never this worker's memory)."""
+        return await self._bounded(conversation, whole=False)
+
+    async def _bounded(self, conversation: str, whole: bool) -> ConversationView | Unavailable:
         try:
-            records = await self._read(conversation)
+            if whole:
+                records = await self._log.whole(conversation)
+                view = await asyncio.to_thread(build_view, conversation, records)
+            else:
+                tail = await self._log.tail(conversation)
+                # Folding a long tail is CPU work: in a thread, the loop keeps serving.
+                view = await asyncio.to_thread(tail.view, conversation)
         except ReadTooLarge as exc:
             return Unavailable(
                 503,
@@ -94,8 +132,6 @@ class Reads:
                 f" hold in memory, and its {exc.records} records exceed the bounded read ({exc.limit}); ask the"
                 " worker that owns it (its /readyz lists its partitions)",
             )
-        # Folding a long partition is CPU work: in a thread, the loop keeps serving.
-        view = await asyncio.to_thread(build_view, conversation, records)
         if view.state.events_applied == 0:
             return Unavailable(404, f"no events of conversation {conversation!r}")
         return view

@@ -13,7 +13,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import TopicAlreadyExistsError
 
-from turnstile.streams.log import Record, Topics, partition_for
+from turnstile.streams.log import ReadTooLarge, Record, Topics, partition_for
 
 DELTAS_RETENTION_MS = 3_600_000
 
@@ -57,14 +57,6 @@ async def group_less_consumer(
         yield consumer, partitions
     finally:
         await consumer.stop()
-
-
-class ReadTooLarge(LookupError):
-    """A bounded read would take more records than it may."""
-
-    def __init__(self, partitions: list[int], records: int, limit: int) -> None:
-        super().__init__(f"partitions {partitions} hold {records} records, more than a bounded read takes ({limit})")
-        self.partitions, self.records, self.limit = partitions, records, limit
 
 
 async def read_to_end(
@@ -127,16 +119,24 @@ async def read_conversation(
 
 
 async def read_span(
-    bootstrap: str, topic: str, partition: int, start: int, end: int, timeout_s: float = 30.0
+    bootstrap: str, topic: str, partition: int, start: int, end: int | None, timeout_s: float = 30.0,
+    max_records: int | None = None,
 ) -> list[Record]:
-    """The records of one partition from `start` up to `end`, by a consumer in no group."""
-    if end <= start:
+    """The records of one partition from `start` up to `end` (None: its end at the time of
+    the call), by a consumer in no group; `ReadTooLarge` before reading past `max_records`."""
+    if end is not None and end <= start:
         return []
     consumer = _no_group(bootstrap)
     await consumer.start()
     try:
         tp = TopicPartition(topic, partition)
         consumer.assign([tp])
+        if end is None:
+            end = (await consumer.end_offsets([tp]))[tp]
+        if end <= start:
+            return []
+        if max_records is not None and end - start > max_records:
+            raise ReadTooLarge([partition], end - start, max_records)
         consumer.seek(tp, start)
         out: list[Record] = []
         async with asyncio.timeout(timeout_s):
@@ -148,12 +148,19 @@ async def read_span(
         await consumer.stop()
 
 
+async def partition_count(bootstrap: str, topic: str, timeout_s: float = 30.0) -> int:
+    """How many partitions `topic` has, from the cluster's metadata."""
+    async with group_less_consumer(bootstrap, topic, timeout_s) as (_consumer, partitions):
+        return len(partitions)
+
+
 class KafkaReader:
     """The Kafka log's `LogReader`: a consumer in no group per read."""
 
     def __init__(self, bootstrap: str, topics: Topics) -> None:
         self.bootstrap = bootstrap
         self.topics = topics
+        self._partitions: int | None = None
 
     async def read(self, topic: str, timeout_s: float = 30.0) -> list[Record]:
         return await read_topic(self.bootstrap, topic, timeout_s)
@@ -163,6 +170,16 @@ class KafkaReader:
 
     async def span(self, topic: str, partition: int, start: int, end: int, timeout_s: float = 30.0) -> list[Record]:
         return await read_span(self.bootstrap, topic, partition, start, end, timeout_s)
+
+    async def tail(
+        self, topic: str, partition: int, start: int, max_records: int | None = None, timeout_s: float = 30.0
+    ) -> list[Record]:
+        return await read_span(self.bootstrap, topic, partition, start, None, timeout_s, max_records)
+
+    async def partition_of(self, conversation_id: str, timeout_s: float = 30.0) -> int:
+        if self._partitions is None:  # fixed: more partitions would move keys, which the engine forbids
+            self._partitions = await partition_count(self.bootstrap, self.topics.events, timeout_s)
+        return partition_for(conversation_id, self._partitions)
 
     def follow(self, topic: str, since_ms: int) -> AsyncIterator[Record]:
         return follow_topic(self.bootstrap, topic, since_ms)

@@ -88,6 +88,14 @@ class RecordRefused(ValueError):
     invalid or not ours to write): retrying cannot help, unlike a broker that is away."""
 
 
+class ReadTooLarge(LookupError):
+    """A bounded read would take more records than it may."""
+
+    def __init__(self, partitions: list[int], records: int, limit: int) -> None:
+        super().__init__(f"partitions {partitions} hold {records} records, more than a bounded read takes ({limit})")
+        self.partitions, self.records, self.limit = partitions, records, limit
+
+
 class LogOwned(RuntimeError):
     """Another process owns this log (the embedded log has one owner)."""
 
@@ -106,6 +114,17 @@ class LogReader(Protocol):
 
     async def span(self, topic: str, partition: int, start: int, end: int, timeout_s: float = 30.0) -> list[Record]:
         """The records of one partition from offset `start` up to (not including) `end`."""
+        ...
+
+    async def tail(
+        self, topic: str, partition: int, start: int, max_records: int | None = None, timeout_s: float = 30.0
+    ) -> list[Record]:
+        """The records of one partition from offset `start` up to its end at the time of the
+        call; `ReadTooLarge` before reading any when they are more than `max_records`."""
+        ...
+
+    async def partition_of(self, conversation_id: str, timeout_s: float = 30.0) -> int:
+        """The events partition the conversation's records are on (its key's)."""
         ...
 
     def follow(self, topic: str, since_ms: int) -> AsyncIterator[Record]:

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 
 from turnstile.handlers.schedule import Schedule
 from turnstile.streams.http_api import HttpServer, build_app
-from turnstile.streams.http_reads import BOUNDED_READ_RECORDS, ReadConversation, bounded_reader
+from turnstile.streams.http_reads import BOUNDED_READ_RECORDS, PartitionReads
 from turnstile.streams.log import EventLog
 from turnstile.streams.metrics import Metrics
 from turnstile.streams.read_model import WorkerReadModel
@@ -17,10 +17,10 @@ from turnstile.streams.scheduler import Scheduler
 from turnstile.streams.worker import Worker
 
 
-def conversation_reader(log: EventLog, max_records: int | None = BOUNDED_READ_RECORDS) -> ReadConversation:
-    """How the HTTP views read one conversation from the log, independent of the worker:
-    its partition, refused (`ReadTooLarge`) when it holds more than `max_records`."""
-    return bounded_reader(log.reader(), max_records)
+def conversation_reader(log: EventLog, max_records: int | None = BOUNDED_READ_RECORDS) -> PartitionReads:
+    """How the HTTP views read one conversation from the log, independent of the worker: its
+    snapshot and the rest of its partition, refused (`ReadTooLarge`) past `max_records`."""
+    return PartitionReads(log.reader(), log.topics, max_records)
 
 
 # How far back a freshly started reply hub reads both topics: replies that began earlier

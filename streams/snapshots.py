@@ -114,36 +114,9 @@ class _Found:
 def load_partition(topic: str, partition: int, records: list[Record], store: StateStore | None = None) -> Loaded:
     """From the records of a partition of the snapshot topic (put in `store`, if given):
     where the events partition must be read from, and the states it starts with."""
-    found: dict[str, _Found] = {}
-    watermark, watermark_source = 0, -1
-    for record in records:
-        key = (record.key or b"").decode("utf-8", "replace")
-        if key == WATERMARK_KEY:
-            decoded = decode_watermark(record.value)
-            if isinstance(decoded, SnapshotError):
-                where = f"{topic}[{partition}]@{record.offset}"
-                log.warning("ignored the watermark at %s: %s", where, decoded.detail)
-            else:
-                watermark, watermark_source = decoded, record.offset
-            continue
-        entry = found.setdefault(key, _Found())
-        snapshot = decode_snapshot(record.value, key)
-        if isinstance(snapshot, SnapshotError):
-            log.warning(
-                "ignored the snapshot of %r at %s[%d]@%d: %s", key, topic, partition, record.offset, snapshot.detail
-            )
-            entry.broken = True
-        elif snapshot.covered >= entry.covered:
-            entry.covered, entry.value, entry.source = snapshot.covered, record.value or b"", record.offset
-            entry.state = snapshot.state
-    seek = watermark
-    ignored: list[str] = []
-    for key, entry in found.items():
-        if entry.covered < 0:
-            ignored.append(key)
-            seek = 0
-        elif entry.covered < watermark - 1 and (entry.source > watermark_source or entry.broken):
-            seek = min(seek, entry.covered + 1)
+    found, watermark, watermark_source = _scan(topic, partition, records)
+    seek = min([watermark, *(_reads_from(entry, watermark, watermark_source) for entry in found.values())])
+    ignored = [key for key, entry in found.items() if entry.covered < 0]
     if ignored:
         log.warning("%d conversation(s) of partition %d have no usable snapshot: replaying it from 0", len(ignored),
                     partition)  # fmt: skip
@@ -156,6 +129,69 @@ def load_partition(topic: str, partition: int, records: list[Record], store: Sta
         return Loaded(seek, covered, {s.conversation_id: s for s in states}, [], ignored)
     resident = {s.conversation_id: s for s in states if not settled(s)}
     return Loaded(seek, covered, resident, [s for s in states if settled(s)], ignored)
+
+
+@dataclass(frozen=True, slots=True)
+class Start:
+    """Where a reader of one conversation begins: the state of its snapshot (None: a new
+    state) and the events offset from which its partition is read."""
+
+    state: ConversationState | None
+    offset: int
+
+
+def start_of(conversation: str, topic: str, partition: int, records: list[Record]) -> Start:
+    """From the records of the conversation's partition of the snapshot topic, by the rule of
+    `load_partition`: its snapshot covering most, and where its events must be read from.
+    Only its own snapshots are decoded."""
+    found, watermark, watermark_source = _scan(topic, partition, records, only=conversation)
+    entry = found.get(conversation)
+    if entry is None:
+        return Start(None, watermark)  # the watermark vouches: it has no event below it
+    return Start(entry.state, _reads_from(entry, watermark, watermark_source))
+
+
+def _scan(
+    topic: str, partition: int, records: list[Record], only: str | None = None
+) -> tuple[dict[str, _Found], int, int]:
+    """Per conversation (or only `only`) its snapshot covering most; the latest watermark and
+    its offset in the snapshot topic."""
+    found: dict[str, _Found] = {}
+    watermark, watermark_source = 0, -1
+    for record in records:
+        key = (record.key or b"").decode("utf-8", "replace")
+        if key == WATERMARK_KEY:
+            decoded = decode_watermark(record.value)
+            if isinstance(decoded, SnapshotError):
+                where = f"{topic}[{partition}]@{record.offset}"
+                log.warning("ignored the watermark at %s: %s", where, decoded.detail)
+            else:
+                watermark, watermark_source = decoded, record.offset
+            continue
+        if only is not None and key != only:
+            continue
+        entry = found.setdefault(key, _Found())
+        snapshot = decode_snapshot(record.value, key)
+        if isinstance(snapshot, SnapshotError):
+            log.warning(
+                "ignored the snapshot of %r at %s[%d]@%d: %s", key, topic, partition, record.offset, snapshot.detail
+            )
+            entry.broken = True
+        elif snapshot.covered >= entry.covered:
+            entry.covered, entry.value, entry.source = snapshot.covered, record.value or b"", record.offset
+            entry.state = snapshot.state
+    return found, watermark, watermark_source
+
+
+def _reads_from(entry: _Found, watermark: int, watermark_source: int) -> int:
+    """The first events offset a conversation needs beyond its snapshot. The watermark
+    vouches for the events below it unless the snapshot that covers most was written after
+    it, or beside a broken one (compaction may have dropped the one it vouched for)."""
+    if entry.covered < 0:
+        return 0  # no snapshot of it decodes: from the start
+    if entry.covered < watermark - 1 and (entry.source > watermark_source or entry.broken):
+        return entry.covered + 1
+    return max(entry.covered + 1, watermark)
 
 
 # -- writing -----------------------------------------------------------------------------------

@@ -120,9 +120,10 @@ class ConversationView:
         _record(self, record, event, ignored)
 
 
-def build_view(conversation_id: str, records: list[Record]) -> ConversationView:
-    """Fold the records of `conversation_id` (others are skipped) in log order."""
-    view = ConversationView(new_state(conversation_id))
+def build_view(conversation_id: str, records: list[Record], start: ConversationState | None = None) -> ConversationView:
+    """Fold the records of `conversation_id` (others are skipped) in log order, into `start`
+    (a snapshot's state, whose turns have no timelines: `ConversationView`) or a new state."""
+    view = ConversationView(start if start is not None else new_state(conversation_id))
     for record in records:
         event = decode(record.value)
         if isinstance(event, DecodeError):

@@ -179,6 +179,11 @@ class Worker:
         part = self.partitions.get(self.log.partition_for(conversation_id))
         return part is not None and part.live
 
+    def folded_past(self, partition: int, offset: int) -> bool:
+        """Whether the record at `offset` of `partition` (assigned here) is folded already."""
+        part = self.partitions.get(partition)
+        return part is not None and part.at.position > offset
+
     def partition_liveness(self) -> dict[int, bool]:
         """Each partition assigned here: True once replayed to the end it had when assigned."""
         return self.partitions.liveness()

@@ -16,6 +16,7 @@ from turnstile.projections import apply_event, conversation_status, new_state
 from turnstile.projections.state import ActiveTurn, PendingInput, TurnRecord
 from turnstile.streams.file_log import FileLog
 from turnstile.streams.http_api import HttpServer, build_app
+from turnstile.streams.http_reads import Tail
 from turnstile.streams.log import PartitionStart, Record
 from turnstile.streams.read_model import Folded, NotOwned, Replaying, WorkerReadModel
 from turnstile.streams.service import conversation_reader
@@ -23,8 +24,17 @@ from turnstile.streams.views import ConversationView
 from turnstile.streams.worker import Worker
 
 
-async def no_log_read(conversation: str) -> list[Record]:
-    raise AssertionError(f"the log was read for {conversation}")
+class NoLogRead:
+    """`ConversationReads` that fail the test when used: the worker's state must answer."""
+
+    async def whole(self, conversation: str) -> list[Record]:
+        raise AssertionError(f"the log was read for {conversation}")
+
+    async def tail(self, conversation: str) -> Tail:
+        raise AssertionError(f"the log was read for {conversation}")
+
+
+no_log_read = NoLogRead()
 
 
 def test_given_folded_states_when_listed_then_each_has_the_status_an_operator_reads() -> None:
