@@ -28,6 +28,7 @@ from aiokafka.errors import (
 )
 from aiokafka.structs import OffsetAndMetadata
 
+from turnstile.streams.append_batch import AppendBatcher
 from turnstile.streams.kafka_reader import KafkaReader, ensure_snapshot_topic, read_partitions, record_of
 from turnstile.streams.log import (
     Acknowledged,
@@ -180,6 +181,8 @@ class KafkaLog:
         self.bootstrap = bootstrap
         # topic -> its `max.message.bytes`, read at start for the topics effects go to.
         self.max_message_bytes: dict[str, int] = {}
+        # The appends of one loop cycle, one produce per partition (`streams/append_batch.py`).
+        self._batcher = AppendBatcher(lambda: self.producer, lambda topic: self.max_value_bytes(topic, None), _refused)
 
     @property
     def consumer(self) -> AIOKafkaConsumer:
@@ -239,15 +242,35 @@ class KafkaLog:
         headers: Mapping[str, str] | None = None,
     ) -> tuple[int, int]:
         wire = [(name, text.encode()) for name, text in headers.items()] if headers else None
-        try:
+        key_bytes = None if key is None else key.encode()
+        if partition is None and key is not None:
+            partition = self._partition_of(topic, key)
+        if not self._batcher.fits(topic, key_bytes, value):
+            # Refused before it is sent: a record the broker refuses for its size leaves the
+            # idempotent producer's sequence of its partition broken (every later record of
+            # the partition fails with OutOfOrderSequenceNumber), so one bad value would
+            # stop the partition's appends.
+            size = len(value) + len(key_bytes or b"")
+            raise RecordRefused(
+                f"a record of {size:,} bytes is over what {topic} takes ({self.max_value_bytes(topic, None):,})"
+            )
+        if partition is not None:
+            return await self._batcher.append(topic, partition, key_bytes, value, wire)
+        try:  # no metadata for the topic yet: this first send fetches it
             meta = await self.producer.send_and_wait(
-                topic, value=value, key=None if key is None else key.encode(), partition=partition, headers=wire
+                topic, value=value, key=key_bytes, partition=partition, headers=wire
             )
         except _NEVER_WRITABLE as exc:
             raise RecordRefused(f"{type(exc).__name__}: {exc}") from exc
         return meta.partition, meta.offset
 
-    def max_value_bytes(self, topic: str, key: str | None) -> int | None:
+    def _partition_of(self, topic: str, key: str) -> int | None:
+        """The partition the producer's default partitioner (murmur2) gives `key`; None until
+        the producer has the topic's metadata (its first send fetches it)."""
+        found = self.producer.client.cluster.partitions_for_topic(topic)
+        return partition_for(key, len(found)) if found else None
+
+    def max_value_bytes(self, topic: str, key: str | None) -> int:
         limit = min(MAX_REQUEST_BYTES, self.max_message_bytes.get(topic, BROKER_DEFAULT_MAX_MESSAGE_BYTES))
         return limit - RECORD_OVERHEAD_BYTES - len((key or "").encode())
 
@@ -278,11 +301,22 @@ class KafkaLog:
         return await read_partitions(self.bootstrap, topic, partitions, READ_TIMEOUT_S)
 
     async def flush(self) -> None:
+        await self._batcher.drain()
         await self.producer.flush()
 
     async def stop(self) -> None:
+        if self._producer is not None:
+            await self._batcher.drain()  # what was appended in the last cycle is sent, not dropped
         clients = [c for c in (self._consumer, self._producer) if c is not None]
         await asyncio.gather(*(c.stop() for c in clients), return_exceptions=True)
+
+
+def _refused(exc: BaseException) -> BaseException:
+    """What a failed send is for its caller: a record the broker will never take is refused
+    (`RecordRefused`); anything else is raised as it is (the caller retries)."""
+    if isinstance(exc, _NEVER_WRITABLE):
+        return RecordRefused(f"{type(exc).__name__}: {exc}")
+    return exc
 
 
 async def topic_max_message_bytes(bootstrap: str, topics: list[str]) -> dict[str, int]:
