@@ -29,6 +29,8 @@ from typing import Any
 
 from aiokafka import AIOKafkaProducer
 
+from turnstile.streams.log import Landed
+
 # A record's bytes in a batch beyond its key and value (attributes, varints, headers count).
 RECORD_OVERHEAD_BYTES = 64
 
@@ -38,7 +40,7 @@ class _Pending:
     key: bytes | None
     value: bytes
     headers: list[tuple[str, bytes]] | None
-    done: asyncio.Future[tuple[int, int]]
+    done: asyncio.Future[Landed]
 
 
 class AppendBatcher:
@@ -67,10 +69,10 @@ class AppendBatcher:
 
     def append(
         self, topic: str, partition: int, key: bytes | None, value: bytes, headers: list[tuple[str, bytes]] | None
-    ) -> asyncio.Future[tuple[int, int]]:
-        """Queue the record; the future yields its (partition, offset) once acknowledged."""
+    ) -> asyncio.Future[Landed]:
+        """Queue the record; the future yields where it landed once acknowledged."""
         loop = asyncio.get_running_loop()
-        done: asyncio.Future[tuple[int, int]] = loop.create_future()
+        done: asyncio.Future[Landed] = loop.create_future()
         self._queued.setdefault((topic, partition), []).append(_Pending(key, value, headers, done))
         if not self._flush_scheduled:
             self._flush_scheduled = True
@@ -125,7 +127,7 @@ class AppendBatcher:
                     continue
                 for place, item in enumerate(group):
                     if not item.done.done():
-                        item.done.set_result((partition, meta.offset + place))
+                        item.done.set_result(Landed(partition, meta.offset + place))
         finally:  # cancelled (the log stops): no waiter is left hanging
             _fail(items, ConnectionError(f"the append to {topic}[{partition}] was cut off by a stop"))
 

@@ -215,6 +215,12 @@ def _add_run_args(run: argparse.ArgumentParser) -> None:
         f"(default: {d.session_timeout_s:g}; 6..300)",
     )
     run.add_argument(
+        "--state-dir",
+        type=Path,
+        help="folder of the local snapshot store (default: a temporary one); one that outlives the process"
+        " (a volume per worker) lets a restart read only the snapshots written since its clean stop",
+    )
+    run.add_argument(
         "--drain-grace-s",
         type=float,
         help=f"on SIGTERM or Ctrl-C, seconds the turns in flight may take to end (default: {d.drain_grace_s:g});"

@@ -154,6 +154,10 @@ class Config(_Strict):
     instance_id: str | None = None
     session_timeout_s: float = 10.0
     drain_grace_s: NonNegativeFloat = _WORKER.drain_grace_s
+    # The local store of snapshots (`streams/state_store.py`); None: a temporary folder, so a
+    # restart reads every snapshot from the topic. A folder that outlives the process (a
+    # volume of its own per worker) lets a restart read only what changed since its stop.
+    state_dir: Path | None = None
     connect_timeout_s: NonNegativeFloat = 60.0
     stream: bool = True  # unlike WorkerConfig's default: a served worker streams unless told not to
     trace: bool = _WORKER.tracing
@@ -204,6 +208,7 @@ FLAGS: dict[KeyPath, str] = {
     ("instance_id",): "--instance-id",
     ("session_timeout_s",): "--session-timeout-s",
     ("drain_grace_s",): "--drain-grace-s",
+    ("state_dir",): "--state-dir",
     ("connect_timeout_s",): "--connect-timeout-s",
     ("stream",): "--stream",
     ("trace",): "--trace",

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from turnstile.events import Event
-from turnstile.projections import ConversationState
+from turnstile.projections import STATUSES, ConversationState, Status
 from turnstile.projections.snapshot import SnapshotError, decode_snapshot
 from turnstile.streams.log import Record
 from turnstile.streams.state_store import StateStore
@@ -48,6 +48,11 @@ def settled(state: ConversationState) -> bool:
     return state.active is None and not state.pending
 
 
+# The statuses of a settled conversation (`projections.status`: "active" is a turn, and
+# "debouncing" pending inputs): what the local store's rows say without being decoded.
+SETTLED: frozenset[str] = frozenset(STATUSES) - {"active", "debouncing"}
+
+
 class Evictor:
     """The order conversations were last folded in (it observes the worker's fold), and the
     store they go to and come back from."""
@@ -71,8 +76,8 @@ class Evictor:
         for conversation in conversations:
             self._touched.pop(conversation, None)
 
-    def evicted(self, state: ConversationState) -> None:
-        self._touched.pop(state.conversation_id, None)
+    def evicted(self, conversation: str, status: Status) -> None:
+        self._touched.pop(conversation, None)
 
     def _touch(self, conversation: str) -> None:
         self._touched[conversation] = self._now_ms()

@@ -296,8 +296,11 @@ class FileLog:
             if quiet:
                 await asyncio.sleep(poll_s)
 
-    async def read_partitions(self, topic: str, partitions: list[int]) -> dict[int, list[Record]]:
-        return {p: self.read_all(topic, p) for p in partitions}
+    async def read_partitions(
+        self, topic: str, partitions: list[int], starts: Mapping[int, int] | None = None
+    ) -> dict[int, list[Record]]:
+        first = starts or {}
+        return {p: [r for r in self.read_all(topic, p) if r.offset >= first.get(p, 0)] for p in partitions}
 
     def read_all(self, topic: str, partition: int | None = None) -> list[Record]:
         """Every record of a topic (or of one of its partitions), partition by partition."""

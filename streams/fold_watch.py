@@ -12,7 +12,7 @@ import contextlib
 from typing import TYPE_CHECKING
 
 from turnstile.events import Event
-from turnstile.projections import ConversationState
+from turnstile.projections import ConversationState, Status
 from turnstile.streams.log import Record
 
 if TYPE_CHECKING:
@@ -51,7 +51,7 @@ class FoldWatch:
     def restored(self, state: ConversationState) -> None:
         pass  # no event folded
 
-    def evicted(self, state: ConversationState) -> None:
+    def evicted(self, conversation: str, status: Status) -> None:
         pass
 
     def forgotten(self, conversations: set[str]) -> None:

@@ -14,7 +14,7 @@ import asyncio
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
@@ -255,7 +255,8 @@ class KafkaLog:
                 f"a record of {size:,} bytes is over what {topic} takes ({self.max_value_bytes(topic, None):,})"
             )
         if partition is not None:
-            return await self._batcher.append(topic, partition, key_bytes, value, wire)
+            landed = await self._batcher.append(topic, partition, key_bytes, value, wire)
+            return landed.partition, landed.offset
         try:  # no metadata for the topic yet: this first send fetches it
             meta = await self.producer.send_and_wait(
                 topic, value=value, key=key_bytes, partition=partition, headers=wire
@@ -277,10 +278,16 @@ class KafkaLog:
     async def send(
         self, topic: str, key: str, value: bytes, partition: int | None = None
     ) -> asyncio.Future[Acknowledged]:
-        # In the producer's batch for its partition when this returns; the idempotent
-        # producer keeps that order on the log. The future yields aiokafka's RecordMetadata.
+        # Queued for its partition's batch of this loop cycle when this returns, behind the
+        # records sent before it; the idempotent producer keeps that order on the log.
+        key_bytes = key.encode()
+        if partition is None:
+            partition = self._partition_of(topic, key)
+        if partition is not None and self._batcher.fits(topic, key_bytes, value):
+            # A Landed is an Acknowledged (partition, offset); Future is invariant, hence the cast.
+            return cast("asyncio.Future[Acknowledged]", self._batcher.append(topic, partition, key_bytes, value, None))
         sent: asyncio.Future[Acknowledged] = await self.producer.send(
-            topic, value=value, key=key.encode(), partition=partition
+            topic, value=value, key=key_bytes, partition=partition
         )
         return sent
 
@@ -297,8 +304,10 @@ class KafkaLog:
             except Exception as exc:  # a rebalance in progress: the next commit carries it
                 log.warning("offset commit skipped: %s", exc)
 
-    async def read_partitions(self, topic: str, partitions: list[int]) -> dict[int, list[Record]]:
-        return await read_partitions(self.bootstrap, topic, partitions, READ_TIMEOUT_S)
+    async def read_partitions(
+        self, topic: str, partitions: list[int], starts: Mapping[int, int] | None = None
+    ) -> dict[int, list[Record]]:
+        return await read_partitions(self.bootstrap, topic, partitions, READ_TIMEOUT_S, starts)
 
     async def flush(self) -> None:
         await self._batcher.drain()

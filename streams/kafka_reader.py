@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
@@ -60,20 +60,29 @@ async def group_less_consumer(
 
 
 async def read_to_end(
-    consumer: AIOKafkaConsumer, partitions: list[TopicPartition], timeout_s: float, max_records: int | None = None
+    consumer: AIOKafkaConsumer,
+    partitions: list[TopicPartition],
+    timeout_s: float,
+    max_records: int | None = None,
+    starts: Mapping[int, int] | None = None,
 ) -> list[Record]:
-    """Every record of `partitions` from the beginning up to their end at the time of the
-    call, in partition order. `max_records`: refuse (`ReadTooLarge`) before reading any
-    when they hold more."""
-    await consumer.seek_to_beginning(*partitions)
+    """Every record of `partitions` from the beginning (or the offset `starts` gives) up to
+    their end at the time of the call, in partition order. `max_records`: refuse
+    (`ReadTooLarge`) before reading any when they hold more."""
+    starts = starts or {}
+    if from_first := [tp for tp in partitions if tp.partition not in starts]:
+        await consumer.seek_to_beginning(*from_first)
+    for tp in partitions:
+        if tp.partition in starts:
+            consumer.seek(tp, starts[tp.partition])
     ends = await consumer.end_offsets(partitions)
     if max_records is not None:
-        starts = await consumer.beginning_offsets(partitions)
-        held = sum(ends[tp] - starts[tp] for tp in partitions)
+        firsts = await consumer.beginning_offsets(partitions)
+        held = sum(ends[tp] - firsts[tp] for tp in partitions)
         if held > max_records:
             raise ReadTooLarge([tp.partition for tp in partitions], held, max_records)
     out: list[Record] = []
-    remaining = {tp for tp in partitions if ends[tp] > 0}
+    remaining = {tp for tp in partitions if ends[tp] > starts.get(tp.partition, 0)}
     deadline = asyncio.get_running_loop().time() + timeout_s
     while remaining:
         batch = await consumer.getmany(*remaining, timeout_ms=200)
@@ -94,14 +103,15 @@ async def read_topic(bootstrap: str, topic: str, timeout_s: float = 30.0) -> lis
 
 
 async def read_partitions(
-    bootstrap: str, topic: str, partitions: list[int], timeout_s: float = 30.0
+    bootstrap: str, topic: str, partitions: list[int], timeout_s: float = 30.0, starts: Mapping[int, int] | None = None
 ) -> dict[int, list[Record]]:
-    """The records of these partitions of `topic`, up to their end at the time of the call."""
+    """The records of these partitions of `topic` (from the offsets `starts` gives), up to
+    their end at the time of the call."""
     async with group_less_consumer(bootstrap, topic, timeout_s) as (consumer, assigned):
         wanted = [tp for tp in assigned if tp.partition in partitions]
         consumer.pause(*(tp for tp in assigned if tp not in wanted))
         out: dict[int, list[Record]] = {p: [] for p in partitions}
-        for record in await read_to_end(consumer, wanted, timeout_s):
+        for record in await read_to_end(consumer, wanted, timeout_s, starts=starts):
             out[record.partition].append(record)
         return out
 

@@ -201,9 +201,12 @@ class EventLog(Protocol):
 
     async def commit(self, offsets: dict[int, int]) -> None: ...
 
-    async def read_partitions(self, topic: str, partitions: list[int]) -> dict[int, list[Record]]:
-        """The records of these partitions of any topic, from their first to their end at the
-        time of the call, outside the consumer group (nothing is committed)."""
+    async def read_partitions(
+        self, topic: str, partitions: list[int], starts: Mapping[int, int] | None = None
+    ) -> dict[int, list[Record]]:
+        """The records of these partitions of any topic, from their first (or the offset
+        `starts` gives) to their end at the time of the call, outside the consumer group
+        (nothing is committed)."""
         ...
 
     async def flush(self) -> None:

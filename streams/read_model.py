@@ -144,19 +144,21 @@ class WorkerReadModel:
         self._views[state.conversation_id] = ConversationView(state)
         self._moved(state)
 
-    def evicted(self, state: ConversationState) -> None:
+    def evicted(self, conversation: str, status: Status) -> None:
         """Out of the worker's memory: its view goes too; it stays listed, read back from the
         worker's local store when a page or a lookup shows it."""
-        self._views.pop(state.conversation_id, None)
-        if state.conversation_id not in self._status:
-            self._moved(state)
+        self._views.pop(conversation, None)
+        if conversation not in self._status:
+            self._listed(conversation, status)
 
     def _moved(self, state: ConversationState, step: bool = False) -> Status:
         """Put the conversation first in the recency orders; returns its status (`step`: a
         step inside a turn, which leaves a known status as it was)."""
-        conversation = state.conversation_id
+        was = self._status.get(state.conversation_id)
+        return self._listed(state.conversation_id, was if step and was is not None else conversation_status(state))
+
+    def _listed(self, conversation: str, status: Status) -> Status:
         sequence, was = next(self._sequence), self._status.get(conversation)
-        status = was if step and was is not None else conversation_status(state)
         if was != status:
             if was is not None:
                 del self._by_status[was][conversation]

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from typing import Protocol
 
 from turnstile.events import Event
-from turnstile.projections import ConversationState, new_state
+from turnstile.projections import ConversationState, Status, conversation_status, new_state
 from turnstile.streams.eviction import EvictionPolicy, Evictor, settled
 from turnstile.streams.log import EventLog, Record
 from turnstile.streams.partitions import OwnedPartition, Partitions
@@ -31,9 +31,9 @@ class FoldObserver(Protocol):
         evicted one comes back): its events up to the snapshot are not folded (told) again."""
         ...
 
-    def evicted(self, state: ConversationState) -> None:
+    def evicted(self, conversation: str, status: Status) -> None:
         """The conversation is out of memory (still owned: `Worker.state_of` reads it from the
-        local store); `state` is how it left, to look at now, not to keep."""
+        local store), with the status it left with."""
         ...
 
     def forgotten(self, conversations: set[str]) -> None: ...
@@ -75,9 +75,9 @@ class Residency:
             self.partitions.place(conversation, partition)
             for observer in self.observers:
                 observer.restored(state)
-        for state in loaded.stored:  # waiting in the local store
+        for conversation, status in loaded.stored:  # waiting in the local store
             for observer in self.observers:
-                observer.evicted(state)
+                observer.evicted(conversation, status)
         loaded.stored = []
 
     def state_for(self, conversation: str, partition: int) -> ConversationState:
@@ -114,10 +114,10 @@ class Residency:
             return []
         gone = self.evictor.evict(lambda c: self._evictable(c) and idle(c))
         for conversation in gone:
-            state = self.states.pop(conversation)
+            status = conversation_status(self.states.pop(conversation))
             self.partitions.remove(conversation)
             for observer in self.observers:
-                observer.evicted(state)
+                observer.evicted(conversation, status)
         return gone
 
     def _evictable(self, conversation: str) -> bool:
@@ -148,5 +148,7 @@ class Residency:
             if done:  # a clean stop: what changed is snapshotted now, for the next owner
                 self.snapshot(done, now_ms, owes_nothing, final=True)
             await self.snapshots.drain()
+            if done and self.snapshots.drained():  # the store holds what the topic does
+                self.snapshots.write_checkpoints()
         if self.store is not None:
             self.store.close()

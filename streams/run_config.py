@@ -23,6 +23,7 @@ from turnstile.streams.config_file import (
     key_paths,
     shipped_prices,
 )
+from turnstile.streams.eviction import EvictionPolicy
 from turnstile.streams.serving import WorkerOptions
 from turnstile.streams.turn_runner import Route, TurnSettings
 from turnstile.streams.worker import WorkerConfig
@@ -34,7 +35,12 @@ SECRET = "***"
 
 def worker_options(config: Config) -> WorkerOptions:
     """The keys about the process, not the agent: they apply to an agent too."""
-    return {"drain_grace_s": config.drain_grace_s, "stream_replies": config.stream, "tracing": config.trace}
+    return {
+        "drain_grace_s": config.drain_grace_s,
+        "stream_replies": config.stream,
+        "tracing": config.trace,
+        "eviction": EvictionPolicy(state_dir=config.state_dir),
+    }
 
 
 def provider(model: ModelConfig, api_key: str | None) -> Provider:

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, TypedDict
 from turnstile.handlers.pricing import unpriced
 from turnstile.handlers.provider import Provider
 from turnstile.handlers.schedule import Schedule
+from turnstile.streams.eviction import EvictionPolicy
 from turnstile.streams.file_log import FileLog
 from turnstile.streams.log import EventLog, LogOwned, Topics
 from turnstile.streams.worker import Worker, WorkerConfig
@@ -33,6 +34,7 @@ class WorkerOptions(TypedDict, total=False):
     drain_grace_s: float
     stream_replies: bool
     tracing: bool
+    eviction: EvictionPolicy
 
 
 @dataclass(frozen=True, slots=True)

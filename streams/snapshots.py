@@ -41,7 +41,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from turnstile.events import Event
-from turnstile.projections import ConversationState
+from turnstile.projections import ConversationState, Status, conversation_status
 from turnstile.projections.snapshot import (
     WATERMARK_KEY,
     SnapshotError,
@@ -50,9 +50,9 @@ from turnstile.projections.snapshot import (
     encode_snapshot,
     encode_watermark,
 )
-from turnstile.streams.eviction import settled
+from turnstile.streams.eviction import SETTLED
 from turnstile.streams.log import Acknowledged, EventLog, Record
-from turnstile.streams.state_store import StateStore
+from turnstile.streams.state_store import Checkpoint, StateStore, Stored
 
 log = logging.getLogger(__name__)
 
@@ -82,9 +82,12 @@ class Loaded:
     # The states to hold in memory from the start: all of them without a local store, else
     # those with something to decide (the others wait in the store until an event comes).
     resident: dict[str, ConversationState]
-    # The others, for the worker to tell its observers about once and let go.
-    stored: list[ConversationState]
+    # The others (conversation, status), for the worker to tell its observers about once.
+    stored: list[tuple[str, Status]]
     ignored: list[str]  # conversations whose snapshots did not decode (folded from offset 0)
+    # The latest watermark read and its offset in the snapshot topic (-1: none).
+    watermark: int = 0
+    watermark_source: int = -1
     # Past this offset no snapshot covers anything: the skip test is over.
     _skip_until: int = -1
 
@@ -105,16 +108,32 @@ class _Found:
     """Of one conversation: its decodable snapshot covering most, so far."""
 
     covered: int = -1  # -1: none yet
-    state: ConversationState | None = None
+    state: ConversationState | None = None  # None with a status: a row of the store, not decoded
     value: bytes = b""
     source: int = -1  # its offset in the snapshot topic
     broken: bool = False  # some record of it did not decode
+    status: Status = "idle"
+    fresh: bool = True  # read from the topic now (not a row the store holds already)
 
 
-def load_partition(topic: str, partition: int, records: list[Record], store: StateStore | None = None) -> Loaded:
+def load_partition(
+    topic: str, partition: int, records: list[Record], store: StateStore | None = None, mark: Checkpoint | None = None
+) -> Loaded:
     """From the records of a partition of the snapshot topic (put in `store`, if given):
-    where the events partition must be read from, and the states it starts with."""
-    found, watermark, watermark_source = _scan(topic, partition, records)
+    where the events partition must be read from, and the states it starts with. With the
+    store's checkpoint `mark`, `records` are those from `mark.snapshots_to` on, over the rows
+    the store holds: only what changed since is decoded."""
+    found: dict[str, _Found] = {}
+    watermark, watermark_source = 0, -1
+    if store is not None and mark is not None:
+        watermark, watermark_source = mark.watermark, mark.watermark_source
+        for row in store.rows(partition, without_value=SETTLED):
+            found[row.conversation] = _Found(row.covered, None, row.value, row.source, False, row.status, False)
+    watermark, watermark_source = _scan(topic, partition, records, found, watermark, watermark_source)
+    if store is not None:
+        for key, entry in found.items():  # the rows that stay out of memory are not decoded
+            if entry.state is None and entry.covered >= 0 and entry.status not in SETTLED:
+                _decode_row(topic, partition, key, entry)
     seek = min([watermark, *(_reads_from(entry, watermark, watermark_source) for entry in found.values())])
     ignored = [key for key, entry in found.items() if entry.covered < 0]
     if ignored:
@@ -122,13 +141,27 @@ def load_partition(topic: str, partition: int, records: list[Record], store: Sta
                     partition)  # fmt: skip
     usable = {key: entry for key, entry in found.items() if entry.covered >= 0}
     if store is not None:
-        store.put((key, partition, entry.value) for key, entry in usable.items())
+        rows = (Stored(key, partition, e.covered, e.source, e.status, e.value) for key, e in usable.items() if e.fresh)
+        store.put(rows)
     covered = {key: entry.covered for key, entry in usable.items()}
-    states = [entry.state for entry in usable.values() if entry.state is not None]
     if store is None:
-        return Loaded(seek, covered, {s.conversation_id: s for s in states}, [], ignored)
-    resident = {s.conversation_id: s for s in states if not settled(s)}
-    return Loaded(seek, covered, resident, [s for s in states if settled(s)], ignored)
+        states = {key: entry.state for key, entry in usable.items() if entry.state is not None}
+        return Loaded(seek, covered, states, [], ignored, watermark, watermark_source)
+    resident = {key: e.state for key, e in usable.items() if e.state is not None and e.status not in SETTLED}
+    stored = [(key, e.status) for key, e in usable.items() if e.status in SETTLED]
+    return Loaded(seek, covered, resident, stored, ignored, watermark, watermark_source)
+
+
+def _decode_row(topic: str, partition: int, key: str, entry: _Found) -> None:
+    """A stored row that must be in memory. It decoded when it was stored; one that no longer
+    does (a damaged file) is dropped: the conversation is folded from the log instead."""
+    snapshot = decode_snapshot(entry.value, key)
+    if isinstance(snapshot, SnapshotError):
+        log.warning("the local store's snapshot of %r (%s[%d]) does not decode: %s", key, topic, partition,
+                    snapshot.detail)  # fmt: skip
+        entry.covered, entry.broken = -1, True
+    else:
+        entry.state = snapshot.state
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,7 +177,8 @@ def start_of(conversation: str, topic: str, partition: int, records: list[Record
     """From the records of the conversation's partition of the snapshot topic, by the rule of
     `load_partition`: its snapshot covering most, and where its events must be read from.
     Only its own snapshots are decoded."""
-    found, watermark, watermark_source = _scan(topic, partition, records, only=conversation)
+    found: dict[str, _Found] = {}
+    watermark, watermark_source = _scan(topic, partition, records, found, only=conversation)
     entry = found.get(conversation)
     if entry is None:
         return Start(None, watermark)  # the watermark vouches: it has no event below it
@@ -152,12 +186,16 @@ def start_of(conversation: str, topic: str, partition: int, records: list[Record
 
 
 def _scan(
-    topic: str, partition: int, records: list[Record], only: str | None = None
-) -> tuple[dict[str, _Found], int, int]:
-    """Per conversation (or only `only`) its snapshot covering most; the latest watermark and
-    its offset in the snapshot topic."""
-    found: dict[str, _Found] = {}
-    watermark, watermark_source = 0, -1
+    topic: str,
+    partition: int,
+    records: list[Record],
+    found: dict[str, _Found],
+    watermark: int = 0,
+    watermark_source: int = -1,
+    only: str | None = None,
+) -> tuple[int, int]:
+    """Into `found`, per conversation (or only `only`) its snapshot covering most; returns
+    the latest watermark (else `watermark`) and its offset in the snapshot topic."""
     for record in records:
         key = (record.key or b"").decode("utf-8", "replace")
         if key == WATERMARK_KEY:
@@ -179,8 +217,8 @@ def _scan(
             entry.broken = True
         elif snapshot.covered >= entry.covered:
             entry.covered, entry.value, entry.source = snapshot.covered, record.value or b"", record.offset
-            entry.state = snapshot.state
-    return found, watermark, watermark_source
+            entry.state, entry.status, entry.fresh = snapshot.state, conversation_status(snapshot.state), True
+    return watermark, watermark_source
 
 
 def _reads_from(entry: _Found, watermark: int, watermark_source: int) -> int:
@@ -210,12 +248,27 @@ class _Captured:
     conversation: str
     value: bytes
     dirty: _Dirty
+    covered: int
+    status: Status
 
 
 @dataclass(slots=True)
 class _Partition:
     dirty: dict[str, _Dirty] = field(default_factory=dict)
     watermark: int = 0  # the last one written (or found) for the partition
+    # For the store's checkpoint: the snapshot-topic offset below which every record is one
+    # the store holds (read at the assignment, or written by this worker and acknowledged:
+    # a record of another writer in between -- a late one of the previous owner -- stops it
+    # there, and the next assignment reads on from it); the acknowledged offsets beyond it.
+    complete_to: int = 0
+    acked: set[int] = field(default_factory=set)
+    latest_watermark: tuple[int, int] = (0, -1)  # (watermark, its offset in the topic)
+
+    def landed(self, offset: int) -> None:
+        self.acked.add(offset)
+        while self.complete_to in self.acked:
+            self.acked.discard(self.complete_to)
+            self.complete_to += 1
 
 
 class Snapshotter:
@@ -236,25 +289,43 @@ class Snapshotter:
         self.written = 0  # snapshots acknowledged
         self.ignored = 0  # conversations found on assignment with no snapshot that decodes
         self.seeks: dict[int, int] = {}  # partition -> where its last assignment started reading
+        self.restarts = 0  # partitions loaded from the store's checkpoint rather than the topic
 
     async def load(self, partitions: list[int]) -> dict[int, Loaded]:
         """The partitions' snapshots, read in one go; none (a full replay) when they cannot
         be read: a snapshot topic that is away must cost time, never the assignment."""
         topic = self.log.topics.snapshots
+        # A checkpoint of the store (a clean stop's, on this machine): read only what follows.
+        marks = {p: mark for p in partitions if self.store is not None and (mark := self.store.take_checkpoint(p))}
+        starts = {p: mark.snapshots_to for p, mark in marks.items()}
         try:
-            found = await self.log.read_partitions(topic, partitions) if partitions else {}
+            found = await self.log.read_partitions(topic, partitions, starts) if partitions else {}
         except Exception as exc:
             log.warning("reading the snapshots of partitions %s failed, replaying them from 0: %r", partitions, exc)
-            found = {}
+            found, marks = {}, {}
         out = {}
         for p in partitions:
-            if self.store is not None:
+            mark = marks.get(p)
+            if self.store is not None and mark is None:
                 self.store.drop_partitions([p])
-            loaded = out[p] = load_partition(topic, p, found.get(p, []), self.store)
-            self._partitions[p] = _Partition(watermark=loaded.seek)
+            records = found.get(p, [])
+            loaded = out[p] = load_partition(topic, p, records, self.store, mark)
+            read_to = records[-1].offset + 1 if records else starts.get(p, 0)
+            latest = (loaded.watermark, loaded.watermark_source)
+            self._partitions[p] = _Partition(watermark=loaded.seek, complete_to=read_to, latest_watermark=latest)
             self.ignored += len(loaded.ignored)
             self.seeks[p] = loaded.seek
+            self.restarts += mark is not None
         return out
+
+    def write_checkpoints(self) -> None:
+        """At a clean stop, once the writes are drained: each partition's checkpoint in the
+        store, so that a restart on this machine reads only what was written after it."""
+        if self.store is None:
+            return
+        for p, part in self._partitions.items():
+            watermark, source = part.latest_watermark
+            self.store.write_checkpoint(p, Checkpoint(part.complete_to, watermark, source))
 
     def handed_over(self, partitions: Iterable[int]) -> None:
         """The partitions moved to another member: forget their changes (the next owner
@@ -276,6 +347,10 @@ class Snapshotter:
         if self._writing is not None:
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(asyncio.gather(self._writing, return_exceptions=True), DRAIN_S)
+
+    def drained(self) -> bool:
+        """No write in flight."""
+        return self._writing is None or self._writing.done()
 
     def pending(self, partition: int) -> bool:
         """Some change of the partition is not on the snapshot topic yet."""
@@ -300,7 +375,7 @@ class Snapshotter:
     def restored(self, state: ConversationState) -> None:
         pass  # its snapshot is the one just read: nothing changed
 
-    def evicted(self, state: ConversationState) -> None:
+    def evicted(self, conversation: str, status: Status) -> None:
         pass  # evicted only once its snapshot is written
 
     def checkpoint(
@@ -336,7 +411,7 @@ class Snapshotter:
                 value = encode_snapshot(state, position - 1)
                 if not self._fits(conversation, value):
                     continue
-                items.append(_Captured(conversation, value, dirty))
+                items.append(_Captured(conversation, value, dirty, position - 1, conversation_status(state)))
                 del part.dirty[conversation]
                 if budget is not None:
                     budget -= 1
@@ -379,9 +454,14 @@ class Snapshotter:
                 acks = [exc] * len(items)
             failed = [c for c, ack in zip(items, acks, strict=True) if isinstance(ack, BaseException)]
             self.written += len(items) - len(failed)
-            if self.store is not None and p in self._partitions:
-                landed = zip(items, acks, strict=True)
-                self.store.put((c.conversation, p, c.value) for c, ack in landed if not isinstance(ack, BaseException))
+            part = self._partitions.get(p)
+            if part is not None:
+                landed = [(c, ack) for c, ack in zip(items, acks, strict=True) if not isinstance(ack, BaseException)]
+                for _c, ack in landed:
+                    part.landed(ack.offset)
+                if self.store is not None:
+                    rows = (Stored(c.conversation, p, c.covered, ack.offset, c.status, c.value) for c, ack in landed)
+                    self.store.put(rows)
             if failed:
                 log.warning("%d snapshot(s) of %s[%d] not written (tried again later): %r", len(failed), topic, p,
                             next(a for a in acks if isinstance(a, BaseException)))  # fmt: skip
@@ -391,13 +471,15 @@ class Snapshotter:
             if watermark is None:
                 continue
             try:
-                await (await self.log.send(topic, WATERMARK_KEY, encode_watermark(watermark), p))
+                ack = await (await self.log.send(topic, WATERMARK_KEY, encode_watermark(watermark), p))
             except Exception as exc:
                 log.warning("the watermark of %s[%d] not written (tried again later): %r", topic, p, exc)
                 continue
             part = self._partitions.get(p)
             if part is not None:
                 part.watermark = max(part.watermark, watermark)
+                part.landed(ack.offset)
+                part.latest_watermark = max(part.latest_watermark, (watermark, ack.offset))
 
     def _redo(self, partition: int, items: list[_Captured]) -> None:
         part = self._partitions.get(partition)

@@ -3,9 +3,13 @@
 It holds the latest snapshot (the bytes of `turnstile.projections.snapshot`) of every
 conversation of the partitions this worker owns, so that an idle conversation can leave
 memory and come back on demand (`streams/eviction.py`). It is a cache of the snapshot topic,
-never the truth: each assignment refills a partition's rows from that topic, so a missing or
-stale file costs nothing but the read the assignment does anyway, and the file needs no
-backup and no fsync.
+never the truth: an assignment refills a partition's rows from that topic, unless the store
+holds a *checkpoint* of the partition -- as Kafka Streams' `.checkpoint` file: written at a
+clean stop, it says below which offset of the snapshot partition the rows are complete, so
+a restart on the same machine (a persistent `state_dir`) reads only the snapshot records
+written after it. An assignment takes the checkpoint out of the store as it uses it, so
+after a crash there is none and the partition is refilled from the topic: a store whose
+last writes may be lost is never trusted. Hence no fsync and no backup.
 
 Why SQLite (the standard library's `sqlite3`): what the worker needs is point reads and
 batched upserts by key, from one process; SQLite is in every CPython, one file, and its page
@@ -19,17 +23,54 @@ from __future__ import annotations
 import shutil
 import sqlite3
 import tempfile
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
+from turnstile.projections import Status
+
+# The file is a cache: one of another layout is emptied, not migrated.
+_LAYOUT = 2
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS snapshot (
     conversation TEXT PRIMARY KEY,
     partition    INTEGER NOT NULL,
+    covered      INTEGER NOT NULL,  -- the events offset the snapshot covers
+    source       INTEGER NOT NULL,  -- its offset in the snapshot topic
+    status       TEXT NOT NULL,     -- the conversation's status in it (`projections.status`)
     value        BLOB NOT NULL
 );
 CREATE INDEX IF NOT EXISTS snapshot_by_partition ON snapshot (partition);
+CREATE TABLE IF NOT EXISTS checkpoint (
+    partition        INTEGER PRIMARY KEY,
+    snapshots_to     INTEGER NOT NULL,
+    watermark        INTEGER NOT NULL,
+    watermark_source INTEGER NOT NULL
+);
 """
+
+
+@dataclass(frozen=True, slots=True)
+class Stored:
+    """A row: a conversation's snapshot, and what loading needs of it without decoding it."""
+
+    conversation: str
+    partition: int
+    covered: int
+    source: int
+    status: Status
+    value: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class Checkpoint:
+    """Of one partition: its rows hold the snapshot covering most of every conversation
+    among the snapshot-topic records below `snapshots_to`, and `watermark` is the latest
+    watermark among them (written at `watermark_source`; -1: none)."""
+
+    snapshots_to: int
+    watermark: int
+    watermark_source: int
 
 
 class StateStore:
@@ -56,21 +97,27 @@ class StateStore:
         if self._connection is None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self._connection = sqlite3.connect(self.path, isolation_level=None)
-            # A cache refilled from the snapshot topic on assignment: losing its last writes
-            # in a crash costs nothing, so no journal fsync.
+            # Trusted only with a checkpoint a clean stop wrote: losing its last writes in a
+            # crash costs nothing, so no journal fsync.
             self._connection.execute("PRAGMA journal_mode=WAL")
             self._connection.execute("PRAGMA synchronous=OFF")
+            (layout,) = self._connection.execute("PRAGMA user_version").fetchone()
+            if layout != _LAYOUT:
+                self._connection.executescript("DROP TABLE IF EXISTS snapshot; DROP TABLE IF EXISTS checkpoint;")
+                self._connection.execute(f"PRAGMA user_version = {_LAYOUT}")
             self._connection.executescript(_SCHEMA)
         return self._connection
 
-    def put(self, rows: Iterable[tuple[str, int, bytes]]) -> None:
-        """Upsert (conversation, partition, snapshot bytes) rows in one transaction."""
+    def put(self, rows: Iterable[Stored]) -> None:
+        """Upsert rows in one transaction."""
         self._db.execute("BEGIN")
         try:
             self._db.executemany(
-                "INSERT INTO snapshot (conversation, partition, value) VALUES (?, ?, ?) ON CONFLICT (conversation)"
-                " DO UPDATE SET partition = excluded.partition, value = excluded.value",
-                rows,
+                "INSERT INTO snapshot (conversation, partition, covered, source, status, value)"
+                " VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (conversation) DO UPDATE SET partition = excluded.partition,"
+                " covered = excluded.covered, source = excluded.source, status = excluded.status,"
+                " value = excluded.value",
+                ((r.conversation, r.partition, r.covered, r.source, r.status, r.value) for r in rows),
             )
         except BaseException:
             self._db.execute("ROLLBACK")
@@ -83,9 +130,34 @@ class StateStore:
         ).fetchone()
         return None if found is None else bytes(found[0])
 
+    def rows(self, partition: int, without_value: frozenset[str]) -> Iterator[Stored]:
+        """The partition's rows; those whose status is in `without_value` without their bytes
+        (they stay on disk until a reload)."""
+        query = "SELECT conversation, covered, source, status, value FROM snapshot WHERE partition = ?"
+        for conversation, covered, source, status, value in self._db.execute(query, (partition,)).fetchall():
+            data = b"" if status in without_value else bytes(value)
+            yield Stored(conversation, partition, covered, source, status, data)
+
     def drop_partitions(self, partitions: Iterable[int]) -> None:
-        """Forget the rows of partitions no longer ours (or about to be refilled)."""
-        self._db.executemany("DELETE FROM snapshot WHERE partition = ?", ((p,) for p in partitions))
+        """Forget the rows (and checkpoints) of partitions no longer ours or to be refilled."""
+        for p in partitions:
+            self._db.execute("DELETE FROM snapshot WHERE partition = ?", (p,))
+            self._db.execute("DELETE FROM checkpoint WHERE partition = ?", (p,))
+
+    def take_checkpoint(self, partition: int) -> Checkpoint | None:
+        """The partition's checkpoint, removed: from now on its rows change without one."""
+        found = self._db.execute(
+            "SELECT snapshots_to, watermark, watermark_source FROM checkpoint WHERE partition = ?", (partition,)
+        ).fetchone()
+        self._db.execute("DELETE FROM checkpoint WHERE partition = ?", (partition,))
+        return None if found is None else Checkpoint(*found)
+
+    def write_checkpoint(self, partition: int, mark: Checkpoint) -> None:
+        self._db.execute(
+            "INSERT OR REPLACE INTO checkpoint (partition, snapshots_to, watermark, watermark_source)"
+            " VALUES (?, ?, ?, ?)",
+            (partition, mark.snapshots_to, mark.watermark, mark.watermark_source),
+        )
 
     def __len__(self) -> int:
         (count,) = self._db.execute("SELECT count(*) FROM snapshot").fetchone()

@@ -19,6 +19,7 @@ from turnstile.streams import config_file, run_config
 from turnstile.streams.cli import build_parser
 from turnstile.streams.cli_errors import CliError
 from turnstile.streams.config_file import from_env, from_flags, resolve, shipped_prices
+from turnstile.streams.eviction import EvictionPolicy
 
 CLI = [sys.executable, "-m", "turnstile.streams.cli"]
 
@@ -123,6 +124,15 @@ def test_a_file_configures_the_worker_of_run():
     assert worker.stream_replies is False
     assert worker.turn.prices["gpt-4.1"] == ModelPrice(1, 1)  # the file over the shipped table
     assert worker.turn.prices["gpt-4.1-mini"] == shipped_prices().prices["gpt-4.1-mini"]
+
+
+def test_the_state_dir_flag_gives_the_worker_a_local_store_that_outlives_it(tmp_path):
+    default = run_config.worker_config(resolve({}).config, ScriptedProvider())
+    assert default.eviction.state_dir is None  # a temporary folder: a restart reads the snapshot topic
+    flagged = resolve({}, "turnstile.toml", flags=flags("--state-dir", str(tmp_path / "state"))).config
+    worker = run_config.worker_config(flagged, ScriptedProvider())
+    assert worker.eviction.state_dir == tmp_path / "state"
+    assert worker.eviction.idle_ms == EvictionPolicy().idle_ms  # the rest of the policy as before
 
 
 def shop() -> Agent:

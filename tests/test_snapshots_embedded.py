@@ -225,3 +225,84 @@ async def test_a_message_for_an_evicted_conversation_is_claimed_once_and_every_r
     # each later turn was claimed at the full history length: its state came back whole
     boundaries = sorted(e.history_boundary for e in events if isinstance(e, TurnClaimed))
     assert boundaries == sorted(2 * r for r in range(rounds) for _ in range(conversations))
+
+
+class CountingLog(FileLog):
+    """The embedded log, counting the snapshot records an assignment reads."""
+
+    snapshot_records_read = 0
+
+    async def read_partitions(self, topic: str, partitions: list[int], starts=None):  # type: ignore[no-untyped-def]
+        found = await super().read_partitions(topic, partitions, starts)
+        if topic == self.topics.snapshots:
+            self.snapshot_records_read += sum(len(records) for records in found.values())
+        return found
+
+
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    seed=st.integers(0, 2**32),
+    sizes=st.tuples(st.integers(0, 150), st.integers(0, 80), st.integers(0, 80)),
+    clean_stop=st.booleans(),
+    damage=st.sampled_from(["none", "corrupt", "missing"]),
+)
+async def test_a_restart_with_its_local_store_rebuilds_the_state_a_full_replay_gives(
+    tmp_path_factory, seed: int, sizes: tuple[int, int, int], clean_stop: bool, damage: str
+) -> None:
+    # Given a worker whose local store is a folder that outlives it, stopped cleanly (its
+    # store checkpointed) or crashed (no checkpoint: the store is not trusted), then more
+    # events, and the snapshot topic perhaps damaged meanwhile
+    rng = random.Random(seed)
+    events = generated_log(rng, 5, sum(sizes))
+    a, b = sizes[0], sizes[0] + sizes[1]
+    folder = tmp_path_factory.mktemp("log")
+    stored = dataclasses.replace(EAGER, eviction=EvictionPolicy(idle_ms=0, state_dir=folder / "state"))
+    log = FileLog(folder, partitions=PARTITIONS)
+    await _publish(log, events[:a])
+    async with Run(log, stored) as first:
+        await first.snapshots_cover_everything()
+        await _publish(log, events[a:b])
+        await first.caught_up()
+        if not clean_stop:
+            first.crash()
+    if damage == "corrupt":
+        _corrupt(log, rng, 0.5)
+    elif damage == "missing":
+        shutil.rmtree(log.directory / log.topics.snapshots, ignore_errors=True)
+    await _publish(log, events[b:])
+    # When it starts again on the same folder
+    log = CountingLog(folder, partitions=PARTITIONS)
+    async with Run(log, stored) as second:
+        # Then it holds exactly what a full replay of the log gives
+        assert_holds(second.worker, _log_states(log))
+        snapshots = second.worker.snapshots
+        assert snapshots is not None
+        # and after a clean stop it read no snapshot written before that stop
+        assert snapshots.restarts == (PARTITIONS if clean_stop else 0)
+        if clean_stop:
+            assert log.snapshot_records_read == 0
+
+
+async def test_after_a_clean_stop_a_restart_on_its_store_reads_no_snapshot_and_no_event(tmp_path: Path) -> None:
+    stored = dataclasses.replace(EAGER, eviction=EvictionPolicy(idle_ms=0, state_dir=tmp_path / "state"))
+    log = FileLog(tmp_path, partitions=PARTITIONS)
+    await _publish(log, generated_log(random.Random(5), 6, 400))
+    async with Run(log, stored) as first:
+        await first.snapshots_cover_everything()
+    ends = _ends(log)
+    log = CountingLog(tmp_path, partitions=PARTITIONS)
+    async with Run(log, stored) as second:
+        snapshots = second.worker.snapshots
+        assert snapshots is not None and snapshots.seeks == ends and log.snapshot_records_read == 0
+        states = _log_states(log)
+        assert_holds(second.worker, states)
+        assert len(second.reads.page(limit=100).rows) == len(states)  # listed, though not decoded
+    # And a crash of this second run takes the checkpoint with it: the next start reads the topic
+    log = CountingLog(tmp_path, partitions=PARTITIONS)
+    async with Run(log, stored) as third:
+        third.crash()
+    log = CountingLog(tmp_path, partitions=PARTITIONS)
+    async with Run(log, stored) as fourth:
+        assert fourth.worker.snapshots is not None and fourth.worker.snapshots.restarts == 0
+        assert log.snapshot_records_read > 0
+        assert_holds(fourth.worker, _log_states(log))
