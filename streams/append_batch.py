@@ -3,17 +3,19 @@
 Many turn tasks append at once, each awaiting its own event. One `send_and_wait` per event
 costs the producer's per-send machinery each time (metadata wait, serialisation, a batch
 lookup, a future per record: about 16 µs of CPU here), and the engine is CPU-bound on it.
-Here an append only queues its record for its (topic, partition) and gets a future; the
-first append of a cycle schedules one flush with `call_soon`, which builds one batch per
-partition (`create_batch` / `send_batch`) from every record queued in that cycle. Each
-waiter's offset is the batch's base offset plus its record's place in it.
+Here an append only queues its record for its (topic, partition) and gets a future. Each
+partition with records queued has one sender task: it takes everything queued -- every record
+appended in the loop cycle before it ran -- and hands it to the producer as one batch
+(`create_batch` / `send_batch`); while the producer holds that batch back (the idempotent
+producer has one batch of a partition in flight at a time, so `send_batch` waits for the
+previous one to be sent), the records appended meanwhile queue up and form the next batch.
+Each waiter's offset is its batch's base offset plus its record's place in it.
 
 What does not change: an append still returns only once the broker has acknowledged its
 record (acks=all, idempotent producer), so everything that waits on an append -- a
 side-effecting tool waits for its ToolCallStarted to be read back as accepted, which needs
 the record on the log first -- waits exactly as before. Order: the records of one partition
-are written in the order of the append calls (a flush waits for the previous flush of the
-partition to be handed to the producer, which keeps order per partition).
+are written in the order of the append calls (one sender per partition, batches in turn).
 
 A batch never holds more than the topic takes in one message (`limit`); a record too large
 for that alone is for the caller to refuse (`fits`) before it reaches the producer. A batch
@@ -23,6 +25,7 @@ that fails fails every append in it, with the same error.
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -58,10 +61,7 @@ class AppendBatcher:
         self._limit = limit
         self._refused = refused
         self._queued: dict[tuple[str, int], list[_Pending]] = {}
-        self._flush_scheduled = False
-        # (topic, partition) -> set once the partition's last flush is with the producer.
-        self._handed: dict[tuple[str, int], asyncio.Future[None]] = {}
-        self._sending: set[asyncio.Task[None]] = set()
+        self._senders: dict[tuple[str, int], asyncio.Task[None]] = {}
 
     def fits(self, topic: str, key: bytes | None, value: bytes) -> bool:
         """Whether the record may be sent at all: in a batch of its own it is under the limit."""
@@ -73,63 +73,50 @@ class AppendBatcher:
         """Queue the record; the future yields where it landed once acknowledged."""
         loop = asyncio.get_running_loop()
         done: asyncio.Future[Landed] = loop.create_future()
-        self._queued.setdefault((topic, partition), []).append(_Pending(key, value, headers, done))
-        if not self._flush_scheduled:
-            self._flush_scheduled = True
-            loop.call_soon(self._flush)
+        where = (topic, partition)
+        self._queued.setdefault(where, []).append(_Pending(key, value, headers, done))
+        if where not in self._senders:  # it runs from the next loop cycle: this cycle's records join
+            self._senders[where] = loop.create_task(self._send(topic, partition), name="append batch")
         return done
 
     async def drain(self) -> None:
-        """Everything queued so far handed to the producer and acknowledged (or failed)."""
-        self._flush()
-        while self._sending:
-            await asyncio.gather(*self._sending, return_exceptions=True)
+        """Everything queued so far handed to the producer (its flush then sends it)."""
+        while self._senders:
+            await asyncio.gather(*self._senders.values(), return_exceptions=True)
 
-    def _flush(self) -> None:
-        self._flush_scheduled = False
-        queued, self._queued = self._queued, {}
-        loop = asyncio.get_running_loop()
-        for (topic, partition), items in queued.items():
-            before = self._handed.get((topic, partition))
-            handed = self._handed[(topic, partition)] = loop.create_future()
-            task = loop.create_task(self._send(topic, partition, items, before, handed), name="append batch")
-            self._sending.add(task)
-            task.add_done_callback(self._sending.discard)
-
-    async def _send(
-        self,
-        topic: str,
-        partition: int,
-        items: list[_Pending],
-        before: asyncio.Future[None] | None,
-        handed: asyncio.Future[None],
-    ) -> None:
-        acks: list[tuple[asyncio.Future[Any], list[_Pending]]] = []
+    async def _send(self, topic: str, partition: int) -> None:
+        """The partition's sender: what is queued goes as one batch; while the producer holds
+        it back (the idempotent producer has one batch of a partition in flight at a time)
+        the records appended meanwhile queue up for the next one."""
+        where = (topic, partition)
+        unsent: list[_Pending] = []
         try:
-            try:
-                if before is not None:
-                    await before  # the partition's previous flush is with the producer: order kept
+            while unsent := self._queued.pop(where, []):
                 producer = self._producer()
-                for batch, group in self._batches(producer, topic, items):
+                for batch, group in self._batches(producer, topic, unsent):
                     try:
-                        acks.append((await producer.send_batch(batch, topic, partition=partition), group))
+                        ack = await producer.send_batch(batch, topic, partition=partition)
                     except Exception as exc:
                         _fail(group, self._refused(exc))
-            finally:
-                handed.set_result(None)
-                if self._handed.get((topic, partition)) is handed:
-                    del self._handed[(topic, partition)]
-            for ack, group in acks:
-                try:
-                    meta = await ack
-                except Exception as exc:
-                    _fail(group, self._refused(exc))
-                    continue
-                for place, item in enumerate(group):
-                    if not item.done.done():
-                        item.done.set_result(Landed(partition, meta.offset + place))
-        finally:  # cancelled (the log stops): no waiter is left hanging
-            _fail(items, ConnectionError(f"the append to {topic}[{partition}] was cut off by a stop"))
+                    else:
+                        ack.add_done_callback(functools.partial(self._landed, group, partition))
+                    unsent = unsent[len(group) :]
+        finally:
+            del self._senders[where]
+            # Cancelled (the log stops): no waiter is left hanging.
+            cut = ConnectionError(f"the append to {topic}[{partition}] was cut off by a stop")
+            _fail(unsent + self._queued.pop(where, []), cut)
+
+    def _landed(self, group: list[_Pending], partition: int, ack: asyncio.Future[Any]) -> None:
+        if ack.cancelled():
+            _fail(group, ConnectionError(f"the append to partition {partition} was cut off by a stop"))
+        elif (exc := ack.exception()) is not None:
+            _fail(group, self._refused(exc))
+        else:
+            base = ack.result().offset
+            for place, item in enumerate(group):
+                if not item.done.done():
+                    item.done.set_result(Landed(partition, base + place))
 
     def _batches(
         self, producer: AIOKafkaProducer, topic: str, items: list[_Pending]

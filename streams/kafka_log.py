@@ -181,6 +181,7 @@ class KafkaLog:
         self.bootstrap = bootstrap
         # topic -> its `max.message.bytes`, read at start for the topics effects go to.
         self.max_message_bytes: dict[str, int] = {}
+        self._partition_counts: dict[str, int] = {}
         # The appends of one loop cycle, one produce per partition (`streams/append_batch.py`).
         self._batcher = AppendBatcher(lambda: self.producer, lambda topic: self.max_value_bytes(topic, None), _refused)
 
@@ -268,8 +269,13 @@ class KafkaLog:
     def _partition_of(self, topic: str, key: str) -> int | None:
         """The partition the producer's default partitioner (murmur2) gives `key`; None until
         the producer has the topic's metadata (its first send fetches it)."""
-        found = self.producer.client.cluster.partitions_for_topic(topic)
-        return partition_for(key, len(found)) if found else None
+        count = self._partition_counts.get(topic)
+        if count is None:  # asked once: the cluster's answer builds a set each time (~85 µs)
+            found = self.producer.client.cluster.partitions_for_topic(topic)
+            if not found:
+                return None
+            count = self._partition_counts[topic] = len(found)  # fixed: more would move keys
+        return partition_for(key, count)
 
     def max_value_bytes(self, topic: str, key: str | None) -> int:
         limit = min(MAX_REQUEST_BYTES, self.max_message_bytes.get(topic, BROKER_DEFAULT_MAX_MESSAGE_BYTES))
