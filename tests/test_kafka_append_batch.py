@@ -35,6 +35,13 @@ async def new_topic(bootstrap: str, **configs: str) -> str:
     return name
 
 
+async def small_topic(bootstrap: str, log: KafkaLog) -> str:
+    """A topic that takes at most TOPIC_LIMIT bytes a message, with `log` knowing it."""
+    topic = await new_topic(bootstrap, **{"max.message.bytes": str(TOPIC_LIMIT)})
+    log.max_message_bytes.update(await topic_max_message_bytes(bootstrap, [topic]))
+    return topic
+
+
 @pytest.fixture
 async def log(kafka_bootstrap: str) -> AsyncIterator[KafkaLog]:  # noqa: F811
     suffix = uuid.uuid4().hex[:8]
@@ -94,9 +101,7 @@ async def test_a_batch_is_split_at_the_topics_limit_and_a_record_too_large_is_re
     kafka_bootstrap: str,  # noqa: F811
     log: KafkaLog,
 ) -> None:
-    topic = await new_topic(kafka_bootstrap, **{"max.message.bytes": str(TOPIC_LIMIT)})
-    log.max_message_bytes.update(await topic_max_message_bytes(kafka_bootstrap, [topic]))
-    key = "one-conversation"
+    topic, key = await small_topic(kafka_bootstrap, log), "one-conversation"
     await log.append(topic, key, b"metadata")
     produces = Produces(log)
     # Given, in one cycle on one partition: six records that together are over the limit,
@@ -124,9 +129,7 @@ async def test_at_the_limit_a_record_is_written_one_byte_over_it_is_refused_and_
     kafka_bootstrap: str,  # noqa: F811
     log: KafkaLog,
 ) -> None:
-    topic = await new_topic(kafka_bootstrap, **{"max.message.bytes": str(TOPIC_LIMIT)})
-    log.max_message_bytes.update(await topic_max_message_bytes(kafka_bootstrap, [topic]))
-    key = "one-conversation"
+    topic, key = await small_topic(kafka_bootstrap, log), "one-conversation"
     await log.append(topic, key, b"metadata")
     largest = log.max_value_bytes(topic, key)
     at_limit = await log.append(topic, key, b"a" * largest)

@@ -119,35 +119,64 @@ def _corrupt(log: FileLog, rng: random.Random, share: float) -> set[str]:
     return hit
 
 
-@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+class CountingLog(FileLog):
+    """The embedded log, counting the snapshot records an assignment reads."""
+
+    snapshot_records_read = 0
+
+    async def read_partitions(self, topic: str, partitions: list[int], starts=None):  # type: ignore[no-untyped-def]
+        found = await super().read_partitions(topic, partitions, starts)
+        if topic == self.topics.snapshots:
+            self.snapshot_records_read += sum(len(records) for records in found.values())
+        return found
+
+
+@settings(max_examples=16, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
     seed=st.integers(0, 2**32),
     sizes=st.tuples(st.integers(0, 150), st.integers(0, 80), st.integers(0, 80)),
-    crash_before_catching_up=st.booleans(),
+    stop=st.sampled_from(["crash before catching up", "crash", "clean"]),
+    kept_store=st.booleans(),
     damage=st.sampled_from(["none", "corrupt", "missing"]),
 )
 async def test_a_worker_restarting_from_snapshots_rebuilds_the_state_a_full_replay_gives(
-    tmp_path_factory, seed: int, sizes: tuple[int, int, int], crash_before_catching_up: bool, damage: str
+    tmp_path_factory, seed: int, sizes: tuple[int, int, int], stop: str, kept_store: bool, damage: str
 ) -> None:
+    # Given a worker whose local store is temporary or a folder that outlives it, stopped
+    # cleanly (a kept store is then checkpointed) or crashed (no checkpoint: not trusted),
+    # then more events, and the snapshot topic perhaps damaged meanwhile
     rng = random.Random(seed)
     events = generated_log(rng, 5, sum(sizes))
     a, b = sizes[0], sizes[0] + sizes[1]
-    log = FileLog(tmp_path_factory.mktemp("log"), partitions=PARTITIONS)
+    folder = tmp_path_factory.mktemp("log")
+    config = EAGER
+    if kept_store:
+        config = dataclasses.replace(EAGER, eviction=EvictionPolicy(idle_ms=0, state_dir=folder / "state"))
+    log = FileLog(folder, partitions=PARTITIONS)
     await _publish(log, events[:a])
-    async with Run(log) as first:
+    async with Run(log, config) as first:
         await first.snapshots_cover_everything()
         await _publish(log, events[a:b])  # folded (and perhaps snapshotted) or not, as it happens
-        if not crash_before_catching_up:
+        if stop != "crash before catching up":
             await first.caught_up()
-        first.crash()
+        if stop != "clean":
+            first.crash()
     if damage == "corrupt":
         _corrupt(log, rng, 0.5)
     elif damage == "missing":
         shutil.rmtree(log.directory / log.topics.snapshots, ignore_errors=True)
     await _publish(log, events[b:])
-    log = FileLog(log.directory, partitions=PARTITIONS)  # a new process
-    async with Run(log) as second:
+    # When it starts again (a new process), on the same folder
+    log = CountingLog(folder, partitions=PARTITIONS)
+    async with Run(log, config) as second:
+        # Then it holds exactly what a full replay of the log gives
         assert_holds(second.worker, _log_states(log))
+        # and from a kept store after a clean stop it read no snapshot written before that stop
+        restarted = kept_store and stop == "clean"
+        assert second.worker.snapshots is not None
+        assert second.worker.snapshots.restarts == (PARTITIONS if restarted else 0)
+        if restarted:
+            assert log.snapshot_records_read == 0
 
 
 async def test_a_restart_reads_only_the_events_after_the_snapshots(tmp_path: Path) -> None:
@@ -225,62 +254,6 @@ async def test_a_message_for_an_evicted_conversation_is_claimed_once_and_every_r
     # each later turn was claimed at the full history length: its state came back whole
     boundaries = sorted(e.history_boundary for e in events if isinstance(e, TurnClaimed))
     assert boundaries == sorted(2 * r for r in range(rounds) for _ in range(conversations))
-
-
-class CountingLog(FileLog):
-    """The embedded log, counting the snapshot records an assignment reads."""
-
-    snapshot_records_read = 0
-
-    async def read_partitions(self, topic: str, partitions: list[int], starts=None):  # type: ignore[no-untyped-def]
-        found = await super().read_partitions(topic, partitions, starts)
-        if topic == self.topics.snapshots:
-            self.snapshot_records_read += sum(len(records) for records in found.values())
-        return found
-
-
-@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(
-    seed=st.integers(0, 2**32),
-    sizes=st.tuples(st.integers(0, 150), st.integers(0, 80), st.integers(0, 80)),
-    clean_stop=st.booleans(),
-    damage=st.sampled_from(["none", "corrupt", "missing"]),
-)
-async def test_a_restart_with_its_local_store_rebuilds_the_state_a_full_replay_gives(
-    tmp_path_factory, seed: int, sizes: tuple[int, int, int], clean_stop: bool, damage: str
-) -> None:
-    # Given a worker whose local store is a folder that outlives it, stopped cleanly (its
-    # store checkpointed) or crashed (no checkpoint: the store is not trusted), then more
-    # events, and the snapshot topic perhaps damaged meanwhile
-    rng = random.Random(seed)
-    events = generated_log(rng, 5, sum(sizes))
-    a, b = sizes[0], sizes[0] + sizes[1]
-    folder = tmp_path_factory.mktemp("log")
-    stored = dataclasses.replace(EAGER, eviction=EvictionPolicy(idle_ms=0, state_dir=folder / "state"))
-    log = FileLog(folder, partitions=PARTITIONS)
-    await _publish(log, events[:a])
-    async with Run(log, stored) as first:
-        await first.snapshots_cover_everything()
-        await _publish(log, events[a:b])
-        await first.caught_up()
-        if not clean_stop:
-            first.crash()
-    if damage == "corrupt":
-        _corrupt(log, rng, 0.5)
-    elif damage == "missing":
-        shutil.rmtree(log.directory / log.topics.snapshots, ignore_errors=True)
-    await _publish(log, events[b:])
-    # When it starts again on the same folder
-    log = CountingLog(folder, partitions=PARTITIONS)
-    async with Run(log, stored) as second:
-        # Then it holds exactly what a full replay of the log gives
-        assert_holds(second.worker, _log_states(log))
-        snapshots = second.worker.snapshots
-        assert snapshots is not None
-        # and after a clean stop it read no snapshot written before that stop
-        assert snapshots.restarts == (PARTITIONS if clean_stop else 0)
-        if clean_stop:
-            assert log.snapshot_records_read == 0
 
 
 async def test_after_a_clean_stop_a_restart_on_its_store_reads_no_snapshot_and_no_event(tmp_path: Path) -> None:
