@@ -316,6 +316,9 @@ class Snapshotter:
             self.ignored += len(loaded.ignored)
             self.seeks[p] = loaded.seek
             self.restarts += mark is not None
+        if marks:
+            log.info("partitions %s start from the local store's checkpoint: %d snapshot records read since",
+                     sorted(marks), sum(len(found.get(p, [])) for p in marks))  # fmt: skip
         return out
 
     def write_checkpoints(self) -> None:
