@@ -25,8 +25,9 @@ from turnstile.streams.views import ConversationView, TurnView, build_view
 
 log = logging.getLogger(__name__)
 
-# The default bound of a read of a partition this worker does not own.
+# The default bound of a read of a partition this worker does not own, in records and time.
 BOUNDED_READ_RECORDS = 200_000
+READ_TIMEOUT_S = 10.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,18 +60,18 @@ class PartitionReads:
         self.reader, self.topics, self.max_records = reader, topics, max_records
 
     async def whole(self, conversation: str) -> list[Record]:
-        partition = await self.reader.partition_of(conversation)
-        return await self.reader.tail(self.topics.events, partition, 0, self.max_records)
+        partition = await self.reader.partition_of(conversation, READ_TIMEOUT_S)
+        return await self.reader.tail(self.topics.events, partition, 0, self.max_records, READ_TIMEOUT_S)
 
     async def tail(self, conversation: str) -> Tail:
-        partition = await self.reader.partition_of(conversation)
+        partition = await self.reader.partition_of(conversation, READ_TIMEOUT_S)
         try:  # compacted: about one record per conversation of the partition, plus watermarks
-            snapshots = await self.reader.tail(self.topics.snapshots, partition, 0)
+            snapshots = await self.reader.tail(self.topics.snapshots, partition, 0, timeout_s=READ_TIMEOUT_S)
         except Exception as exc:  # no snapshot topic (snapshots off), or it is away: read it all
             log.warning("no snapshots of partition %d for %r, reading it whole: %r", partition, conversation, exc)
             snapshots = []
         start = start_of(conversation, self.topics.snapshots, partition, snapshots)
-        records = await self.reader.tail(self.topics.events, partition, start.offset, self.max_records)
+        records = await self.reader.tail(self.topics.events, partition, start.offset, self.max_records, READ_TIMEOUT_S)
         return Tail(partition, start, records)
 
 
@@ -132,6 +133,8 @@ class Reads:
                 f" hold in memory, and its {exc.records} records exceed the bounded read ({exc.limit}); ask the"
                 " worker that owns it (its /readyz lists its partitions)",
             )
+        except TimeoutError:
+            return Unavailable(503, f"the log did not answer a read of {conversation!r} within {READ_TIMEOUT_S:g} s", 1)
         if view.state.events_applied == 0:
             return Unavailable(404, f"no events of conversation {conversation!r}")
         return view

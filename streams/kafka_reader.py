@@ -141,15 +141,15 @@ async def read_span(
     try:
         tp = TopicPartition(topic, partition)
         consumer.assign([tp])
-        if end is None:
-            end = (await consumer.end_offsets([tp]))[tp]
-        if end <= start:
-            return []
-        if max_records is not None and end - start > max_records:
-            raise ReadTooLarge([partition], end - start, max_records)
-        consumer.seek(tp, start)
         out: list[Record] = []
-        async with asyncio.timeout(timeout_s):
+        async with asyncio.timeout(timeout_s):  # a topic that is not there waits on metadata
+            if end is None:
+                end = (await consumer.end_offsets([tp]))[tp]
+            if end <= start:
+                return []
+            if max_records is not None and end - start > max_records:
+                raise ReadTooLarge([partition], end - start, max_records)
+            consumer.seek(tp, start)
             while await consumer.position(tp) < end:
                 batch = await consumer.getmany(tp, timeout_ms=200)
                 out.extend(record_of(partition, m) for m in batch.get(tp, ()) if m.offset < end)

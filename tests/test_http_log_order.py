@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import uuid
 from collections.abc import AsyncIterator
 
@@ -21,6 +22,7 @@ from turnstile.events import MessageReceived, decode
 from turnstile.handlers.claim import DebouncePolicy
 from turnstile.handlers.providers.scripted import ScriptedProvider
 from turnstile.projections.snapshot import WATERMARK_KEY, encode_watermark
+from turnstile.streams import http_reads
 from turnstile.streams.http_api import HttpServer, build_app
 from turnstile.streams.kafka_log import KafkaLog
 from turnstile.streams.kafka_reader import read_topic
@@ -166,3 +168,21 @@ async def test_a_snapshot_that_does_not_decode_is_read_around(kafka_bootstrap: s
         await log.stop()
     # Then k1's view is its fold from the log, the broken snapshot ignored.
     assert [p["content"] for p in found["pending"]] == ["question 0", "question 1"]
+
+
+async def test_without_a_snapshot_topic_the_tail_is_the_whole_partition_within_the_read_bound(
+    kafka_bootstrap: str,  # noqa: F811
+    fresh_topics: Topics,  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(http_reads, "READ_TIMEOUT_S", 1.0)  # the missing topic's metadata wait
+    topics = dataclasses.replace(fresh_topics, snapshots=f"absent-{uuid.uuid4().hex[:8]}.snapshots")
+    log = KafkaLog(kafka_bootstrap, f"w-{uuid.uuid4().hex[:8]}", topics)
+    await log.start_producer()
+    try:
+        await publish(log, message_event("k1", "question", 1_000, "m1"))
+        tail = await conversation_reader(log).tail("k1")
+    finally:
+        await log.stop()
+    assert tail.start == Start(None, 0) and [r.offset for r in tail.records] == [0]
+    assert tail.view("k1").state.pending["m1"].content == "question"
