@@ -279,3 +279,23 @@ async def test_after_a_clean_stop_a_restart_on_its_store_reads_no_snapshot_and_n
         assert fourth.worker.snapshots is not None and fourth.worker.snapshots.restarts == 0
         assert log.snapshot_records_read > 0
         assert_holds(fourth.worker, _log_states(log))
+
+
+async def test_snapshots_broken_at_a_first_start_are_not_forgotten_by_a_restart_on_its_store(tmp_path: Path) -> None:
+    # Given a log whose every snapshot is broken when a worker with a kept store first starts
+    stored = dataclasses.replace(EAGER, eviction=EvictionPolicy(idle_ms=0, state_dir=tmp_path / "state"))
+    log = FileLog(tmp_path, partitions=PARTITIONS)
+    await _publish(log, generated_log(random.Random(8), 6, 300))
+    async with Run(log) as writer:
+        await writer.snapshots_cover_everything()
+    _corrupt(log, random.Random(1), 1.0)
+    log = FileLog(tmp_path, partitions=PARTITIONS)
+    async with Run(log, stored) as first:  # every conversation folded from offset 0, then snapshotted
+        assert first.worker.snapshots is not None and first.worker.snapshots.ignored > 0
+        await first.snapshots_cover_everything()
+    # When it restarts on its checkpointed store
+    log = CountingLog(tmp_path, partitions=PARTITIONS)
+    async with Run(log, stored) as second:
+        # Then it holds what a full replay gives, from its store
+        assert second.worker.snapshots is not None and second.worker.snapshots.restarts == PARTITIONS
+        assert_holds(second.worker, _log_states(log))
