@@ -142,13 +142,13 @@ class Residency:
         for observer in self.observers:
             observer.forgotten(part.conversations)
 
-    async def close(self, done: dict[int, int], now_ms: int, owes_nothing: Callable[[str], bool]) -> None:
-        """On stop; `done`: what the last commit committed (empty when it was not clean)."""
+    async def close(self, clean: bool, done: dict[int, int], now_ms: int, owes_nothing: Callable[[str], bool]) -> None:
+        """On stop; `done`: what the last commit committed (empty when the stop was not clean)."""
         if self.snapshots is not None:
             if done:  # a clean stop: what changed is snapshotted now, for the next owner
                 self.snapshot(done, now_ms, owes_nothing, final=True)
             await self.snapshots.drain()
-            if done and self.snapshots.drained():  # the store holds what the topic does
+            if clean and self.snapshots.drained():  # the store holds what the topic does
                 self.snapshots.write_checkpoints()
         if self.store is not None:
             self.store.close()

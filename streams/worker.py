@@ -269,7 +269,7 @@ class Worker:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
             done = await self.checkpoint.close(clean=stopped_cleanly)
-            await self.residency.close(done, self.clock.now_ms(), self._owes_nothing)
+            await self.residency.close(stopped_cleanly, done, self.clock.now_ms(), self._owes_nothing)
             if self.replies is not None:
                 await self.replies.aclose()
             await self.log.stop()
