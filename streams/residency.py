@@ -13,10 +13,15 @@ from typing import Protocol
 from turnstile.events import Event
 from turnstile.projections import ConversationState, Status, conversation_status, new_state
 from turnstile.streams.eviction import EvictionPolicy, Evictor, settled
+from turnstile.streams.heap import release_freed_memory
 from turnstile.streams.log import EventLog, Record
 from turnstile.streams.partitions import OwnedPartition, Partitions
 from turnstile.streams.snapshots import Loaded, SnapshotPolicy, Snapshotter
 from turnstile.streams.state_store import StateStore
+
+# An eviction pass that lets this many conversations go hands their memory back to the
+# system (`streams/heap.py`); smaller ones leave it to be reused by the next ones in.
+RELEASE_AFTER_EVICTIONS = 1_000
 
 
 class FoldObserver(Protocol):
@@ -80,6 +85,13 @@ class Residency:
                 observer.evicted(conversation, status)
         loaded.stored = []
 
+    def restored_all(self, loaded: dict[int, Loaded]) -> None:
+        """The assignment's partitions are restored: what decoding their snapshots took
+        beyond the states kept (every record, every settled state) goes back to the system,
+        or the process would stay at that peak."""
+        if loaded:
+            release_freed_memory()
+
     def state_for(self, conversation: str, partition: int) -> ConversationState:
         """The conversation's state to fold an event of it into: in memory, back from the
         store, or a new one's."""
@@ -118,6 +130,8 @@ class Residency:
             self.partitions.remove(conversation)
             for observer in self.observers:
                 observer.evicted(conversation, status)
+        if len(gone) >= RELEASE_AFTER_EVICTIONS:
+            release_freed_memory()
         return gone
 
     def _evictable(self, conversation: str) -> bool:

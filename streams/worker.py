@@ -218,6 +218,7 @@ class Worker:
             else:
                 self.checkpoint.assign(p, start, keep=True)
                 self.partitions[p].reading = True
+        self.residency.restored_all(loaded)
         kept = [p for p in partitions if p not in fresh]
         for p in kept:
             if self.partitions[p].live:
