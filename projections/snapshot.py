@@ -15,13 +15,24 @@ be most of the bytes of a typical conversation -- in the field order documented 
 `_*_v1` / `_*_v2` function below. Sets are written sorted and dicts in their insertion order,
 so the same state always encodes to the same bytes.
 
+Encoding v3 puts a *head* line before that state: `{"snapshot": 3, "covered": N,
+"conversation": id, "status": s, "crc": c}`, a newline, then the state array of v2 (the
+body; orjson writes no raw newline, so the first one ends the head). The head is what
+loading a partition needs of a conversation that stays out of memory -- which one, what
+it covers, whether it is settled -- and `peek_snapshot` reads it without parsing the body,
+whose size grows with the conversation's transcript; `crc` (CRC-32 of the body) makes a
+damaged body as unusable at that point as a damaged head. The body is parsed when the state
+is needed in memory (`decode_snapshot`).
+
 Versions: v2 added the closing verdict of the active turn's attempt (`ActiveTurn.verdict`)
 as the last field of the active turn; everything else is as in v1. A v1 snapshot still
-decodes, upcast (`_upcast_verdict`). Only the newest version is written.
+decodes, upcast (`_upcast_verdict`). v3 added the head; its body is v2's state. Only the
+newest version is written.
 """
 
 from __future__ import annotations
 
+import zlib
 from dataclasses import dataclass
 from typing import Any, NoReturn, TypeVar, get_args
 
@@ -43,9 +54,12 @@ from turnstile.projections.state import (
     PendingInput,
     TurnRecord,
 )
+from turnstile.projections.status import STATUSES, Status, conversation_status
 
-SNAPSHOT_VERSION = 2
-_READABLE = (1, 2)  # every version a snapshot was ever written in
+SNAPSHOT_VERSION = 3
+_READABLE = (1, 2, 3)  # every version a snapshot was ever written in
+_WHOLE = (1, 2)  # those written as one object, without a head
+_HEAD_FIELDS = {"snapshot", "covered", "conversation", "status", "crc"}
 WATERMARK_VERSION = 1  # watermarks did not change with the snapshots' v2
 # What a v1 snapshot says of an attempt it holds closed: that it failed, for a reason the
 # version did not record (see `_upcast_verdict`).
@@ -74,17 +88,103 @@ class SnapshotError:
     detail: str
 
 
+@dataclass(frozen=True, slots=True)
+class SnapshotHead:
+    """What `peek_snapshot` reads of a snapshot without decoding its state: the offset it
+    covers and the conversation's status in it. `state`: the state, when the version has no
+    head to read alone (v1 and v2 are decoded whole)."""
+
+    covered: int
+    status: Status
+    state: ConversationState | None = None
+
+
 def encode_snapshot(state: ConversationState, covered: int) -> bytes:
     if not 0 <= covered < _MAX_INT:
         raise ValueError(f"covered offset {covered} is out of range")
-    return orjson.dumps({"snapshot": SNAPSHOT_VERSION, "covered": covered, "state": _state(state)})
+    body = orjson.dumps(_state(state))
+    head = {"snapshot": SNAPSHOT_VERSION, "covered": covered, "conversation": state.conversation_id,
+            "status": conversation_status(state), "crc": zlib.crc32(body)}  # fmt: skip
+    return orjson.dumps(head) + b"\n" + body
 
 
 def decode_snapshot(value: bytes | None, conversation_id: str | None = None) -> Snapshot | SnapshotError:
     """Bytes to a snapshot; with `conversation_id`, also checks that it is that conversation's
     (a snapshot stored under another key is as unusable as a corrupt one)."""
+    try:
+        head, body = _split(value, conversation_id)
+        if isinstance(head, _Whole):
+            return head.snapshot
+        state = _read_state(_json(body), 2)
+        if state.conversation_id != head.conversation:
+            _bad(f"a head of {head.conversation!r} on the state of {state.conversation_id!r}")
+    except _Invalid as exc:
+        return SnapshotError(str(exc))
+    return Snapshot(state, head.covered)
+
+
+def peek_snapshot(value: bytes | None, conversation_id: str | None = None) -> SnapshotHead | SnapshotError:
+    """What a snapshot covers and the status it holds, reading only its head (v3; older
+    versions are decoded whole). A damaged body is refused (its checksum); a body that
+    passes it is the encoder's output and decodes."""
+    try:
+        head, _body = _split(value, conversation_id)
+    except _Invalid as exc:
+        return SnapshotError(str(exc))
+    if isinstance(head, _Whole):
+        whole = head.snapshot
+        if isinstance(whole, SnapshotError):
+            return whole
+        return SnapshotHead(whole.covered, conversation_status(whole.state), whole.state)
+    return SnapshotHead(head.covered, head.status)
+
+
+@dataclass(frozen=True, slots=True)
+class _Head:
+    conversation: str
+    covered: int
+    status: Status
+
+
+@dataclass(frozen=True, slots=True)
+class _Whole:
+    """A snapshot of a version without a head, decoded whole."""
+
+    snapshot: Snapshot | SnapshotError
+
+
+def _split(value: bytes | None, conversation_id: str | None) -> tuple[_Head | _Whole, bytes]:
+    """A v3 snapshot's head, checked (key, version, checksum), and its body; an older one whole."""
     if value is None:
-        return SnapshotError("empty value")
+        _bad("empty value")
+    first, _, body = value.partition(b"\n")
+    try:
+        doc = orjson.loads(first)
+    except orjson.JSONDecodeError:
+        doc = None  # not a head: an older version (or not a snapshot), read whole below
+    if not isinstance(doc, dict) or "state" in doc:
+        return _Whole(_decode_whole(value, conversation_id)), b""
+    if doc.get("snapshot") != SNAPSHOT_VERSION or isinstance(doc.get("snapshot"), bool):
+        _bad(f"snapshot version {doc.get('snapshot')!r} is not one of {list(_READABLE)}")
+    if set(doc) != _HEAD_FIELDS:
+        _bad(f"expected a head with exactly {sorted(_HEAD_FIELDS)}")
+    conversation = _str(doc["conversation"])
+    if conversation_id is not None and conversation != conversation_id:
+        _bad(f"snapshot of {conversation!r} under the key {conversation_id!r}")
+    if zlib.crc32(body) != doc["crc"]:
+        _bad("the state does not match the head's checksum (damaged)")
+    return _Head(conversation, _int(doc["covered"]), _choice(doc["status"], STATUSES)), body
+
+
+def _json(value: bytes) -> object:
+    try:
+        return orjson.loads(value)
+    except orjson.JSONDecodeError as exc:
+        _bad(f"not JSON: {exc}")
+
+
+def _decode_whole(value: bytes, conversation_id: str | None) -> Snapshot | SnapshotError:
+    """v1 and v2: one object `{"snapshot", "covered", "state"}`."""
     try:
         doc = orjson.loads(value)
     except orjson.JSONDecodeError as exc:
@@ -93,8 +193,8 @@ def decode_snapshot(value: bytes | None, conversation_id: str | None = None) -> 
         if not isinstance(doc, dict) or set(doc) != {"snapshot", "covered", "state"}:
             _bad("expected an object with exactly snapshot, covered and state")
         version = doc["snapshot"]
-        if version not in _READABLE or isinstance(version, bool):
-            _bad(f"snapshot version {version!r} is not one of {list(_READABLE)}")
+        if version not in _WHOLE or isinstance(version, bool):
+            _bad(f"snapshot version {version!r} is not one of {list(_WHOLE)} (v3 has a head line)")
         covered = _int(doc["covered"])
         state = _read_state(doc["state"], version)
     except _Invalid as exc:
@@ -104,7 +204,7 @@ def decode_snapshot(value: bytes | None, conversation_id: str | None = None) -> 
     return Snapshot(state, covered)
 
 
-# -- encoding v2 (as v1 but for the active turn) -------------------------------------------------
+# -- the state of v2 and v3 (as v1 but for the active turn) -------------------------------------------------
 def _state(s: ConversationState) -> list[Any]:
     """[conversation_id, events_applied, history, pending, active, turns, seen_inputs,
     claimed_by, rejected]; the last three are [key, value] pairs."""
@@ -170,7 +270,7 @@ def _turn_v1(t: TurnRecord) -> list[Any]:
     return [t.turn_id, list(t.input_ids), t.outcome, t.attempts, call]
 
 
-# -- decoding v1 and v2 --------------------------------------------------------------------------
+# -- decoding v1, v2 and the body of v3 --------------------------------------------------------------------------
 class _Invalid(Exception):
     pass
 

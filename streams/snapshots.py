@@ -45,10 +45,12 @@ from turnstile.projections import ConversationState, Status, conversation_status
 from turnstile.projections.snapshot import (
     WATERMARK_KEY,
     SnapshotError,
+    SnapshotHead,
     decode_snapshot,
     decode_watermark,
     encode_snapshot,
     encode_watermark,
+    peek_snapshot,
 )
 from turnstile.streams.eviction import SETTLED
 from turnstile.streams.log import Acknowledged, EventLog, Record
@@ -129,7 +131,10 @@ def load_partition(
         watermark, watermark_source = mark.watermark, mark.watermark_source
         for row in store.rows(partition, without_value=SETTLED):
             found[row.conversation] = _Found(row.covered, None, row.value, row.source, False, row.status, False)
-    watermark, watermark_source = _scan(topic, partition, records, found, watermark, watermark_source)
+    # With a store, only the snapshots' heads are read here: a settled conversation stays out
+    # of memory, so its state -- which grows with its transcript -- is not decoded at all.
+    watermark, watermark_source = _scan(topic, partition, records, found, watermark, watermark_source,
+                                        heads=store is not None)  # fmt: skip
     if store is not None:
         for key, entry in found.items():  # the rows that stay out of memory are not decoded
             if entry.state is None and entry.covered >= 0 and entry.status not in SETTLED:
@@ -153,11 +158,12 @@ def load_partition(
 
 
 def _decode_row(topic: str, partition: int, key: str, entry: _Found) -> None:
-    """A stored row that must be in memory. It decoded when it was stored; one that no longer
-    does (a damaged file) is dropped: the conversation is folded from the log instead."""
+    """A snapshot (a stored row, or one whose head only was read) that must be in memory. One
+    whose state does not decode (a damaged file) is dropped: the conversation is folded from
+    the log instead."""
     snapshot = decode_snapshot(entry.value, key)
     if isinstance(snapshot, SnapshotError):
-        log.warning("the local store's snapshot of %r (%s[%d]) does not decode: %s", key, topic, partition,
+        log.warning("the snapshot of %r (%s[%d]) does not decode: %s", key, topic, partition,
                     snapshot.detail)  # fmt: skip
         entry.covered, entry.broken = -1, True
     else:
@@ -193,9 +199,11 @@ def _scan(
     watermark: int = 0,
     watermark_source: int = -1,
     only: str | None = None,
+    heads: bool = False,
 ) -> tuple[int, int]:
     """Into `found`, per conversation (or only `only`) its snapshot covering most; returns
-    the latest watermark (else `watermark`) and its offset in the snapshot topic."""
+    the latest watermark (else `watermark`) and its offset in the snapshot topic. `heads`:
+    read only what the snapshots cover and their status, not their states."""
     for record in records:
         key = (record.key or b"").decode("utf-8", "replace")
         if key == WATERMARK_KEY:
@@ -209,7 +217,7 @@ def _scan(
         if only is not None and key != only:
             continue
         entry = found.setdefault(key, _Found())
-        snapshot = decode_snapshot(record.value, key)
+        snapshot = peek_snapshot(record.value, key) if heads else decode_snapshot(record.value, key)
         if isinstance(snapshot, SnapshotError):
             log.warning(
                 "ignored the snapshot of %r at %s[%d]@%d: %s", key, topic, partition, record.offset, snapshot.detail
@@ -217,7 +225,11 @@ def _scan(
             entry.broken = True
         elif snapshot.covered >= entry.covered:
             entry.covered, entry.value, entry.source = snapshot.covered, record.value or b"", record.offset
-            entry.state, entry.status, entry.fresh = snapshot.state, conversation_status(snapshot.state), True
+            if isinstance(snapshot, SnapshotHead):
+                entry.state, entry.status = snapshot.state, snapshot.status
+            else:
+                entry.state, entry.status = snapshot.state, conversation_status(snapshot.state)
+            entry.fresh = True
     return watermark, watermark_source
 
 

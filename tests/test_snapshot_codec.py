@@ -5,6 +5,7 @@ the decoder raise."""
 from __future__ import annotations
 
 import random
+import zlib
 from pathlib import Path
 
 import orjson
@@ -19,11 +20,14 @@ from turnstile.projections.snapshot import (
     UNRECORDED_VERDICT,
     Snapshot,
     SnapshotError,
+    SnapshotHead,
     decode_snapshot,
     decode_watermark,
     encode_snapshot,
     encode_watermark,
+    peek_snapshot,
 )
+from turnstile.projections.status import conversation_status
 
 GOLDEN = Path(__file__).parent / "golden" / "snapshots"
 
@@ -37,14 +41,37 @@ def test_every_folded_state_round_trips_exactly(seed: int, conversations: int, e
         assert decode_snapshot(value, conversation) == Snapshot(state, 41)
         # the same state always gives the same bytes
         assert encode_snapshot(decode_snapshot(value).state, 41) == value  # type: ignore[union-attr]
+        # and its head says what a load needs without the state
+        assert peek_snapshot(value, conversation) == SnapshotHead(41, conversation_status(state))
 
 
-@pytest.mark.parametrize("path", sorted(GOLDEN.glob(f"v{SNAPSHOT_VERSION}.*.json")), ids=lambda p: p.name)
+# v3 is a head line and a state line: stored as written, no trailing newline (the checksum
+# covers the state's bytes exactly).
+@pytest.mark.parametrize("path", sorted(GOLDEN.glob(f"v{SNAPSHOT_VERSION}.*.snap")), ids=lambda p: p.name)
 def test_golden_snapshots_decode_and_encode_to_the_same_bytes(path: Path) -> None:
-    value = path.read_bytes().strip()
+    value = path.read_bytes()
     snapshot = decode_snapshot(value)
     assert isinstance(snapshot, Snapshot), snapshot
     assert encode_snapshot(snapshot.state, snapshot.covered) == value
+
+
+@pytest.mark.parametrize("path", sorted(GOLDEN.glob("v2.*.json")), ids=lambda p: p.name)
+def test_v2_snapshots_decode_to_the_state_their_v3_golden_holds(path: Path) -> None:
+    # v3 only added the head: a v2 snapshot of a worker of yesterday is the same state.
+    old = decode_snapshot(path.read_bytes())
+    new = decode_snapshot((GOLDEN / path.name.replace("v2.", "v3.", 1).replace(".json", ".snap")).read_bytes())
+    assert isinstance(old, Snapshot) and old == new
+    # peeking at an old version decodes it whole: it has no head
+    assert peek_snapshot(path.read_bytes()) == SnapshotHead(old.covered, conversation_status(old.state), old.state)
+
+
+def test_the_head_is_read_without_the_state_and_a_damaged_state_is_refused_by_it() -> None:
+    value = (GOLDEN / "v3.approval_pending.snap").read_bytes()
+    assert peek_snapshot(value, "gen-1") == SnapshotHead(59, "debouncing")
+    head, body = value.split(b"\n", 1)
+    damaged = head + b"\n" + body.replace(b"gen-1", b"gen-3", 1)
+    for decoded in (peek_snapshot(damaged), decode_snapshot(damaged)):
+        assert isinstance(decoded, SnapshotError) and "checksum" in decoded.detail
 
 
 @pytest.mark.parametrize("path", sorted(GOLDEN.glob("v1.*.json")), ids=lambda p: p.name)
@@ -80,6 +107,15 @@ def test_the_golden_values_hold_the_shapes_a_worker_resumes_from() -> None:
     assert closed.verdict.at == 1767225600900 and "HTTP 500" in closed.verdict.reason
 
 
+_V3_BODY = (GOLDEN / "v3.empty.snap").read_bytes().split(b"\n", 1)[1].replace(b"conv-empty", b"gen-2")
+
+
+def _v3_head(changes: dict[str, object], body: bytes = _V3_BODY) -> bytes:
+    """A v3 snapshot of `body` whose head has `changes` (its checksum is right unless changed)."""
+    head = {"snapshot": 3, "covered": 1, "conversation": "gen-2", "status": "idle", "crc": zlib.crc32(body)}
+    return orjson.dumps({**head, **changes}) + b"\n" + body
+
+
 def _golden_doc() -> dict[str, object]:
     doc = orjson.loads((GOLDEN / "v1.active_turn.json").read_bytes())
     assert isinstance(doc, dict)
@@ -92,7 +128,14 @@ def _golden_doc() -> dict[str, object]:
         (None, "empty value"),
         (b"\xff not json", "not JSON"),
         (b"[1, 2]", "expected an object"),
-        (orjson.dumps({**_golden_doc(), "snapshot": 3}), "snapshot version 3 is not one of [1, 2]"),
+        (orjson.dumps({**_golden_doc(), "snapshot": 3}), "snapshot version 3 is not one of [1, 2] (v3 has a head"),
+        (_v3_head({"snapshot": 4}), "snapshot version 4 is not one of [1, 2, 3]"),
+        (_v3_head({"status": "asleep"}), "expected one of ['idle'"),
+        (_v3_head({"crc": 1}), "checksum"),
+        (_v3_head({"covered": -3}), "non-negative integer"),
+        (_v3_head({"extra": 1}), "expected a head with exactly"),
+        (_v3_head({}, b'["gen-2",'), "not JSON"),
+        (_v3_head({"conversation": "gen-9"}, _V3_BODY), "a head of 'gen-9' on the state of 'gen-2'"),
         (orjson.dumps({**_golden_doc(), "snapshot": True}), "snapshot version True is not one of"),
         (orjson.dumps({**_golden_doc(), "snapshot": 2}), "an array of 22"),
         (orjson.dumps({**_golden_doc(), "covered": -1}), "non-negative integer"),
@@ -105,10 +148,11 @@ def test_bytes_that_are_not_a_snapshot_give_a_reason_instead_of_raising(value: b
     assert isinstance(decoded, SnapshotError) and why in decoded.detail
 
 
-def test_a_snapshot_under_another_conversations_key_is_refused() -> None:
-    value = (GOLDEN / "v1.active_turn.json").read_bytes()
-    decoded = decode_snapshot(value, "someone-else")
-    assert isinstance(decoded, SnapshotError) and "under the key 'someone-else'" in decoded.detail
+@pytest.mark.parametrize("name", ["v1.active_turn.json", "v3.active_turn.snap"])
+def test_a_snapshot_under_another_conversations_key_is_refused(name: str) -> None:
+    value = (GOLDEN / name).read_bytes()
+    for decoded in (decode_snapshot(value, "someone-else"), peek_snapshot(value, "someone-else")):
+        assert isinstance(decoded, SnapshotError) and "under the key 'someone-else'" in decoded.detail
 
 
 def test_a_journal_event_that_no_longer_decodes_makes_the_snapshot_unusable() -> None:

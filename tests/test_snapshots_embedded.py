@@ -12,6 +12,7 @@ from collections import Counter
 from pathlib import Path
 
 import orjson
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from log_generator import fold, generated_log
@@ -103,9 +104,10 @@ def _snapshot_lines(log: FileLog) -> list[Path]:
     return [log.directory / log.topics.snapshots / f"{p}.log" for p in range(PARTITIONS)]
 
 
-def _corrupt(log: FileLog, rng: random.Random, share: float) -> set[str]:
+def _corrupt(log: FileLog, rng: random.Random, share: float, state_only: bool = False) -> set[str]:
     """Overwrite the value of some snapshot records in place (the file log never compacts:
-    a corrupt record stands for one compaction left as the only one of its key)."""
+    a corrupt record stands for one compaction left as the only one of its key).
+    `state_only`: damage the state behind an intact head, which a load reads alone."""
     hit: set[str] = set()
     for path in _snapshot_lines(log):
         if not path.exists():
@@ -113,7 +115,9 @@ def _corrupt(log: FileLog, rng: random.Random, share: float) -> set[str]:
         rows = [orjson.loads(line) for line in path.read_bytes().splitlines()]
         for row in rows:
             if row["key"] and rng.random() < share:
-                row["value"] = "not a snapshot"
+                head, state = row["value"].split("\n", 1)
+                damaged = head + "\n" + state.replace(row["key"], "someone-else")
+                row["value"] = damaged if state_only else "not a snapshot"
                 hit.add(row["key"])
         path.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in rows))
     return hit
@@ -198,12 +202,15 @@ async def test_a_restart_reads_only_the_events_after_the_snapshots(tmp_path: Pat
         assert len(second.reads.page(limit=100).rows) == len(states)
 
 
-async def test_a_corrupt_snapshot_is_ignored_counted_and_its_conversation_replayed(tmp_path: Path, caplog) -> None:
+@pytest.mark.parametrize("state_only", [False, True], ids=["whole", "state behind its head"])
+async def test_a_corrupt_snapshot_is_ignored_counted_and_its_conversation_replayed(
+    tmp_path: Path, caplog, state_only: bool
+) -> None:
     log = FileLog(tmp_path, partitions=PARTITIONS)
     await _publish(log, generated_log(random.Random(5), 6, 300))
     async with Run(log) as first:
         await first.snapshots_cover_everything()
-    corrupted = _corrupt(log, random.Random(1), 1.0)
+    corrupted = _corrupt(log, random.Random(1), 1.0, state_only)
     assert corrupted
     log = FileLog(tmp_path, partitions=PARTITIONS)
     metrics = Metrics()
