@@ -15,18 +15,20 @@ be most of the bytes of a typical conversation -- in the field order documented 
 `_*_v1` / `_*_v2` function below. Sets are written sorted and dicts in their insertion order,
 so the same state always encodes to the same bytes.
 
-Encoding v3 puts a *head* line before that state: `{"snapshot": 3, "covered": N,
-"conversation": id, "status": s, "crc": c}`, a newline, then the state array of v2 (the
-body; orjson writes no raw newline, so the first one ends the head). The head is what
-loading a partition needs of a conversation that stays out of memory -- which one, what
-it covers, whether it is settled -- and `peek_snapshot` reads it without parsing the body,
-whose size grows with the conversation's transcript; `crc` (CRC-32 of the body) makes a
-damaged body as unusable at that point as a damaged head. The body is parsed when the state
-is needed in memory (`decode_snapshot`).
+Encoding v3 puts a *head* line before the state: `{"snapshot": 3, "covered": N,
+"conversation": id, "status": s, "crc": c}`, a newline, then the body: the state array of
+v2, zlib-deflated (level 1). The head is what loading a partition needs of a conversation
+that stays out of memory -- which one, what it covers, whether it is settled -- and
+`peek_snapshot` reads it without touching the body, whose size grows with the
+conversation's transcript; `crc` (CRC-32 of the body's bytes) makes a damaged body as
+unusable at that point as a damaged head. The body is inflated and parsed only when the
+state is needed in memory (`decode_snapshot`); deflated, it is a fraction of the bytes to
+fetch and to store (transcripts are text; ids repeat across history, turns and claims).
+The deflated bytes may differ between zlib builds; the state they hold does not.
 
 Versions: v2 added the closing verdict of the active turn's attempt (`ActiveTurn.verdict`)
 as the last field of the active turn; everything else is as in v1. A v1 snapshot still
-decodes, upcast (`_upcast_verdict`). v3 added the head; its body is v2's state. Only the
+decodes, upcast (`_upcast_verdict`). v3 added the head and deflated v2's state behind it. Only the
 newest version is written.
 """
 
@@ -60,6 +62,9 @@ SNAPSHOT_VERSION = 3
 _READABLE = (1, 2, 3)  # every version a snapshot was ever written in
 _WHOLE = (1, 2)  # those written as one object, without a head
 _HEAD_FIELDS = {"snapshot", "covered", "conversation", "status", "crc"}
+# The fastest level: encoding runs on the worker's loop at its checkpoints, and the state's
+# JSON deflates about as well at 1 as at 6.
+DEFLATE_LEVEL = 1
 WATERMARK_VERSION = 1  # watermarks did not change with the snapshots' v2
 # What a v1 snapshot says of an attempt it holds closed: that it failed, for a reason the
 # version did not record (see `_upcast_verdict`).
@@ -102,7 +107,7 @@ class SnapshotHead:
 def encode_snapshot(state: ConversationState, covered: int) -> bytes:
     if not 0 <= covered < _MAX_INT:
         raise ValueError(f"covered offset {covered} is out of range")
-    body = orjson.dumps(_state(state))
+    body = zlib.compress(orjson.dumps(_state(state)), DEFLATE_LEVEL)
     head = {"snapshot": SNAPSHOT_VERSION, "covered": covered, "conversation": state.conversation_id,
             "status": conversation_status(state), "crc": zlib.crc32(body)}  # fmt: skip
     return orjson.dumps(head) + b"\n" + body
@@ -115,7 +120,7 @@ def decode_snapshot(value: bytes | None, conversation_id: str | None = None) -> 
         head, body = _split(value, conversation_id)
         if isinstance(head, _Whole):
             return head.snapshot
-        state = _read_state(_json(body), 2)
+        state = _read_state(_json(_inflate(body)), 2)
         if state.conversation_id != head.conversation:
             _bad(f"a head of {head.conversation!r} on the state of {state.conversation_id!r}")
     except _Invalid as exc:
@@ -174,6 +179,13 @@ def _split(value: bytes | None, conversation_id: str | None) -> tuple[_Head | _W
     if zlib.crc32(body) != doc["crc"]:
         _bad("the state does not match the head's checksum (damaged)")
     return _Head(conversation, _int(doc["covered"]), _choice(doc["status"], STATUSES)), body
+
+
+def _inflate(body: bytes) -> bytes:
+    try:
+        return zlib.decompress(body)
+    except zlib.error as exc:
+        _bad(f"the state does not inflate: {exc}")
 
 
 def _json(value: bytes) -> object:

@@ -5,6 +5,7 @@ replaying a conversation whose snapshot is corrupt or missing."""
 from __future__ import annotations
 
 import asyncio
+import base64
 import dataclasses
 import random
 import shutil
@@ -115,9 +116,12 @@ def _corrupt(log: FileLog, rng: random.Random, share: float, state_only: bool = 
         rows = [orjson.loads(line) for line in path.read_bytes().splitlines()]
         for row in rows:
             if row["key"] and rng.random() < share:
-                head, state = row["value"].split("\n", 1)
-                damaged = head + "\n" + state.replace(row["key"], "someone-else")
-                row["value"] = damaged if state_only else "not a snapshot"
+                if state_only:  # a snapshot's value is binary (its state is deflated): base64 in the file
+                    value = base64.b64decode(row["value_b64"])
+                    row["value_b64"] = base64.b64encode(value[:-4] + bytes(4)).decode("ascii")
+                else:
+                    row.pop("value_b64", None)
+                    row["value"] = "not a snapshot"
                 hit.add(row["key"])
         path.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in rows))
     return hit
