@@ -14,10 +14,11 @@ the start so it only folds, never claims:
   local store (a partition that moved to a new machine);
 * *restart on its store*: the writer's own local store, which outlived it (a volume) and
   which its clean stop checkpointed: only the snapshot records written since are read.
-All passes share one consumer group, so the timed ones start as a restart does (committed
-offsets at the end). The window is from the worker's `on_assigned` being called to every
-assigned partition being live (polled every 5 ms), the same for both; the group join before
-it is not counted.
+Every pass runs with the garbage collector held while it replays (`ReplayGc`, as `turnstile
+run` does; loading the snapshots counts as replaying). All passes share one consumer group,
+so the timed ones start as a restart does (committed offsets at the end). The window is
+from the worker's `on_assigned` being called to every assigned partition being live
+(polled every 5 ms), the same for both; the group join before it is not counted.
 
 Memory (b): after the with-snapshots pass has gone live, 1,000 of the conversations get a
 message (they come back from the local store and stay pending: the worker is draining);
@@ -45,6 +46,7 @@ from turnstile.streams.eviction import EvictionPolicy
 from turnstile.streams.kafka_log import KafkaLog
 from turnstile.streams.log import PartitionStart, Topics
 from turnstile.streams.publisher import message_event, publish
+from turnstile.streams.replay_gc import ReplayGc
 from turnstile.streams.runtime import SystemClock
 from turnstile.streams.snapshots import SnapshotPolicy
 from turnstile.streams.worker import FROM_THE_LOG, Worker, WorkerConfig
@@ -94,7 +96,9 @@ async def _pass(
     broker: Broker, topics: Topics, config: WorkerConfig, label: str, active: int = 0, write: bool = False
 ) -> Pass:
     """`write`: stay until every change is on the snapshot topic, watermarks included."""
-    worker = _Timed(KafkaLog(broker.bootstrap, _group(topics), topics), ScriptedProvider(), config)
+    # With the collector held while it replays, as `turnstile run` gives it (`serving.py`).
+    log_ = KafkaLog(broker.bootstrap, _group(topics), topics)
+    worker = _Timed(log_, ScriptedProvider(), config, replay_hooks=ReplayGc())
     worker.draining = True  # it only folds: the log stays as filled
     stop = asyncio.Event()
     task = asyncio.create_task(worker.run(stop))

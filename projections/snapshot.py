@@ -34,6 +34,7 @@ newest version is written.
 
 from __future__ import annotations
 
+import contextlib
 import zlib
 from dataclasses import dataclass
 from typing import Any, NoReturn, TypeVar, get_args
@@ -158,17 +159,18 @@ class _Whole:
     snapshot: Snapshot | SnapshotError
 
 
-def _split(value: bytes | None, conversation_id: str | None) -> tuple[_Head | _Whole, bytes]:
-    """A v3 snapshot's head, checked (key, version, checksum), and its body; an older one whole."""
+def _split(value: bytes | None, conversation_id: str | None) -> tuple[_Head | _Whole, memoryview]:
+    """A v3 snapshot's head, checked (key, version, checksum), and its body (a view: a load
+    checks the body of every snapshot and copies none); an older one whole."""
     if value is None:
         _bad("empty value")
-    first, _, body = value.partition(b"\n")
-    try:
-        doc = orjson.loads(first)
-    except orjson.JSONDecodeError:
-        doc = None  # not a head: an older version (or not a snapshot), read whole below
+    cut = value.find(b"\n")
+    doc = None  # not a head: an older version (or not a snapshot), read whole below
+    if cut >= 0:
+        with contextlib.suppress(orjson.JSONDecodeError):
+            doc = orjson.loads(value[:cut])
     if not isinstance(doc, dict) or "state" in doc:
-        return _Whole(_decode_whole(value, conversation_id)), b""
+        return _Whole(_decode_whole(value, conversation_id)), memoryview(b"")
     if doc.get("snapshot") != SNAPSHOT_VERSION or isinstance(doc.get("snapshot"), bool):
         _bad(f"snapshot version {doc.get('snapshot')!r} is not one of {list(_READABLE)}")
     if set(doc) != _HEAD_FIELDS:
@@ -176,12 +178,13 @@ def _split(value: bytes | None, conversation_id: str | None) -> tuple[_Head | _W
     conversation = _str(doc["conversation"])
     if conversation_id is not None and conversation != conversation_id:
         _bad(f"snapshot of {conversation!r} under the key {conversation_id!r}")
+    body = memoryview(value)[cut + 1 :]
     if zlib.crc32(body) != doc["crc"]:
         _bad("the state does not match the head's checksum (damaged)")
     return _Head(conversation, _int(doc["covered"]), _choice(doc["status"], STATUSES)), body
 
 
-def _inflate(body: bytes) -> bytes:
+def _inflate(body: memoryview) -> bytes:
     try:
         return zlib.decompress(body)
     except zlib.error as exc:

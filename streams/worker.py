@@ -206,6 +206,8 @@ class Worker:
         self._rebalances += 1
         await self.handover.hand_over(self.handover.moved(partitions))
         fresh = [p for p in partitions if (part := self.partitions.get(p)) is None or not part.suspended]
+        if fresh:  # loading their snapshots is part of their replay (for the hooks: the GC held)
+            self.pace.note(True)
         loaded = await self.residency.load(fresh)
         ignored = sum(len(one.ignored) for one in loaded.values())
         if ignored and self.metrics is not None:

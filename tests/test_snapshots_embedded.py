@@ -227,6 +227,39 @@ async def test_a_corrupt_snapshot_is_ignored_counted_and_its_conversation_replay
     assert "ignored the snapshot of" in caplog.text
 
 
+class _ReplayCalls:
+    """Replay hooks that note what they are told (`ReplayGc` holds the collector between)."""
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+
+    def replaying(self) -> None:
+        self.calls.append("replaying")
+
+    def replay_slice(self) -> None:
+        pass
+
+    def replayed(self) -> None:
+        self.calls.append("replayed")
+
+
+async def test_loading_snapshots_is_part_of_the_replay_the_hooks_are_told_of(tmp_path: Path) -> None:
+    # Given a log whose every event a snapshot covers
+    log = FileLog(tmp_path, partitions=PARTITIONS)
+    await _publish(log, generated_log(random.Random(3), 4, 120))
+    async with Run(log) as first:
+        await first.snapshots_cover_everything()
+    # when a new worker takes the partitions over (nothing left to fold after the snapshots)
+    second = Run(FileLog(tmp_path, partitions=PARTITIONS))
+    hooks = _ReplayCalls()
+    second.worker.pace.hooks = hooks
+    async with second:
+        pass
+    # then its hooks heard of the load as a replay: the collector is held while it decodes
+    assert hooks.calls == ["replaying", "replayed"]
+    assert second.worker.snapshots is not None and second.worker.snapshots.seeks == _ends(log)
+
+
 async def test_without_snapshots_the_worker_replays_from_the_beginning(tmp_path: Path) -> None:
     log = FileLog(tmp_path, partitions=PARTITIONS)
     await _publish(log, generated_log(random.Random(8), 4, 200))
