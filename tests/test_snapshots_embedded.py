@@ -17,7 +17,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from log_generator import fold, generated_log
-from worker_harness import FAST, events_of, running, until
+from worker_harness import FAST, ReplayCalls, events_of, running, until
 
 from turnstile.events import DecodeError, Event, TurnClaimed, TurnCompleted, decode, encode
 from turnstile.handlers.providers.scripted import ScriptedProvider
@@ -227,22 +227,6 @@ async def test_a_corrupt_snapshot_is_ignored_counted_and_its_conversation_replay
     assert "ignored the snapshot of" in caplog.text
 
 
-class _ReplayCalls:
-    """Replay hooks that note what they are told (`ReplayGc` holds the collector between)."""
-
-    def __init__(self) -> None:
-        self.calls: list[str] = []
-
-    def replaying(self) -> None:
-        self.calls.append("replaying")
-
-    def replay_slice(self) -> None:
-        pass
-
-    def replayed(self) -> None:
-        self.calls.append("replayed")
-
-
 async def test_loading_snapshots_is_part_of_the_replay_the_hooks_are_told_of(tmp_path: Path) -> None:
     # Given a log whose every event a snapshot covers
     log = FileLog(tmp_path, partitions=PARTITIONS)
@@ -251,7 +235,7 @@ async def test_loading_snapshots_is_part_of_the_replay_the_hooks_are_told_of(tmp
         await first.snapshots_cover_everything()
     # when a new worker takes the partitions over (nothing left to fold after the snapshots)
     second = Run(FileLog(tmp_path, partitions=PARTITIONS))
-    hooks = _ReplayCalls()
+    hooks = ReplayCalls()
     second.worker.pace.hooks = hooks
     async with second:
         pass

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 
 from builders import claim, message, started
-from worker_harness import FAST, events_of, running, until
+from worker_harness import FAST, ReplayCalls, events_of, running, until
 
 from turnstile.events import (
     AttemptFailed,
@@ -176,25 +176,11 @@ async def test_later_turns_send_the_whole_history_with_the_workers_rendered_cach
     ]
 
 
-class _Hooks:
-    def __init__(self) -> None:
-        self.calls: list[str] = []
-
-    def replaying(self) -> None:
-        self.calls.append("replaying")
-
-    def replay_slice(self) -> None:
-        pass  # told between slices; the order of start and end is what this test checks
-
-    def replayed(self) -> None:
-        self.calls.append("replayed")
-
-
 async def test_replay_hooks_are_told_when_replay_starts_and_when_every_partition_is_live(tmp_path):
     log = FileLog(tmp_path, partitions=2)
     for i in range(20):
         await publish(log, message_event(f"c{i}", f"question {i}", NOW(), f"m{i}"))
-    hooks = _Hooks()
+    hooks = ReplayCalls()
     worker = Worker(log, ScriptedProvider(), FAST, replay_hooks=hooks)
     stop = asyncio.Event()
     task = asyncio.create_task(worker.run(stop))

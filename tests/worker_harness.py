@@ -81,3 +81,19 @@ async def until(condition: Callable[[], bool], timeout_s: float = 10.0) -> None:
         if asyncio.get_running_loop().time() > deadline:
             raise AssertionError("condition not reached in time")
         await asyncio.sleep(0.02)
+
+
+class ReplayCalls:
+    """Replay hooks (`Worker(replay_hooks=...)`) that note when replay starts and ends."""
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+
+    def replaying(self) -> None:
+        self.calls.append("replaying")
+
+    def replay_slice(self) -> None:
+        pass  # told between slices; the order of start and end is what the tests check
+
+    def replayed(self) -> None:
+        self.calls.append("replayed")
