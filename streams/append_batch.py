@@ -35,7 +35,7 @@ from aiokafka import AIOKafkaProducer
 from turnstile.streams.log import Landed
 
 # A record's bytes in a batch beyond its key and value (attributes, varints, headers count).
-RECORD_OVERHEAD_BYTES = 64
+BATCHED_RECORD_OVERHEAD_BYTES = 64
 
 
 @dataclass(slots=True)
@@ -55,7 +55,7 @@ class AppendBatcher:
     ) -> None:
         """`limit(topic)`: the most bytes of key and value one record of `topic` may carry
         alone (the batch's own overhead already set aside), and what a batch of several
-        carries with `RECORD_OVERHEAD_BYTES` counted for each; `refused(exc)`: the error a
+        carries with `BATCHED_RECORD_OVERHEAD_BYTES` counted for each; `refused(exc)`: the error a
         failed send becomes for its waiters."""
         self._producer = producer
         self._limit = limit
@@ -126,7 +126,7 @@ class AppendBatcher:
         out: list[tuple[Any, list[_Pending]]] = []
         batch, group, size = producer.create_batch(), list[_Pending](), 0
         for item in items:
-            cost = len(item.value) + len(item.key or b"") + RECORD_OVERHEAD_BYTES
+            cost = len(item.value) + len(item.key or b"") + BATCHED_RECORD_OVERHEAD_BYTES
             if group and size + cost > limit:
                 out.append((batch, group))
                 batch, group, size = producer.create_batch(), [], 0

@@ -25,6 +25,11 @@ class FoldWatch:
         self._waits: dict[int, list[tuple[int, asyncio.Future[None]]]] = {}
         worker.fold_observers.append(self)
 
+    def detach(self) -> None:
+        """No longer observe the worker's fold (its waits run out)."""
+        with contextlib.suppress(ValueError):
+            self._worker.fold_observers.remove(self)
+
     async def until_folded(self, partition: int, offset: int, timeout_s: float) -> bool:
         """Whether the worker has folded `partition` past `offset` within `timeout_s`."""
         if self._worker.folded_past(partition, offset):

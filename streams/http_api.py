@@ -243,6 +243,12 @@ def build_app(
     middlewares: list[Middleware] = [_json_errors, _bearer(token) if token else _same_origin]
     app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=middlewares)  # type: ignore[arg-type]
     watch = FoldWatch(worker) if worker is not None else None
+    if watch is not None:  # the app's watch leaves the worker's observers with the app
+
+        async def detach_watch(_app: web.Application) -> None:
+            watch.detach()
+
+        app.on_cleanup.append(detach_watch)
 
     def folded_use(conversation: str, message_id: str) -> tuple[str, ConversationState] | None:
         """The fingerprint of the id's first use on the log, if this worker has folded it."""

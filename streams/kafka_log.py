@@ -54,7 +54,7 @@ BROKER_DEFAULT_MAX_MESSAGE_BYTES = 1_048_588
 POLL_RECORDS = 250
 # What a record batch of one record adds to its key and value: the batch header (61 bytes)
 # and the record's own varints and attributes, rounded up.
-RECORD_OVERHEAD_BYTES = 128
+LONE_RECORD_OVERHEAD_BYTES = 128
 _NEVER_WRITABLE = (
     MessageSizeTooLargeError,
     RecordTooLargeError,
@@ -279,7 +279,7 @@ class KafkaLog:
 
     def max_value_bytes(self, topic: str, key: str | None) -> int:
         limit = min(MAX_REQUEST_BYTES, self.max_message_bytes.get(topic, BROKER_DEFAULT_MAX_MESSAGE_BYTES))
-        return limit - RECORD_OVERHEAD_BYTES - len((key or "").encode())
+        return limit - LONE_RECORD_OVERHEAD_BYTES - len((key or "").encode())
 
     async def send(
         self, topic: str, key: str, value: bytes, partition: int | None = None

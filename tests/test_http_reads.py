@@ -99,6 +99,19 @@ async def test_a_partition_still_replaying_is_a_503_with_retry_after(tmp_path: P
         assert "still replaying" in response.json()["error"]
 
 
+async def test_a_stopped_port_no_longer_watches_the_workers_fold(tmp_path: Path) -> None:
+    """A worker outlives ports built on it (a restarted HTTP server, tests): each port's
+    wait for the fold leaves the worker's observers when the port stops."""
+    log = FileLog(tmp_path)
+    worker = Worker(log, ScriptedProvider(), FAST)
+    before = list(worker.fold_observers)
+    for _ in range(3):
+        async with client_of(HttpServer(build_app(log, no_log_read, worker=worker), "127.0.0.1", 0)) as c:
+            assert (await c.get("/healthz")).status_code == 200
+            assert len(worker.fold_observers) == len(before) + 1
+    assert worker.fold_observers == before
+
+
 async def test_a_conversation_not_held_is_read_boundedly_and_refused_past_the_bound(tmp_path: Path) -> None:
     log = FileLog(tmp_path)
     c = claim(["m1"], 20, 0, conv="c1")
