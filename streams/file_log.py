@@ -40,6 +40,8 @@ __all__ = ["FileLog", "FileReader", "LogOwned", "partition_for"]
 # can yield), and the bytes a partition reader reads at a time.
 POLL_RECORDS = 256
 _READ_BYTES = 256 << 10
+# Records a whole-partition read hands on at a time (`read_partitions`, `read_all`).
+READ_CHUNK = 10_000
 
 
 class _OwnerLock:
@@ -284,7 +286,7 @@ class FileLog:
         ]
         if from_end:
             for p, reader in readers:
-                while reader.path.exists() and reader.read(p, 10_000):
+                while reader.path.exists() and reader.read(p, READ_CHUNK):
                     pass
         while True:
             quiet = True
@@ -298,9 +300,14 @@ class FileLog:
 
     async def read_partitions(
         self, topic: str, partitions: list[int], starts: Mapping[int, int] | None = None
-    ) -> dict[int, list[Record]]:
+    ) -> AsyncIterator[list[Record]]:
         first = starts or {}
-        return {p: [r for r in self.read_all(topic, p) if r.offset >= first.get(p, 0)] for p in partitions}
+        for p in partitions:
+            path = self.directory / topic / f"{p}.log"
+            reader = _PartitionReader(path) if path.exists() else None
+            while reader is not None and (batch := reader.read(p, READ_CHUNK)):
+                if chunk := [r for r in batch if r.offset >= first.get(p, 0)]:
+                    yield chunk
 
     def read_all(self, topic: str, partition: int | None = None) -> list[Record]:
         """Every record of a topic (or of one of its partitions), partition by partition."""
@@ -309,7 +316,7 @@ class FileLog:
             path = self.directory / topic / f"{p}.log"
             if path.exists():
                 reader = _PartitionReader(path)
-                while batch := reader.read(p, 10_000):
+                while batch := reader.read(p, READ_CHUNK):
                     out.extend(batch)
         return out
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -310,10 +310,10 @@ class KafkaLog:
             except Exception as exc:  # a rebalance in progress: the next commit carries it
                 log.warning("offset commit skipped: %s", exc)
 
-    async def read_partitions(
+    def read_partitions(
         self, topic: str, partitions: list[int], starts: Mapping[int, int] | None = None
-    ) -> dict[int, list[Record]]:
-        return await read_partitions(self.bootstrap, topic, partitions, READ_TIMEOUT_S, starts)
+    ) -> AsyncIterator[list[Record]]:
+        return read_partitions(self.bootstrap, topic, partitions, READ_TIMEOUT_S, starts)
 
     async def flush(self) -> None:
         await self._batcher.drain()

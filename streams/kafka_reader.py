@@ -69,19 +69,42 @@ async def read_to_end(
     """Every record of `partitions` from the beginning (or the offset `starts` gives) up to
     their end at the time of the call, in partition order. `max_records`: refuse
     (`ReadTooLarge`) before reading any when they hold more."""
-    starts = starts or {}
-    if from_first := [tp for tp in partitions if tp.partition not in starts]:
-        await consumer.seek_to_beginning(*from_first)
-    for tp in partitions:
-        if tp.partition in starts:
-            consumer.seek(tp, starts[tp.partition])
-    ends = await consumer.end_offsets(partitions)
+    ends = await _positioned(consumer, partitions, starts or {})
     if max_records is not None:
         firsts = await consumer.beginning_offsets(partitions)
         held = sum(ends[tp] - firsts[tp] for tp in partitions)
         if held > max_records:
             raise ReadTooLarge([tp.partition for tp in partitions], held, max_records)
     out: list[Record] = []
+    async for chunk in _chunks_to_end(consumer, partitions, timeout_s, ends, starts):
+        out.extend(chunk)
+    return sorted(out, key=lambda r: (r.partition, r.offset))
+
+
+async def _positioned(
+    consumer: AIOKafkaConsumer, partitions: list[TopicPartition], starts: Mapping[int, int]
+) -> dict[TopicPartition, int]:
+    """The consumer at each partition's start (its first offset, or the one `starts` gives);
+    returns their ends now."""
+    if from_first := [tp for tp in partitions if tp.partition not in starts]:
+        await consumer.seek_to_beginning(*from_first)
+    for tp in partitions:
+        if tp.partition in starts:
+            consumer.seek(tp, starts[tp.partition])
+    ends: dict[TopicPartition, int] = await consumer.end_offsets(partitions)
+    return ends
+
+
+async def _chunks_to_end(
+    consumer: AIOKafkaConsumer,
+    partitions: list[TopicPartition],
+    timeout_s: float,
+    ends: Mapping[TopicPartition, int],
+    starts: Mapping[int, int] | None = None,
+) -> AsyncIterator[list[Record]]:
+    """The records of the positioned `partitions` up to `ends`, as fetched: a chunk of one
+    partition at a time, in its order."""
+    starts = starts or {}
     remaining = {tp for tp in partitions if ends[tp] > starts.get(tp.partition, 0)}
     deadline = asyncio.get_running_loop().time() + timeout_s
     while remaining:
@@ -90,10 +113,10 @@ async def read_to_end(
             state = {tp.partition: (await consumer.position(tp), ends[tp]) for tp in remaining}
             raise TimeoutError(f"partitions not read to the end: (position, end) {state}")
         for tp, messages in batch.items():
-            out.extend(record_of(tp.partition, m) for m in messages if m.offset < ends[tp])
+            if chunk := [record_of(tp.partition, m) for m in messages if m.offset < ends[tp]]:
+                yield chunk
             if await consumer.position(tp) >= ends[tp]:
                 remaining.discard(tp)
-    return sorted(out, key=lambda r: (r.partition, r.offset))
 
 
 async def read_topic(bootstrap: str, topic: str, timeout_s: float = 30.0) -> list[Record]:
@@ -104,16 +127,15 @@ async def read_topic(bootstrap: str, topic: str, timeout_s: float = 30.0) -> lis
 
 async def read_partitions(
     bootstrap: str, topic: str, partitions: list[int], timeout_s: float = 30.0, starts: Mapping[int, int] | None = None
-) -> dict[int, list[Record]]:
+) -> AsyncIterator[list[Record]]:
     """The records of these partitions of `topic` (from the offsets `starts` gives), up to
-    their end at the time of the call."""
+    their end at the time of the call, a fetched batch of one partition at a time."""
     async with group_less_consumer(bootstrap, topic, timeout_s) as (consumer, assigned):
         wanted = [tp for tp in assigned if tp.partition in partitions]
         consumer.pause(*(tp for tp in assigned if tp not in wanted))
-        out: dict[int, list[Record]] = {p: [] for p in partitions}
-        for record in await read_to_end(consumer, wanted, timeout_s, starts=starts):
-            out[record.partition].append(record)
-        return out
+        ends = await _positioned(consumer, wanted, starts or {})
+        async for chunk in _chunks_to_end(consumer, wanted, timeout_s, ends, starts):
+            yield chunk
 
 
 async def read_conversation(

@@ -201,12 +201,13 @@ class EventLog(Protocol):
 
     async def commit(self, offsets: dict[int, int]) -> None: ...
 
-    async def read_partitions(
+    def read_partitions(
         self, topic: str, partitions: list[int], starts: Mapping[int, int] | None = None
-    ) -> dict[int, list[Record]]:
+    ) -> AsyncIterator[list[Record]]:
         """The records of these partitions of any topic, from their first (or the offset
         `starts` gives) to their end at the time of the call, outside the consumer group
-        (nothing is committed)."""
+        (nothing is committed). They come in chunks, each of one partition and in its
+        order, so that a reader of a large topic holds one chunk at a time."""
         ...
 
     async def flush(self) -> None:

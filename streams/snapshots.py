@@ -9,7 +9,7 @@ conversation at or below it. Beside them each partition has a *watermark* record
 key): "every conversation with an event below W has a snapshot, written before this
 record, that includes its events below W". A new owner
 
-1. reads the snapshot partition (`load_partition`): per conversation the decodable
+1. reads the snapshot partition (`PartitionLoad`): per conversation the decodable
    snapshot covering most (every writer folds the same log, so each is a true state at
    its offset), and the latest watermark;
 2. reads the events partition from the watermark, skipping each event at or below its
@@ -37,7 +37,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
 from turnstile.events import Event
@@ -118,43 +118,76 @@ class _Found:
     fresh: bool = True  # read from the topic now (not a row the store holds already)
 
 
-def load_partition(
-    topic: str, partition: int, records: list[Record], store: StateStore | None = None, mark: Checkpoint | None = None
-) -> Loaded:
-    """From the records of a partition of the snapshot topic (put in `store`, if given):
-    where the events partition must be read from, and the states it starts with. With the
-    store's checkpoint `mark`, `records` are those from `mark.snapshots_to` on, over the rows
-    the store holds: only what changed since is decoded."""
-    found: dict[str, _Found] = {}
-    watermark, watermark_source = 0, -1
-    if store is not None and mark is not None:
-        watermark, watermark_source = mark.watermark, mark.watermark_source
-        for row in store.rows(partition, without_value=SETTLED):
-            found[row.conversation] = _Found(row.covered, None, row.value, row.source, False, row.status, False)
-    # With a store, only the snapshots' heads are read here: a settled conversation stays out
-    # of memory, so its state -- which grows with its transcript -- is not decoded at all.
-    watermark, watermark_source = _scan(topic, partition, records, found, watermark, watermark_source,
-                                        heads=store is not None)  # fmt: skip
-    if store is not None:
-        for key, entry in found.items():  # the rows that stay out of memory are not decoded
-            if entry.state is None and entry.covered >= 0 and entry.status not in SETTLED:
-                _decode_row(topic, partition, key, entry)
-    seek = min([watermark, *(_reads_from(entry, watermark, watermark_source) for entry in found.values())])
-    ignored = [key for key, entry in found.items() if entry.covered < 0]
-    if ignored:
-        log.warning("%d conversation(s) of partition %d have no usable snapshot: replaying it from 0", len(ignored),
-                    partition)  # fmt: skip
-    usable = {key: entry for key, entry in found.items() if entry.covered >= 0}
-    if store is not None:
-        rows = (Stored(key, partition, e.covered, e.source, e.status, e.value) for key, e in usable.items() if e.fresh)
-        store.put(rows)
-    covered = {key: entry.covered for key, entry in usable.items()}
-    if store is None:
-        states = {key: entry.state for key, entry in usable.items() if entry.state is not None}
-        return Loaded(seek, covered, states, [], ignored, watermark, watermark_source)
-    resident = {key: e.state for key, e in usable.items() if e.state is not None and e.status not in SETTLED}
-    stored = [(key, e.status) for key, e in usable.items() if e.status in SETTLED]
-    return Loaded(seek, covered, resident, stored, ignored, watermark, watermark_source)
+class PartitionLoad:
+    """A newly assigned partition's snapshot records, taken in chunk by chunk as they are read
+    (put in `store`, if given): where its events partition must be read from, and the
+    states it starts with (`finish`). With the store's checkpoint `mark`, the records are
+    those from `mark.snapshots_to` on, over the rows the store holds: only what changed
+    since is decoded.
+
+    With a store, a settled conversation's snapshot goes into it as soon as its chunk is
+    read and only its head stays here: a load holds a chunk of records and a head per
+    conversation, not every record of the partition (a million conversations' snapshots
+    would be gigabytes at once)."""
+
+    def __init__(self, topic: str, partition: int, store: StateStore | None = None, mark: Checkpoint | None = None):
+        self.topic, self.partition, self.store = topic, partition, store
+        self.found: dict[str, _Found] = {}
+        self.watermark, self.watermark_source = 0, -1
+        self.read_to = mark.snapshots_to if mark is not None else 0  # past the last record taken in
+        if store is not None and mark is not None:
+            self.watermark, self.watermark_source = mark.watermark, mark.watermark_source
+            for row in store.rows(partition, without_value=SETTLED):
+                self.found[row.conversation] = _Found(row.covered, None, row.value, row.source, False, row.status,
+                                                      False)  # fmt: skip
+
+    def add(self, records: list[Record]) -> None:
+        """The next records of the partition, in its order."""
+        if not records:
+            return
+        self.read_to = records[-1].offset + 1
+        # With a store, only the snapshots' heads are read: a settled conversation stays out
+        # of memory, so its state -- which grows with its transcript -- is not decoded at all.
+        self.watermark, self.watermark_source = _scan(
+            self.topic, self.partition, records, self.found, self.watermark, self.watermark_source,
+            heads=self.store is not None,
+        )  # fmt: skip
+        if self.store is not None:
+            self.store.put(self._settled_in(records))
+
+    def _settled_in(self, records: list[Record]) -> Iterator[Stored]:
+        """The rows of the conversations these records settled, each once; their bytes leave
+        `found` (the head stays)."""
+        for key in {(r.key or b"").decode("utf-8", "replace") for r in records}:
+            entry = self.found.get(key)
+            if entry is not None and entry.fresh and entry.covered >= 0 and entry.status in SETTLED:
+                yield Stored(key, self.partition, entry.covered, entry.source, entry.status, entry.value)
+                entry.value, entry.fresh = b"", False
+
+    def finish(self) -> Loaded:
+        found, store, partition = self.found, self.store, self.partition
+        if store is not None:
+            for key, entry in found.items():  # the rows that stay out of memory are not decoded
+                if entry.state is None and entry.covered >= 0 and entry.status not in SETTLED:
+                    _decode_row(self.topic, partition, key, entry)
+        watermark, watermark_source = self.watermark, self.watermark_source
+        seek = min([watermark, *(_reads_from(entry, watermark, watermark_source) for entry in found.values())])
+        ignored = [key for key, entry in found.items() if entry.covered < 0]
+        if ignored:
+            log.warning("%d conversation(s) of partition %d have no usable snapshot: replaying it from 0",
+                        len(ignored), partition)  # fmt: skip
+        usable = {key: entry for key, entry in found.items() if entry.covered >= 0}
+        covered = {key: entry.covered for key, entry in usable.items()}
+        if store is None:
+            states = {key: entry.state for key, entry in usable.items() if entry.state is not None}
+            return Loaded(seek, covered, states, [], ignored, watermark, watermark_source)
+        # A stored row of a conversation folded from 0 would be an older state than the
+        # fold's: it goes.
+        store.forget(ignored)
+        store.put(Stored(k, partition, e.covered, e.source, e.status, e.value) for k, e in usable.items() if e.fresh)
+        resident = {key: e.state for key, e in usable.items() if e.state is not None and e.status not in SETTLED}
+        stored = [(key, e.status) for key, e in usable.items() if e.status in SETTLED]
+        return Loaded(seek, covered, resident, stored, ignored, watermark, watermark_source)
 
 
 def _decode_row(topic: str, partition: int, key: str, entry: _Found) -> None:
@@ -181,7 +214,7 @@ class Start:
 
 def start_of(conversation: str, topic: str, partition: int, records: list[Record]) -> Start:
     """From the records of the conversation's partition of the snapshot topic, by the rule of
-    `load_partition`: its snapshot covering most, and where its events must be read from.
+    `PartitionLoad`: its snapshot covering most, and where its events must be read from.
     Only its own snapshots are decoded."""
     found: dict[str, _Found] = {}
     watermark, watermark_source = _scan(topic, partition, records, found, only=conversation)
@@ -304,31 +337,35 @@ class Snapshotter:
         self.restarts = 0  # partitions loaded from the store's checkpoint rather than the topic
 
     async def load(self, partitions: list[int]) -> dict[int, Loaded]:
-        """The partitions' snapshots, read in one go; none (a full replay) when they cannot
-        be read: a snapshot topic that is away must cost time, never the assignment."""
+        """The partitions' snapshots, read chunk by chunk; none (a full replay) when they
+        cannot be read: a snapshot topic that is away must cost time, never the assignment."""
+        if not partitions:
+            return {}
         topic = self.log.topics.snapshots
         # A checkpoint of the store (a clean stop's, on this machine): read only what follows.
         marks = {p: mark for p in partitions if self.store is not None and (mark := self.store.take_checkpoint(p))}
         starts = {p: mark.snapshots_to for p, mark in marks.items()}
+        if self.store is not None:
+            self.store.drop_partitions(p for p in partitions if p not in marks)  # refilled from the topic
+        loads = {p: PartitionLoad(topic, p, self.store, marks.get(p)) for p in partitions}
+        read = 0
         try:
-            found = await self.log.read_partitions(topic, partitions, starts) if partitions else {}
+            async for chunk in self.log.read_partitions(topic, partitions, starts):
+                loads[chunk[0].partition].add(chunk)
+                read += len(chunk) if chunk[0].partition in marks else 0
         except Exception as exc:
             log.warning("reading the snapshots of partitions %s failed, replaying them from 0: %r", partitions, exc)
-            found, marks = {}, {}
-        out, read = {}, 0
-        for p in partitions:
-            mark = marks.get(p)
-            if self.store is not None and mark is None:
-                self.store.drop_partitions([p])
-            records = found.pop(p, [])  # each partition's records go once decoded: a lower peak
-            read += len(records) if mark is not None else 0
-            loaded = out[p] = load_partition(topic, p, records, self.store, mark)
-            read_to = records[-1].offset + 1 if records else starts.get(p, 0)
+            if self.store is not None:
+                self.store.drop_partitions(partitions)
+            loads, marks = {p: PartitionLoad(topic, p) for p in partitions}, {}
+        out = {}
+        for p, load in loads.items():
+            loaded = out[p] = load.finish()
             latest = (loaded.watermark, loaded.watermark_source)
-            self._partitions[p] = _Partition(watermark=loaded.seek, complete_to=read_to, latest_watermark=latest)
+            self._partitions[p] = _Partition(watermark=loaded.seek, complete_to=load.read_to, latest_watermark=latest)
             self.ignored += len(loaded.ignored)
             self.seeks[p] = loaded.seek
-            self.restarts += mark is not None
+            self.restarts += p in marks
         if marks:
             log.info("partitions %s start from the local store's checkpoint: %d snapshot records read since",
                      sorted(marks), read)  # fmt: skip

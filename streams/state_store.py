@@ -142,6 +142,10 @@ class StateStore:
         for conversation, covered, source, status, value in self._db.execute(query, (*skipped, partition)).fetchall():
             yield Stored(conversation, partition, covered, source, status, b"" if value is None else bytes(value))
 
+    def forget(self, conversations: Iterable[str]) -> None:
+        """Drop the rows of these conversations."""
+        self._db.executemany("DELETE FROM snapshot WHERE conversation = ?", ((c,) for c in conversations))
+
     def drop_partitions(self, partitions: Iterable[int]) -> None:
         """Forget the rows (and checkpoints) of partitions no longer ours or to be refilled."""
         for p in partitions:

@@ -133,10 +133,10 @@ class CountingLog(FileLog):
     snapshot_records_read = 0
 
     async def read_partitions(self, topic: str, partitions: list[int], starts=None):  # type: ignore[no-untyped-def]
-        found = await super().read_partitions(topic, partitions, starts)
-        if topic == self.topics.snapshots:
-            self.snapshot_records_read += sum(len(records) for records in found.values())
-        return found
+        async for chunk in super().read_partitions(topic, partitions, starts):
+            if topic == self.topics.snapshots:
+                self.snapshot_records_read += len(chunk)
+            yield chunk
 
 
 @settings(max_examples=16, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -225,6 +225,33 @@ async def test_a_corrupt_snapshot_is_ignored_counted_and_its_conversation_replay
         assert snapshots.seeks == {p: 0 for p in range(PARTITIONS)}
         assert_holds(second.worker, _log_states(log))
     assert "ignored the snapshot of" in caplog.text
+
+
+class BreakingLog(FileLog):
+    """The embedded log, whose snapshot topic breaks after handing over its first chunk."""
+
+    async def read_partitions(self, topic: str, partitions: list[int], starts=None):  # type: ignore[no-untyped-def]
+        async for chunk in super().read_partitions(topic, partitions, starts):
+            yield chunk
+            if topic == self.topics.snapshots:
+                raise OSError("the snapshot topic went away mid-read")
+
+
+async def test_a_snapshot_read_that_breaks_midway_replays_everything_from_the_log(tmp_path: Path, caplog) -> None:
+    # Given snapshots of every conversation on both partitions
+    log = FileLog(tmp_path, partitions=PARTITIONS)
+    await _publish(log, generated_log(random.Random(8), 6, 300))
+    async with Run(log) as first:
+        await first.snapshots_cover_everything()
+    # When a new owner's read of them breaks after one partition's chunk was taken in
+    broken = BreakingLog(tmp_path, partitions=PARTITIONS)
+    async with Run(broken) as second:
+        # Then no partition starts from the half-read snapshots: both replay from 0, and the
+        # worker holds exactly what the log folds to
+        snapshots = second.worker.snapshots
+        assert snapshots is not None and snapshots.seeks == {p: 0 for p in range(PARTITIONS)}
+        assert_holds(second.worker, _log_states(broken))
+    assert "went away mid-read" in caplog.text
 
 
 async def test_loading_snapshots_is_part_of_the_replay_the_hooks_are_told_of(tmp_path: Path) -> None:
