@@ -3,6 +3,8 @@ pure core (so every event is one the fold accepts), timing helpers and the table
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -75,6 +77,19 @@ def _fold(state: ConversationState, event: Event) -> None:
     rejection = apply_event(state, event)
     if rejection is not None:
         raise AssertionError(f"benchmark stream is invalid: {event.type}: {rejection.reason}")
+
+
+@contextlib.contextmanager
+def gc_restored() -> Iterator[None]:
+    """Around a worker that runs with `WorkerGc` (process-wide, as `turnstile run` installs
+    it): the collector's thresholds put back and what it froze unfrozen, so the next
+    round's baseline runs under CPython's defaults."""
+    thresholds = gc.get_threshold()
+    try:
+        yield
+    finally:
+        gc.set_threshold(*thresholds)
+        gc.unfreeze()
 
 
 def percentile(values: list[float], q: float) -> float:

@@ -34,10 +34,10 @@ from turnstile.handlers.providers.scripted import ScriptedProvider
 from turnstile.streams.kafka_log import KafkaLog
 from turnstile.streams.log import Topics
 from turnstile.streams.read_model import TURN_DETAILS_KEPT
-from turnstile.streams.replay_gc import ReplayGc
 from turnstile.streams.service import Service, conversation_reader
 from turnstile.streams.views import build_view
 from turnstile.streams.worker import Worker, WorkerConfig
+from turnstile.streams.worker_gc import WorkerGc
 
 SAMPLES = 400
 BASELINE_SAMPLES = 3
@@ -75,7 +75,7 @@ async def _at(broker: Broker, events: int) -> dict[str, list[float] | float]:
     await _commit_at_end(broker.bootstrap, topics.events, group)
     conversations = [f"conv-{c:07d}" for c in range(filled.conversations)]
     log = KafkaLog(broker.bootstrap, group, topics)
-    worker = Worker(log, ScriptedProvider(), WorkerConfig(), replay_hooks=ReplayGc())
+    worker = Worker(log, ScriptedProvider(), WorkerConfig(), replay_hooks=WorkerGc())
     service = Service(worker, http=("127.0.0.1", 0))
     stop, ready = asyncio.Event(), asyncio.Event()
     running = asyncio.create_task(service.run(stop, ready))
@@ -123,7 +123,7 @@ async def _at(broker: Broker, events: int) -> dict[str, list[float] | float]:
         await running
 
 
-class _Replayed(ReplayGc):
+class _Replayed(WorkerGc):
     """`turnstile run`'s replay hooks, which also say when every partition is live."""
 
     def __init__(self, live: asyncio.Event) -> None:

@@ -26,7 +26,7 @@ import orjson
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 
-from bench.common import Section, fmt, message, percentile
+from bench.common import Section, fmt, gc_restored, message, percentile
 from turnstile.events import DecodeError, Event, ModelResponded, TurnClaimed, TurnCompleted, decode, encode
 from turnstile.handlers.claim import DebouncePolicy
 from turnstile.handlers.providers.scripted import ScriptedProvider
@@ -35,6 +35,7 @@ from turnstile.streams.kafka_reader import ensure_topics, read_topic
 from turnstile.streams.log import Acknowledged, PartitionStart, RebalanceListener, Record, Topics
 from turnstile.streams.runtime import SystemClock
 from turnstile.streams.worker import Worker, WorkerConfig
+from turnstile.streams.worker_gc import WorkerGc
 
 PARTITIONS = 8
 THROUGHPUT_ROUNDS = 2
@@ -225,10 +226,12 @@ class EngineResult:
 
 
 class BenchWorker(Worker):
-    """The engine's Worker, telling the benchmark when its partitions are assigned."""
+    """The engine's Worker, telling the benchmark when its partitions are assigned. It runs
+    with the collector policy `turnstile run` installs (`WorkerGc`); run it under
+    `gc_restored()`, so that the baseline of the next round has CPython's defaults."""
 
     def __init__(self, log_: CountingLog) -> None:
-        super().__init__(log_, ScriptedProvider(), NO_DEBOUNCE)
+        super().__init__(log_, ScriptedProvider(), NO_DEBOUNCE, replay_hooks=WorkerGc())
         self.assigned = asyncio.Event()
 
     async def on_assigned(self, partitions: dict[int, PartitionStart]) -> dict[int, int]:
@@ -265,24 +268,25 @@ async def engine(
     make its partition live is never decided (see README: a liveness bug of the worker)."""
     topics = await broker.fresh_topics("engine")
     log = CountingLog(broker.bootstrap, f"{topics.events}-group", topics, conversations, producer_batch_bytes)
-    worker = BenchWorker(log)
-    stop = asyncio.Event()
-    task = asyncio.create_task(worker.run(stop))
-    try:
-        await asyncio.wait_for(worker.assigned.wait(), 30)
-        owned = log.consumer.assignment()
-        log.consumer.pause(*owned)
-        await _seed(broker.bootstrap, topics.events, _messages(conversations, 1))
-        if profiler is not None:
-            profiler.enable()
-        log.consumer.resume(*owned)
-        async with asyncio.timeout(timeout_s):
-            await log.done.wait()
-        if profiler is not None:
-            profiler.disable()
-    finally:
-        stop.set()
-        await task
+    with gc_restored():
+        worker = BenchWorker(log)
+        stop = asyncio.Event()
+        task = asyncio.create_task(worker.run(stop))
+        try:
+            await asyncio.wait_for(worker.assigned.wait(), 30)
+            owned = log.consumer.assignment()
+            log.consumer.pause(*owned)
+            await _seed(broker.bootstrap, topics.events, _messages(conversations, 1))
+            if profiler is not None:
+                profiler.enable()
+            log.consumer.resume(*owned)
+            async with asyncio.timeout(timeout_s):
+                await log.done.wait()
+            if profiler is not None:
+                profiler.disable()
+        finally:
+            stop.set()
+            await task
     verdict = await _verdict(broker.bootstrap, topics, conversations, worker.dead_letters)
     return EngineResult(
         conversations,
@@ -327,25 +331,28 @@ async def latency(broker: Broker, messages: int = 1_000, interval_s: float = 0.0
     """Light load: one message every `interval_s` to its own conversation, worker live."""
     topics = await broker.fresh_topics("latency")
     log = SeeingLog(broker.bootstrap, f"{topics.events}-group", topics, expected=messages)
-    worker = BenchWorker(log)
-    stop = asyncio.Event()
-    task = asyncio.create_task(worker.run(stop))
-    publisher = AIOKafkaProducer(bootstrap_servers=broker.bootstrap, enable_idempotence=True, acks="all", linger_ms=0)
-    await publisher.start()
-    sent_ms: dict[str, float] = {}
-    try:
-        await asyncio.wait_for(worker.assigned.wait(), 30)
-        await asyncio.sleep(0.5)  # fetch sessions settle
-        for i in range(messages):
-            event = message(f"lat-{i:05d}", 0, now_ms())
-            sent_ms[event.event_id] = time.time_ns() / 1e6
-            await publisher.send_and_wait(topics.events, encode(event), key=event.conversation_id.encode())
-            await asyncio.sleep(interval_s)
-        async with asyncio.timeout(60):
-            await log.done.wait()
-    finally:
-        stop.set()
-        await task
+    with gc_restored():
+        worker = BenchWorker(log)
+        stop = asyncio.Event()
+        task = asyncio.create_task(worker.run(stop))
+        publisher = AIOKafkaProducer(
+            bootstrap_servers=broker.bootstrap, enable_idempotence=True, acks="all", linger_ms=0
+        )
+        await publisher.start()
+        sent_ms: dict[str, float] = {}
+        try:
+            await asyncio.wait_for(worker.assigned.wait(), 30)
+            await asyncio.sleep(0.5)  # fetch sessions settle
+            for i in range(messages):
+                event = message(f"lat-{i:05d}", 0, now_ms())
+                sent_ms[event.event_id] = time.time_ns() / 1e6
+                await publisher.send_and_wait(topics.events, encode(event), key=event.conversation_id.encode())
+                await asyncio.sleep(interval_s)
+            async with asyncio.timeout(60):
+                await log.done.wait()
+        finally:
+            stop.set()
+            await task
         await publisher.stop()
     verdict = await _verdict(broker.bootstrap, topics, messages, worker.dead_letters)
     events = [

@@ -3,7 +3,7 @@
 
 A probe task -- a callback that reschedules itself, so it runs once per loop iteration --
 records the gap between its runs while a real `Worker.run` replays a log to live (with the
-process entry's `ReplayGc`, as `turnstile run` installs it): the embedded log, and the
+process entry's `WorkerGc`, as `turnstile run` installs it): the embedded log, and the
 events topic on the broker (its group's offsets committed at the end first, so that the
 replay writes no one-time effects, as a restart's would not). The longest gap is what the
 worker (or a garbage collection, or the machine) held the loop for. Figures, not a test:
@@ -30,8 +30,8 @@ from turnstile.handlers.providers.scripted import ScriptedProvider
 from turnstile.streams.file_log import FileLog
 from turnstile.streams.kafka_log import KafkaLog
 from turnstile.streams.log import EventLog, Topics, partition_for
-from turnstile.streams.replay_gc import ReplayGc
 from turnstile.streams.worker import Worker, WorkerConfig
+from turnstile.streams.worker_gc import WorkerGc
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))  # the probe is a test helper
 from loop_probe import LoopProbe
@@ -41,7 +41,7 @@ FILE_PARTITIONS = 4
 
 
 async def _replay(log: EventLog) -> tuple[float, LoopProbe]:
-    worker = Worker(log, ScriptedProvider(), WorkerConfig(), replay_hooks=ReplayGc())
+    worker = Worker(log, ScriptedProvider(), WorkerConfig(), replay_hooks=WorkerGc())
     stop, probe = asyncio.Event(), LoopProbe()
     probe.start()
     started = time.perf_counter()

@@ -14,7 +14,7 @@ the start so it only folds, never claims:
   local store (a partition that moved to a new machine);
 * *restart on its store*: the writer's own local store, which outlived it (a volume) and
   which its clean stop checkpointed: only the snapshot records written since are read.
-Every pass runs with the garbage collector held while it replays (`ReplayGc`, as `turnstile
+Every pass runs with the garbage collector held while it replays (`WorkerGc`, as `turnstile
 run` does; loading the snapshots counts as replaying). All passes share one consumer group,
 so the timed ones start as a restart does (committed offsets at the end). The window is
 from the worker's `on_assigned` being called to every assigned partition being live
@@ -46,10 +46,10 @@ from turnstile.streams.eviction import EvictionPolicy
 from turnstile.streams.kafka_log import KafkaLog
 from turnstile.streams.log import PartitionStart, Topics
 from turnstile.streams.publisher import message_event, publish
-from turnstile.streams.replay_gc import ReplayGc
 from turnstile.streams.runtime import SystemClock
 from turnstile.streams.snapshots import SnapshotPolicy
 from turnstile.streams.worker import FROM_THE_LOG, Worker, WorkerConfig
+from turnstile.streams.worker_gc import WorkerGc
 
 FULL = FROM_THE_LOG
 # Every settled conversation leaves memory once its snapshot is written.
@@ -99,7 +99,7 @@ async def _pass(
     """`write`: stay until every change is on the snapshot topic, watermarks included."""
     # With the collector held while it replays, as `turnstile run` gives it (`serving.py`).
     log_ = KafkaLog(broker.bootstrap, _group(topics), topics)
-    worker = _Timed(log_, ScriptedProvider(), config, replay_hooks=ReplayGc())
+    worker = _Timed(log_, ScriptedProvider(), config, replay_hooks=WorkerGc())
     worker.draining = True  # it only folds: the log stays as filled
     stop = asyncio.Event()
     task = asyncio.create_task(worker.run(stop))

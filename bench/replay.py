@@ -41,8 +41,8 @@ from turnstile.events import DecodeError, decode, encode
 from turnstile.handlers.providers.scripted import ScriptedProvider
 from turnstile.projections import ConversationState, apply_event, new_state
 from turnstile.streams.log import PartitionStart, Record, Topics
-from turnstile.streams.replay_gc import ReplayGc
 from turnstile.streams.worker import FROM_THE_LOG, Worker
+from turnstile.streams.worker_gc import WorkerGc
 
 MAX_MESSAGES = 40  # longest conversation in the mix
 CONCURRENT = 1_000  # conversations interleaved on the log at a time
@@ -331,10 +331,10 @@ class _NoAppends:
 
 async def worker_rebuild(bootstrap: str, topic: str, replay_gc: bool = True) -> Pass:
     """The same, through the engine's Worker._consume (replay path, no one-time effects),
-    with the replay hooks `turnstile run` installs (`streams.replay_gc.ReplayGc`: the cyclic
+    with the replay hooks `turnstile run` installs (`streams.worker_gc.WorkerGc`: the cyclic
     GC eased while partitions replay, the state frozen once all are live -- inside the
     window). `replay_gc=False` (what-if): without them, as before they existed."""
-    hooks = ReplayGc() if replay_gc else None
+    hooks = WorkerGc() if replay_gc else None
     worker = Worker(_NoAppends(), ScriptedProvider(), FROM_THE_LOG, replay_hooks=hooks)  # type: ignore[arg-type]
     big = 10**12
 

@@ -15,7 +15,7 @@ YIELD_AFTER_S = 0.02
 class ReplayHooks(Protocol):
     """Told when the worker starts replaying (some assigned partition is not live yet),
     between slices of a replay (each time it lets the loop run), and when every assigned
-    partition has turned live; e.g. `streams.replay_gc.ReplayGc`."""
+    partition has turned live; e.g. `streams.worker_gc.WorkerGc`."""
 
     def replaying(self) -> None: ...
 

@@ -86,10 +86,10 @@ async def serve(
     log another process owns is refused before anything starts (exit code 3). Logs
     `effective_config` (one line, secrets masked: `streams/run_config.py`) once it runs.
     Closes the provider and every fallback's provider on the way out."""
-    from turnstile.streams.replay_gc import ReplayGc
     from turnstile.streams.replay_progress import ReplayReporter
     from turnstile.streams.replay_progress import report as report_replay
     from turnstile.streams.service import Service
+    from turnstile.streams.worker_gc import WorkerGc
 
     log = place.open()
     try:
@@ -111,7 +111,7 @@ async def serve(
             model,
         )
     # Process-wide: the cyclic GC is eased while partitions replay, and the replayed state frozen.
-    worker = Worker(log, provider, config, replay_hooks=ReplayGc())
+    worker = Worker(log, provider, config, replay_hooks=WorkerGc())
     service = Service(worker, schedules=schedules, http=http, http_token=http_token)
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -192,20 +192,24 @@ async def test_replay_hooks_are_told_when_replay_starts_and_when_every_partition
     assert hooks.calls == ["replaying", "replayed"]
 
 
-def test_replay_gc_eases_the_collector_while_replaying_then_restores_it_and_freezes():
+def test_worker_gc_eases_the_collector_while_replaying_then_sets_the_live_threshold_and_freezes():
     import gc
 
-    from turnstile.streams.replay_gc import ReplayGc
+    from turnstile.streams.worker_gc import WorkerGc
 
     before = gc.get_threshold()
-    hooks = ReplayGc(gen0_threshold=50_000)
+    hooks = WorkerGc(gen0_threshold=50_000, live_gen0_threshold=12_345)
     try:
         hooks.replaying()
         hooks.replaying()  # a second assignment while replaying changes nothing
         assert gc.get_threshold() == (50_000, *before[1:])
         hooks.replayed()
-        assert gc.get_threshold() == before
+        assert gc.get_threshold() == (12_345, *before[1:])
         assert gc.get_freeze_count() > 0
+        hooks.replaying()  # a later assignment: replaying again, then live again
+        assert gc.get_threshold() == (50_000, *before[1:])
+        hooks.replayed()
+        assert gc.get_threshold() == (12_345, *before[1:])
     finally:
         gc.set_threshold(*before)
         gc.unfreeze()
