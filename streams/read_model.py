@@ -104,14 +104,15 @@ class WorkerReadModel:
         self.turn_details_kept = turn_details_kept
         self._views: dict[str, ConversationView] = {}
         self._detailed: dict[str, deque[str]] = {}  # conversation -> turns with timelines, oldest first
-        # conversation -> its last fold's sequence number, most recent last: all of them, and
-        # by status (a status changes only when the conversation folds an event), so that a
-        # page filtered by status walks that status's conversations only. Plain dicts keep
-        # insertion order at ~90 B less per entry than OrderedDict's linked list, which counts
-        # at a million listed conversations; moving one to the end is a pop and an insert.
+        # conversation -> its last fold's sequence number and its status, packed in one int
+        # (`_packed`), most recent last: all of them, and by status (a status changes only
+        # when the conversation folds an event), so that a page filtered by status walks that
+        # status's conversations only. Every conversation the worker ever owned is listed, so
+        # a listing is kept small: plain dicts keep insertion order at ~90 B less per entry
+        # than OrderedDict's links (moving one to the end is a pop and an insert), and the
+        # status rides in the int both dicts share instead of a dict of its own.
         self._recent: dict[str, int] = {}
         self._by_status: dict[Status, dict[str, int]] = {status: {} for status in STATUSES}
-        self._status: dict[str, Status] = {}
         self._sequence = itertools.count(1)
         self._followers: dict[str, list[asyncio.Queue[Folded | None]]] = {}
         worker.fold_observers.append(self)
@@ -148,35 +149,35 @@ class WorkerReadModel:
 
     def evicted(self, conversation: str, status: Status) -> None:
         """Out of the worker's memory: its view goes too; it stays listed, read back from the
-        worker's local store when a page or a lookup shows it."""
+        worker's local store when a page or a lookup shows it. The turns whose timelines it
+        bounded go with the view (≈ 0.7 KB a conversation, kept for every evicted one before)."""
         self._views.pop(conversation, None)
-        if conversation not in self._status:
+        self._detailed.pop(conversation, None)
+        if conversation not in self._recent:
             self._listed(conversation, status)
 
     def _moved(self, state: ConversationState, step: bool = False) -> Status:
         """Put the conversation first in the recency orders; returns its status (`step`: a
         step inside a turn, which leaves a known status as it was)."""
-        was = self._status.get(state.conversation_id)
+        was = self._status_of(state.conversation_id)
         return self._listed(state.conversation_id, was if step and was is not None else conversation_status(state))
 
     def _listed(self, conversation: str, status: Status) -> Status:
-        sequence, was = next(self._sequence), self._status.get(conversation)
-        if was != status:
-            if was is not None:
-                del self._by_status[was][conversation]
-            self._status[conversation] = status
-        for order in (self._recent, self._by_status[status]):
-            order.pop(conversation, None)
-            order[conversation] = sequence
+        if (was := self._recent.pop(conversation, None)) is not None:
+            del self._by_status[_status(was)][conversation]
+        self._recent[conversation] = self._by_status[status][conversation] = _packed(next(self._sequence), status)
         return status
+
+    def _status_of(self, conversation: str) -> Status | None:
+        packed = self._recent.get(conversation)
+        return None if packed is None else _status(packed)
 
     def forgotten(self, conversations: set[str]) -> None:
         for conversation in conversations:
             self._views.pop(conversation, None)
             self._detailed.pop(conversation, None)
-            self._recent.pop(conversation, None)
-            if (status := self._status.pop(conversation, None)) is not None:
-                del self._by_status[status][conversation]
+            if (packed := self._recent.pop(conversation, None)) is not None:
+                del self._by_status[_status(packed)][conversation]
 
     def _drop_old_details(self, view: ConversationView, claimed: str) -> None:
         detailed = self._detailed.setdefault(view.state.conversation_id, deque())
@@ -207,7 +208,8 @@ class WorkerReadModel:
         rows: list[ConversationRow] = []
         last_sequence: int | None = None
         order = self._recent if status is None else self._by_status[status]
-        for conversation, sequence in reversed(order.items()):
+        for conversation, packed in reversed(order.items()):
+            sequence = packed >> _STATUS_BITS
             if before is not None and sequence >= before:
                 continue
             if contains and contains not in conversation:
@@ -220,7 +222,7 @@ class WorkerReadModel:
                 continue
             row = ConversationRow(
                 conversation,
-                self._status[conversation],
+                _status(packed),
                 view.last_event_at if view is not None else None,
                 state.events_applied,
                 len(view.turns) if view is not None else len(state.turns),
@@ -243,3 +245,15 @@ class WorkerReadModel:
             followers.remove(queue)
         if not followers:
             self._followers.pop(conversation, None)
+
+
+_STATUS_BITS = (len(STATUSES) - 1).bit_length()
+_STATUS_INDEX = {status: i for i, status in enumerate(STATUSES)}
+
+
+def _packed(sequence: int, status: Status) -> int:
+    return sequence << _STATUS_BITS | _STATUS_INDEX[status]
+
+
+def _status(packed: int) -> Status:
+    return STATUSES[packed & ((1 << _STATUS_BITS) - 1)]

@@ -208,3 +208,37 @@ async def test_an_interrupted_turn_reads_as_interrupted_and_its_conversation_as_
     [turn] = held.turns.values()
     assert (turn.outcome, turn.duration_ms) == ("interrupted", 20)
     assert [r.status for r in model.page().rows] == ["debouncing"]
+
+
+def test_an_evicted_conversation_leaves_the_read_model_but_its_listing(tmp_path: Path) -> None:
+    """A worker that evicts idle conversations keeps listing them (id, recency, status), and
+    nothing else of them: not its view, not the turns whose timelines it bounded."""
+    import gc
+    import tracemalloc
+
+    model = WorkerReadModel(Worker(FileLog(tmp_path), ScriptedProvider(), FAST))
+    conversations = 2_000
+
+    def one_turn_then_evicted(conversation: str) -> None:
+        state = new_state(conversation)
+        m = message("m1", 10, conv=conversation)
+        c = claim(["m1"], 20, 0, conv=conversation)
+        for offset, event in enumerate((m, c, started(c, 25), completed(c, 30))):
+            assert apply_event(state, event) is None
+            model.folded(Record(0, offset, conversation.encode(), b""), event, state, None)
+        model.evicted(conversation, conversation_status(state))
+
+    one_turn_then_evicted("warm-up")  # the model's first-use allocations are not per conversation
+    gc.collect()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for i in range(conversations):
+            one_turn_then_evicted(f"conv-{i:06d}")
+        gc.collect()
+        per_conversation = (tracemalloc.get_traced_memory()[0] - before) / conversations
+    finally:
+        tracemalloc.stop()
+    # Its id (≈ 60 B), one sequence number and three dict entries; a turn's details were ≈ 700 B.
+    assert per_conversation < 300, per_conversation
+    assert model.page(limit=10).rows == []  # listed, but read back from a store this worker has not
