@@ -453,7 +453,7 @@ def throughput_section(
         f"{engine_.records_per_s:,.0f}/s",
         f"{relay_.records_per_s:,.0f}/s",
         f"{engine_.records_per_s / relay_.records_per_s:.2f}",
-        ">= 0.5 " + ("met" if engine_.records_per_s >= 0.5 * relay_.records_per_s else "MISSED"),
+        ">= 0.7 " + ("met" if engine_.records_per_s >= 0.7 * relay_.records_per_s else "MISSED"),
     )
     section.add(
         "engine: turns completed/s (1 message each)",
