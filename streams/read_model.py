@@ -110,9 +110,11 @@ class WorkerReadModel:
         # status's conversations only. Every conversation the worker ever owned is listed, so
         # a listing is kept small: plain dicts keep insertion order at ~90 B less per entry
         # than OrderedDict's links (moving one to the end is a pop and an insert), and the
-        # status rides in the int both dicts share instead of a dict of its own.
+        # status rides in the int both dicts share instead of a dict of its own. Idle, the
+        # status of nearly every conversation, has no index: a page of it walks the recency
+        # order and skips the few others (those in memory, for the most part).
         self._recent: dict[str, int] = {}
-        self._by_status: dict[Status, dict[str, int]] = {status: {} for status in STATUSES}
+        self._by_status: dict[Status, dict[str, int]] = {status: {} for status in STATUSES if status != _WALKED}
         self._sequence = itertools.count(1)
         self._followers: dict[str, list[asyncio.Queue[Folded | None]]] = {}
         worker.fold_observers.append(self)
@@ -164,9 +166,15 @@ class WorkerReadModel:
 
     def _listed(self, conversation: str, status: Status) -> Status:
         if (was := self._recent.pop(conversation, None)) is not None:
-            del self._by_status[_status(was)][conversation]
-        self._recent[conversation] = self._by_status[status][conversation] = _packed(next(self._sequence), status)
+            self._unindexed(conversation, _status(was))
+        self._recent[conversation] = packed = _packed(next(self._sequence), status)
+        if status != _WALKED:
+            self._by_status[status][conversation] = packed
         return status
+
+    def _unindexed(self, conversation: str, status: Status) -> None:
+        if status != _WALKED:
+            del self._by_status[status][conversation]
 
     def _status_of(self, conversation: str) -> Status | None:
         packed = self._recent.get(conversation)
@@ -177,7 +185,7 @@ class WorkerReadModel:
             self._views.pop(conversation, None)
             self._detailed.pop(conversation, None)
             if (packed := self._recent.pop(conversation, None)) is not None:
-                del self._by_status[_status(packed)][conversation]
+                self._unindexed(conversation, _status(packed))
 
     def _drop_old_details(self, view: ConversationView, claimed: str) -> None:
         detailed = self._detailed.setdefault(view.state.conversation_id, deque())
@@ -207,10 +215,12 @@ class WorkerReadModel:
         """The conversations this worker owns, the most recently active first."""
         rows: list[ConversationRow] = []
         last_sequence: int | None = None
-        order = self._recent if status is None else self._by_status[status]
+        order = self._recent if status is None or status == _WALKED else self._by_status[status]
         for conversation, packed in reversed(order.items()):
             sequence = packed >> _STATUS_BITS
             if before is not None and sequence >= before:
+                continue
+            if status is not None and _status(packed) != status:
                 continue
             if contains and contains not in conversation:
                 continue
@@ -248,6 +258,7 @@ class WorkerReadModel:
 
 
 _STATUS_BITS = (len(STATUSES) - 1).bit_length()
+_WALKED: Status = "idle"  # the one status without an index of its own (see `__init__`)
 _STATUS_INDEX = {status: i for i, status in enumerate(STATUSES)}
 
 

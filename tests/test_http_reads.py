@@ -10,9 +10,9 @@ from pathlib import Path
 from builders import claim, completed, message, started
 from worker_harness import FAST, client_of, serving, until
 
-from turnstile.events import TurnInterrupted, encode
+from turnstile.events import Event, TurnInterrupted, encode
 from turnstile.handlers.providers.scripted import ScriptedProvider
-from turnstile.projections import apply_event, conversation_status, new_state
+from turnstile.projections import Status, apply_event, conversation_status, new_state
 from turnstile.projections.state import ActiveTurn, PendingInput, TurnRecord
 from turnstile.streams.file_log import FileLog
 from turnstile.streams.http_api import HttpServer, build_app
@@ -242,3 +242,33 @@ def test_an_evicted_conversation_leaves_the_read_model_but_its_listing(tmp_path:
     # Its id (≈ 60 B), one sequence number and three dict entries; a turn's details were ≈ 700 B.
     assert per_conversation < 300, per_conversation
     assert model.page(limit=10).rows == []  # listed, but read back from a store this worker has not
+
+
+def test_a_page_filtered_by_status_lists_exactly_that_status_most_recent_first(tmp_path: Path) -> None:
+    model = WorkerReadModel(Worker(FileLog(tmp_path), ScriptedProvider(), FAST))
+    states = {c: new_state(c) for c in ("c1", "c2", "c3")}
+    offsets = iter(range(100))
+
+    def fold(conversation: str, *events: Event) -> None:
+        for event in events:
+            assert apply_event(states[conversation], event) is None
+            model.folded(Record(0, next(offsets), conversation.encode(), b""), event, states[conversation], None)
+
+    def listed(status: Status | None = None) -> list[tuple[str, str]]:
+        return [(row.conversation_id, row.status) for row in model.page(status=status).rows]
+
+    turns = {c: claim([f"{c}-m1"], 20, 0, conv=c) for c in states}
+    for c in ("c1", "c2", "c3"):
+        fold(c, message(f"{c}-m1", 10, conv=c))
+    fold("c1", turns["c1"], completed(turns["c1"], 30))
+    fold("c3", turns["c3"], completed(turns["c3"], 30))
+    assert listed() == [("c3", "idle"), ("c1", "idle"), ("c2", "debouncing")]
+    assert listed("idle") == [("c3", "idle"), ("c1", "idle")]
+    assert listed("debouncing") == [("c2", "debouncing")]
+    fold("c2", turns["c2"])
+    assert listed("debouncing") == [] and listed("active") == [("c2", "active")]
+    fold("c2", completed(turns["c2"], 40))
+    assert listed("idle") == [("c2", "idle"), ("c3", "idle"), ("c1", "idle")] and listed("active") == []
+    model.evicted("c1", "idle")
+    model.forgotten({"c3"})
+    assert listed("idle") == [("c2", "idle")]  # c1 is listed, read back from a store this worker has not
