@@ -163,7 +163,7 @@ async def _scale(broker: Broker, events: int, conversations: int) -> tuple[Scale
         kept = dataclasses.replace(SNAPSHOTS, eviction=dataclasses.replace(SNAPSHOTS.eviction, state_dir=Path(folder)))
         # The writer is set-up, not timed: it encodes more per checkpoint than a serving
         # worker would (2,000 a second would take 500 s for a million conversations).
-        eager = dataclasses.replace(kept.snapshots, max_per_checkpoint=WRITER_BATCH)
+        eager = dataclasses.replace(kept.snapshots, max_per_checkpoint=WRITER_BATCH, max_capture_s=None)
         writer = dataclasses.replace(kept, snapshots=eager)
         await _pass(broker, topics, writer, "writer", write=True)  # its one-time effects, then its snapshots
         full = await _pass(broker, topics, FULL, "full replay")

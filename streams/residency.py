@@ -63,6 +63,7 @@ class Residency:
         self.store = StateStore(eviction.state_dir, log_.topics.events) if evicting else None
         self.snapshots = Snapshotter(log_, snapshots, now_ms, self.store) if snapshots.enabled else None
         self.evictor = Evictor(eviction, self.store, now_ms) if self.store is not None else None
+        self._done: dict[int, int] = {}  # the offsets the last checkpoint committed
         self.observers.extend(o for o in (self.snapshots, self.evictor) if o is not None)
 
     async def load(self, partitions: list[int]) -> dict[int, Loaded]:
@@ -112,12 +113,23 @@ class Residency:
         """An owned conversation out of memory, read from the local store and left there."""
         return self.evictor.reload(conversation, partition) if self.evictor is not None else None
 
-    def snapshot(self, done: dict[int, int], now_ms: int, owes_nothing: Callable[[str], bool], final: bool) -> None:
-        """Snapshots due at this checkpoint; `done`: the offsets just committed."""
+    def snapshot(
+        self, done: dict[int, int] | None, now_ms: int, owes_nothing: Callable[[str], bool], final: bool
+    ) -> None:
+        """Snapshots due at this checkpoint; `done`: the offsets just committed (None: between
+        checkpoints, to go on with a capture that stopped at its bound, below the last ones)."""
         if self.snapshots is None:
             return
+        if done is None:
+            done = self._done
+        self._done = done
         positions = {p: part.at.position for p, part in self.partitions.items() if part.deciding}
         self.snapshots.checkpoint(positions, done, now_ms, self.states.get, owes_nothing, final)
+
+    @property
+    def snapshots_behind(self) -> bool:
+        """The last capture stopped at its bound while snapshots were still due."""
+        return self.snapshots is not None and self.snapshots.behind
 
     def evict(self, idle: Callable[[str], bool]) -> list[str]:
         """Moves conversations out of memory; `idle(c)`: the worker has nothing under way or

@@ -37,6 +37,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
@@ -70,8 +71,11 @@ class SnapshotPolicy:
     # its events since its last snapshot, whichever comes first.
     idle_ms: int = 2_000
     every_events: int = 500
-    # Encoding work per checkpoint, on the loop: the rest waits for the next checkpoint.
+    # Encoding work per capture, on the event loop (every other task waits meanwhile): at most
+    # this many snapshots and this long (None: no time bound); what is left is captured at
+    # the worker's next steps, once the write before it is acknowledged.
     max_per_checkpoint: int = 2_000
+    max_capture_s: float | None = 0.01
 
 
 # -- loading -----------------------------------------------------------------------------------
@@ -321,11 +325,19 @@ class Snapshotter:
     watermarks at the worker's checkpoints."""
 
     def __init__(
-        self, log_: EventLog, policy: SnapshotPolicy, now_ms: Callable[[], int], store: StateStore | None = None
+        self,
+        log_: EventLog,
+        policy: SnapshotPolicy,
+        now_ms: Callable[[], int],
+        store: StateStore | None = None,
+        monotonic: Callable[[], float] = time.perf_counter,
     ) -> None:
         self.log = log_
         self.policy = policy
         self._now_ms = now_ms
+        self._monotonic = monotonic  # the capture's time bound
+        self.behind = False  # the last capture stopped at its bound with snapshots still due
+        self._first = 0  # the partition a capture starts with, in turn: none starves the rest
         self.store = store  # gets every snapshot once it is on the topic
         self._flying: frozenset[str] = frozenset()  # captured, not acknowledged yet
         self._partitions: dict[int, _Partition] = {}
@@ -447,15 +459,22 @@ class Snapshotter:
         if self._writing is not None and not self._writing.done():
             return  # one write at a time: its watermarks must follow its own snapshots
         budget = None if final else self.policy.max_per_checkpoint
+        bound_s = None if final else self.policy.max_capture_s
+        until = self._monotonic() + bound_s if bound_s is not None else None
+        self.behind = False
         captured: dict[int, list[_Captured]] = {}
         watermarks: dict[int, int] = {}
-        for p, position in positions.items():
+        order = sorted(positions)
+        self._first = first = (self._first + 1) % max(1, len(order))
+        for p in order[first:] + order[:first]:
+            position = positions[p]
             part = self._partitions.get(p)
             if part is None:
                 continue
             items = captured[p] = []
-            for conversation, dirty in list(part.dirty.items()):
-                if budget is not None and budget <= 0:
+            for conversation, dirty in [] if self.behind else list(part.dirty.items()):
+                if (budget is not None and budget <= 0) or (until is not None and self._monotonic() > until):
+                    self.behind = True
                     break
                 due = final or dirty.events >= self.policy.every_events or now_ms - dirty.last_ms >= self.policy.idle_ms
                 state = state_of(conversation)

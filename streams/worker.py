@@ -294,6 +294,10 @@ class Worker:
             self.residency.snapshot(done, self.clock.now_ms(), self._owes_nothing, final=False)
             for conversation in self.residency.evict(self._idle):
                 self._rendered.pop(conversation, None)
+        elif self.residency.snapshots_behind:
+            # A capture is bounded in time (the loop's other tasks wait for it): it goes on
+            # here, step by step, rather than a commit interval later.
+            self.residency.snapshot(None, self.clock.now_ms(), self._owes_nothing, final=False)
 
     def _owes_nothing(self, conversation: str) -> bool:
         """No refusal is owed for it: one not yet on the log is the worker's alone, so a

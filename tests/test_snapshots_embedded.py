@@ -354,3 +354,16 @@ async def test_snapshots_broken_at_a_first_start_are_not_forgotten_by_a_restart_
         # Then it holds what a full replay gives, from its store
         assert second.worker.snapshots is not None and second.worker.snapshots.restarts == PARTITIONS
         assert_holds(second.worker, _log_states(log))
+
+
+async def test_a_capture_cut_short_goes_on_at_the_next_steps_not_a_commit_later(tmp_path: Path) -> None:
+    """One snapshot a capture, one commit in 30 s: all 12 are written long before the next."""
+    policy = SnapshotPolicy(idle_ms=0, max_per_checkpoint=1)
+    config = dataclasses.replace(EAGER, snapshots=policy, commit_interval_s=30.0)
+    log = FileLog(tmp_path, partitions=PARTITIONS)
+    await _publish(log, [message_event(f"c{i}", "hello", NOW(), f"m{i}") for i in range(12)])
+    async with Run(log, config) as run:
+        snapshots = run.worker.snapshots
+        assert snapshots is not None
+        await until(lambda: snapshots.written == 12, timeout_s=10)
+        assert not snapshots.behind
