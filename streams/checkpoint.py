@@ -69,7 +69,7 @@ class Checkpoint:
         self._on_skipped = on_skipped
         self._positions: dict[int, Position] = {}
         self._effects: list[_Effect] = []
-        self._last_commit = 0.0
+        self._last_commit = float("-inf")  # the first is due at once, whatever the loop clock reads
 
     # -- positions -------------------------------------------------------------------------
     def assign(self, partition: int, start: PartitionStart, keep: bool = False) -> Position:

@@ -104,3 +104,17 @@ async def test_a_kept_partition_keeps_its_position_and_takes_the_new_end(tmp_pat
     at = cp.assign(0, PartitionStart(end_offset=5, committed=2), keep=True)
     assert (at.position, at.end_offset, at.committed, at.live) == (2, 5, 2, False)
     assert cp.assign(0, PartitionStart(end_offset=5, committed=2)).position == 0  # given anew: replayed
+
+
+async def test_the_first_commit_is_due_at_once_and_the_next_one_an_interval_later(tmp_path):
+    """Whatever the loop's clock reads (time since boot: on a machine up for less than the
+    interval, the first commit used to wait for it)."""
+    log = FileLog(tmp_path)
+    cp = Checkpoint(log, commit_interval_s=10**9, on_skipped=[].append)
+    cp.assign(0, PartitionStart(end_offset=2, committed=0))
+    for i in range(2):
+        cp.advance(record(i))
+    assert await cp.commit_due([0]) == {0: 2}
+    cp.advance(record(2))
+    assert await cp.commit_due([0]) is None
+    assert log.committed_offsets() == {0: 2}
