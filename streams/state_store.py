@@ -30,7 +30,7 @@ from pathlib import Path
 from turnstile.projections import Status
 
 # The file is a cache: one of another layout is emptied, not migrated.
-_LAYOUT = 2
+_LAYOUT = 3
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS snapshot (
     conversation TEXT PRIMARY KEY,
@@ -40,7 +40,9 @@ CREATE TABLE IF NOT EXISTS snapshot (
     status       TEXT NOT NULL,     -- the conversation's status in it (`projections.status`)
     value        BLOB NOT NULL
 );
-CREATE INDEX IF NOT EXISTS snapshot_by_partition ON snapshot (partition);
+-- A partition's rows listed from the index alone: the table's pages, which hold the
+-- snapshots' bytes and so grow with the conversations' history, are not read.
+CREATE INDEX IF NOT EXISTS snapshot_heads ON snapshot (partition, conversation, covered, source, status);
 CREATE TABLE IF NOT EXISTS checkpoint (
     partition        INTEGER PRIMARY KEY,
     snapshots_to     INTEGER NOT NULL,
@@ -133,14 +135,12 @@ class StateStore:
     def rows(self, partition: int, without_value: frozenset[str]) -> Iterator[Stored]:
         """The partition's rows; those whose status is in `without_value` without their bytes
         (they stay on disk until a reload)."""
-        skipped = sorted(without_value)
-        marks = ", ".join("?" * len(skipped)) or "NULL"
-        query = (  # the bytes of the others are not even read from the file
-            "SELECT conversation, covered, source, status,"
-            f" CASE WHEN status IN ({marks}) THEN NULL ELSE value END FROM snapshot WHERE partition = ?"
-        )
-        for conversation, covered, source, status, value in self._db.execute(query, (*skipped, partition)).fetchall():
-            yield Stored(conversation, partition, covered, source, status, b"" if value is None else bytes(value))
+        heads = self._db.execute(
+            "SELECT conversation, covered, source, status FROM snapshot WHERE partition = ?", (partition,)
+        ).fetchall()
+        for conversation, covered, source, status in heads:
+            value = b"" if status in without_value else self.get(conversation, partition)
+            yield Stored(conversation, partition, covered, source, status, value or b"")
 
     def forget(self, conversations: Iterable[str]) -> None:
         """Drop the rows of these conversations."""
