@@ -72,12 +72,15 @@ class Evictor:
     def restored(self, state: ConversationState) -> None:
         self._touch(state.conversation_id)
 
-    def forgotten(self, conversations: set[str]) -> None:
+    def forgotten(self, partition: int, conversations: set[str]) -> None:
         for conversation in conversations:
             self._touched.pop(conversation, None)
 
     def evicted(self, conversation: str, status: Status) -> None:
         self._touched.pop(conversation, None)
+
+    def stored(self, partition: int, conversations: list[tuple[str, Status]]) -> None:
+        pass  # never in memory: nothing to evict
 
     def _touch(self, conversation: str) -> None:
         self._touched[conversation] = self._now_ms()

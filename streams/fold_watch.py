@@ -59,5 +59,8 @@ class FoldWatch:
     def evicted(self, conversation: str, status: Status) -> None:
         pass
 
-    def forgotten(self, conversations: set[str]) -> None:
+    def stored(self, partition: int, conversations: list[tuple[str, Status]]) -> None:
+        pass
+
+    def forgotten(self, partition: int, conversations: set[str]) -> None:
         pass  # a partition handed over: its waits run out (the port then reads the log itself)

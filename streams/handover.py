@@ -40,7 +40,7 @@ class Handover:
         snapshots: Snapshotter | None,
         grace_s: float,
         fold: Callable[[Record, OwnedPartition], None],
-        forget: Callable[[OwnedPartition], None],
+        forget: Callable[[int, OwnedPartition], None],
         due: Callable[[Iterable[str]], None],
     ) -> None:
         """`fold`: the worker's fold of one record of an owned partition; `forget`: drop what
@@ -128,7 +128,7 @@ class Handover:
             for conversation in part.conversations:
                 self.runners.pop(conversation, None)
                 self.refusals.forget(conversation)
-            self._forget(part)
+            self._forget(p, part)
         log.info("handed over partitions %s", sorted(partitions))
 
     def continue_kept(self, partition: int) -> None:

@@ -18,14 +18,16 @@ must be read on the worker's event loop, as the HTTP handlers do.
 from __future__ import annotations
 
 import asyncio
-import itertools
+import heapq
 from collections import deque
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 from turnstile.events import STEP_TYPES, Event, TurnClaimed, TurnEnvelope
 from turnstile.projections import STATUSES, ConversationState, Status, conversation_status
 from turnstile.streams.log import Record
+from turnstile.streams.stored_listing import STATUS_INDEX, WALKED, StoredListing
 from turnstile.streams.views import ConversationView
 
 if TYPE_CHECKING:
@@ -107,15 +109,19 @@ class WorkerReadModel:
         # conversation -> its last fold's sequence number and its status, packed in one int
         # (`_packed`), most recent last: all of them, and by status (a status changes only
         # when the conversation folds an event), so that a page filtered by status walks that
-        # status's conversations only. Every conversation the worker ever owned is listed, so
-        # a listing is kept small: plain dicts keep insertion order at ~90 B less per entry
-        # than OrderedDict's links (moving one to the end is a pop and an insert), and the
-        # status rides in the int both dicts share instead of a dict of its own. Idle, the
-        # status of nearly every conversation, has no index: a page of it walks the recency
-        # order and skips the few others (those in memory, for the most part).
+        # status's conversations only. Every conversation in memory since its partition was
+        # assigned is listed, so a listing is kept small: plain dicts keep insertion order at
+        # ~90 B less per entry than OrderedDict's links (moving one to the end is a pop and an
+        # insert), and the status rides in the int both dicts share instead of a dict of its
+        # own. Idle, the status of nearly every conversation, has no index: a page of it walks
+        # the recency order and skips the few others (those in memory, for the most part).
         self._recent: dict[str, int] = {}
-        self._by_status: dict[Status, dict[str, int]] = {status: {} for status in STATUSES if status != _WALKED}
-        self._sequence = itertools.count(1)
+        self._by_status: dict[Status, dict[str, int]] = {status: {} for status in STATUSES if status != WALKED}
+        # A partition's conversations that have stayed in the local store since its assignment
+        # are listed packed, not here (`streams/stored_listing.py`); one that folds an event
+        # is listed here again, and its packed entry is skipped.
+        self._stored: dict[int, StoredListing] = {}
+        self._next_sequence = 1
         self._followers: dict[str, list[asyncio.Queue[Folded | None]]] = {}
         worker.fold_observers.append(self)
 
@@ -149,6 +155,13 @@ class WorkerReadModel:
         self._views[state.conversation_id] = ConversationView(state)
         self._moved(state)
 
+    def stored(self, partition: int, conversations: list[tuple[str, Status]]) -> None:
+        """A newly assigned partition's conversations that wait in the local store: listed
+        (packed) without their views; their states are read back from the store when a page or
+        a lookup shows them."""
+        self._stored[partition] = StoredListing(partition, self._next_sequence, conversations)
+        self._next_sequence += len(conversations)
+
     def evicted(self, conversation: str, status: Status) -> None:
         """Out of the worker's memory: its view goes too; it stays listed, read back from the
         worker's local store when a page or a lookup shows it. The turns whose timelines it
@@ -167,20 +180,22 @@ class WorkerReadModel:
     def _listed(self, conversation: str, status: Status) -> Status:
         if (was := self._recent.pop(conversation, None)) is not None:
             self._unindexed(conversation, _status(was))
-        self._recent[conversation] = packed = _packed(next(self._sequence), status)
-        if status != _WALKED:
+        self._recent[conversation] = packed = _packed(self._next_sequence, status)
+        self._next_sequence += 1
+        if status != WALKED:
             self._by_status[status][conversation] = packed
         return status
 
     def _unindexed(self, conversation: str, status: Status) -> None:
-        if status != _WALKED:
+        if status != WALKED:
             del self._by_status[status][conversation]
 
     def _status_of(self, conversation: str) -> Status | None:
         packed = self._recent.get(conversation)
         return None if packed is None else _status(packed)
 
-    def forgotten(self, conversations: set[str]) -> None:
+    def forgotten(self, partition: int, conversations: set[str]) -> None:
+        self._stored.pop(partition, None)
         for conversation in conversations:
             self._views.pop(conversation, None)
             self._detailed.pop(conversation, None)
@@ -215,13 +230,8 @@ class WorkerReadModel:
         """The conversations this worker owns, the most recently active first."""
         rows: list[ConversationRow] = []
         last_sequence: int | None = None
-        order = self._recent if status is None or status == _WALKED else self._by_status[status]
-        for conversation, packed in reversed(order.items()):
-            sequence = packed >> _STATUS_BITS
-            if before is not None and sequence >= before:
-                continue
-            if status is not None and _status(packed) != status:
-                continue
+        stored = (listing.walk(status, before, self._recent.__contains__) for listing in self._stored.values())
+        for sequence, conversation, listed in heapq.merge(self._walk(status, before), *stored, reverse=True):
             if contains and contains not in conversation:
                 continue
             if len(rows) == limit:
@@ -232,7 +242,7 @@ class WorkerReadModel:
                 continue
             row = ConversationRow(
                 conversation,
-                _status(packed),
+                listed,
                 view.last_event_at if view is not None else None,
                 state.events_applied,
                 len(view.turns) if view is not None else len(state.turns),
@@ -241,6 +251,17 @@ class WorkerReadModel:
             rows.append(row)
             last_sequence = sequence
         return ConversationPage(rows, None)
+
+    def _walk(self, status: Status | None, before: int | None) -> Iterator[tuple[int, str, Status]]:
+        """(sequence, conversation, status) of those listed here, as `StoredListing.walk`."""
+        order = self._recent if status is None or status == WALKED else self._by_status[status]
+        for conversation, packed in reversed(order.items()):
+            sequence = packed >> _STATUS_BITS
+            if before is not None and sequence >= before:
+                continue
+            if status is not None and _status(packed) != status:
+                continue
+            yield sequence, conversation, _status(packed)
 
     def follow(self, conversation: str) -> asyncio.Queue[Folded | None]:
         """A queue of the conversation's events as the worker folds them (`None`: some were
@@ -258,12 +279,10 @@ class WorkerReadModel:
 
 
 _STATUS_BITS = (len(STATUSES) - 1).bit_length()
-_WALKED: Status = "idle"  # the one status without an index of its own (see `__init__`)
-_STATUS_INDEX = {status: i for i, status in enumerate(STATUSES)}
 
 
 def _packed(sequence: int, status: Status) -> int:
-    return sequence << _STATUS_BITS | _STATUS_INDEX[status]
+    return sequence << _STATUS_BITS | STATUS_INDEX[status]
 
 
 def _status(packed: int) -> Status:

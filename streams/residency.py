@@ -41,7 +41,15 @@ class FoldObserver(Protocol):
         local store), with the status it left with."""
         ...
 
-    def forgotten(self, conversations: set[str]) -> None: ...
+    def stored(self, partition: int, conversations: list[tuple[str, Status]]) -> None:
+        """A newly assigned partition's conversations (with their statuses) that stay in the
+        local store from the start: out of memory, as if evicted, in one call (a partition may
+        hold a million of them)."""
+        ...
+
+    def forgotten(self, partition: int, conversations: set[str]) -> None:
+        """The partition was handed over; `conversations`: its conversations in memory."""
+        ...
 
 
 class Residency:
@@ -81,9 +89,9 @@ class Residency:
             self.partitions.place(conversation, partition)
             for observer in self.observers:
                 observer.restored(state)
-        for conversation, status in loaded.stored:  # waiting in the local store
+        if loaded.stored:  # waiting in the local store
             for observer in self.observers:
-                observer.evicted(conversation, status)
+                observer.stored(partition, loaded.stored)
         loaded.stored = []
 
     def restored_all(self, loaded: dict[int, Loaded]) -> None:
@@ -161,12 +169,12 @@ class Residency:
             and self.snapshots.clean(partition, conversation)
         )
 
-    def forget(self, part: OwnedPartition) -> None:
+    def forget(self, partition: int, part: OwnedPartition) -> None:
         """The partition was handed over: its conversations leave memory for good."""
         for conversation in part.conversations:
             self.states.pop(conversation, None)
         for observer in self.observers:
-            observer.forgotten(part.conversations)
+            observer.forgotten(partition, part.conversations)
 
     async def close(self, clean: bool, done: dict[int, int], now_ms: int, owes_nothing: Callable[[str], bool]) -> None:
         """On stop; `done`: what the last commit committed (empty when the stop was not clean)."""

@@ -434,14 +434,17 @@ class Snapshotter:
         else:
             dirty.last, dirty.events, dirty.last_ms = record.offset, dirty.events + 1, self._now_ms()
 
-    def forgotten(self, conversations: set[str]) -> None:
-        pass  # their partitions' changes were dropped on revoke (`revoked`)
+    def forgotten(self, partition: int, conversations: set[str]) -> None:
+        pass  # their partitions' changes were dropped at the handover (`handed_over`)
 
     def restored(self, state: ConversationState) -> None:
         pass  # its snapshot is the one just read: nothing changed
 
     def evicted(self, conversation: str, status: Status) -> None:
         pass  # evicted only once its snapshot is written
+
+    def stored(self, partition: int, conversations: list[tuple[str, Status]]) -> None:
+        pass  # their snapshots are the ones just read
 
     def checkpoint(
         self,

@@ -250,9 +250,9 @@ class Worker:
         self._rebalances += 1
         await self.handover.revoke(partitions)
 
-    def _forget(self, part: OwnedPartition) -> None:
+    def _forget(self, partition: int, part: OwnedPartition) -> None:
         """A partition handed over: what this worker holds of its conversations goes."""
-        self.residency.forget(part)
+        self.residency.forget(partition, part)
         for conversation in part.conversations:
             self._dirty.discard(conversation)
             self._rendered.pop(conversation, None)

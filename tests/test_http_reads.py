@@ -270,5 +270,5 @@ def test_a_page_filtered_by_status_lists_exactly_that_status_most_recent_first(t
     fold("c2", completed(turns["c2"], 40))
     assert listed("idle") == [("c2", "idle"), ("c3", "idle"), ("c1", "idle")] and listed("active") == []
     model.evicted("c1", "idle")
-    model.forgotten({"c3"})
+    model.forgotten(0, {"c3"})
     assert listed("idle") == [("c2", "idle")]  # c1 is listed, read back from a store this worker has not

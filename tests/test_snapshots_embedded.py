@@ -367,3 +367,37 @@ async def test_a_capture_cut_short_goes_on_at_the_next_steps_not_a_commit_later(
         assert snapshots is not None
         await until(lambda: snapshots.written == 12, timeout_s=10)
         assert not snapshots.behind
+
+
+async def test_a_restart_pages_through_its_stored_conversations_each_once_and_one_that_moves_comes_first(
+    tmp_path: Path,
+) -> None:
+    """The conversations that wait in the local store from the start are listed packed, beside
+    those in memory: a client paging through them sees each once, and one that folds an
+    event is listed again, first, and only there."""
+    stored = dataclasses.replace(EAGER, eviction=EvictionPolicy(idle_ms=0, state_dir=tmp_path / "state"))
+    log = FileLog(tmp_path, partitions=PARTITIONS)
+    await _publish(log, generated_log(random.Random(11), 30, 600))
+    async with Run(log, stored) as first:
+        await first.snapshots_cover_everything()
+    async with Run(FileLog(tmp_path, partitions=PARTITIONS), stored) as second:
+        states = _log_states(log)
+
+        def walk(limit: int) -> list[str]:
+            seen, cursor = [], None
+            while True:
+                page = second.reads.page(limit=limit, before=cursor)
+                seen += [row.conversation_id for row in page.rows]
+                if page.next_cursor is None:
+                    return seen
+                cursor = page.next_cursor
+
+        assert second.worker.states.keys() < states.keys()  # some wait in the store
+        listed = walk(limit=4)
+        assert sorted(listed) == sorted(states) and walk(limit=1) == listed
+        stays = next(c for c in reversed(listed) if c not in second.worker.states)
+        await _publish(log, [message_event(stays, "back again", NOW(), "back-1")])
+        await second.caught_up()
+        again = walk(limit=4)
+        assert again[0] == stays and sorted(again) == sorted(states)
+        assert second.reads.page(status="debouncing").rows[0].conversation_id == stays
