@@ -108,12 +108,15 @@ class Evictor:
         limit = self.policy.max_resident
         over = 0 if limit is None else len(self._touched) - limit
         out: list[str] = []
-        for looked, (conversation, touched) in enumerate(list(self._touched.items())):
+        # Walked in place, not copied: a pass costs the conversations it looks at, not all of
+        # those in memory (a copy of 45,000 took 4-6 ms, at every step of the worker).
+        for looked, (conversation, touched) in enumerate(self._touched.items()):
             stale = cutoff is not None and touched <= cutoff
             if looked >= self.policy.max_per_checkpoint or (len(out) >= over and not stale):
                 break  # in touch order: nothing after this one is staler
             if evictable(conversation):
-                del self._touched[conversation]
                 out.append(conversation)
+        for conversation in out:
+            del self._touched[conversation]
         self.evictions += len(out)
         return out

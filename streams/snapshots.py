@@ -303,6 +303,9 @@ class _Captured:
 
 @dataclass(slots=True)
 class _Partition:
+    # In the order of `_Dirty.first`: a partition's records are folded in offset order, so
+    # inserting keeps it (`Snapshotter._redo`, which puts older changes back, sorts again),
+    # and the partition's watermark is its first entry's, not a scan of them all.
     dirty: dict[str, _Dirty] = field(default_factory=dict)
     watermark: int = 0  # the last one written (or found) for the partition
     # For the store's checkpoint: the snapshot-topic offset below which every record is one
@@ -475,7 +478,9 @@ class Snapshotter:
             if part is None:
                 continue
             items = captured[p] = []
-            for conversation, dirty in [] if self.behind else list(part.dirty.items()):
+            # Walked in place, not copied: a capture that stops at its bound costs what it
+            # looked at, not the partition's whole backlog of changes.
+            for conversation, dirty in () if self.behind else part.dirty.items():
                 if (budget is not None and budget <= 0) or (until is not None and self._monotonic() > until):
                     self.behind = True
                     break
@@ -487,12 +492,14 @@ class Snapshotter:
                 if not self._fits(conversation, value):
                     continue
                 items.append(_Captured(conversation, value, dirty, position - 1, conversation_status(state)))
-                del part.dirty[conversation]
                 if budget is not None:
                     budget -= 1
+            for item in items:
+                del part.dirty[item.conversation]
             # Never past a record whose one-time effect is not on the log yet (a dead letter of
             # a record of no conversation, say): a new owner starting there would not redo it.
-            watermark = min(min((d.first for d in part.dirty.values()), default=position), done.get(p, 0))
+            oldest = next(iter(part.dirty.values()), None)
+            watermark = min(position if oldest is None else oldest.first, done.get(p, 0))
             if watermark > part.watermark:
                 watermarks[p] = watermark
         captured = {p: items for p, items in captured.items() if items}
@@ -567,3 +574,4 @@ class Snapshotter:
             else:
                 newer.first = min(newer.first, c.dirty.first)
                 newer.events += c.dirty.events
+        part.dirty = dict(sorted(part.dirty.items(), key=lambda item: item[1].first))

@@ -3,15 +3,16 @@ waits for it: it is bounded in time, and what it leaves is captured at the next 
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 from pathlib import Path
 
 from builders import message
 
 from turnstile.projections import ConversationState, apply_event, new_state
-from turnstile.projections.snapshot import decode_snapshot
+from turnstile.projections.snapshot import WATERMARK_KEY, decode_snapshot, decode_watermark
 from turnstile.streams.file_log import FileLog
-from turnstile.streams.log import Record
+from turnstile.streams.log import Acknowledged, Record
 from turnstile.streams.snapshots import SnapshotPolicy, Snapshotter
 
 
@@ -49,3 +50,53 @@ async def test_a_capture_stops_at_its_time_bound_and_the_next_ones_go_on_where_i
     snapshots.checkpoint({0: 15}, {0: 15}, 0, states.get, lambda _c: True, final=True)
     await snapshots.drain()
     assert snapshots.written == 15 and not snapshots.behind
+
+
+class RefusingLog(FileLog):
+    """The broker refuses the first snapshot write of one conversation."""
+
+    def __init__(self, path: Path, refused: str) -> None:
+        super().__init__(path, partitions=1)
+        self.refused: str | None = refused
+
+    async def send(
+        self, topic: str, key: str, value: bytes, partition: int | None = None
+    ) -> asyncio.Future[Acknowledged]:
+        if topic == self.topics.snapshots and key == self.refused:
+            self.refused = None
+            raise OSError("the broker is briefly unavailable")
+        return await super().send(topic, key, value, partition)
+
+
+def _watermarks(log: FileLog) -> list[int]:
+    return [w for r in log.read_all(log.topics.snapshots) if r.key == WATERMARK_KEY.encode()
+            and isinstance(w := decode_watermark(r.value), int)]  # fmt: skip
+
+
+async def test_a_snapshot_the_broker_refused_holds_the_watermark_below_its_events_though_newer_changes_came_first(
+    tmp_path: Path,
+) -> None:
+    """A watermark says every conversation with an event below it has a snapshot of it: a
+    refused snapshot is due again with its first event, older than changes made meanwhile."""
+    log = RefusingLog(tmp_path, refused="a")
+    snapshots = Snapshotter(log, SnapshotPolicy(idle_ms=0), lambda: 0)
+    await snapshots.load([0])
+    states = {c: new_state(c) for c in ("a", "b")}
+
+    def fold(offset: int, conversation: str) -> None:
+        event = message(f"m{offset}", 10, conv=conversation)
+        assert apply_event(states[conversation], event) is None
+        snapshots.folded(Record(0, offset, conversation.encode(), b""), event, states[conversation], None)
+
+    fold(0, "a")
+    snapshots.checkpoint({0: 1}, {0: 1}, 0, states.get, lambda _c: True)  # captures a; its write is refused
+    fold(1, "b")  # a change made while that write is in flight
+    await snapshots.drain()
+    assert snapshots.written == 0 and snapshots.pending(0)
+    # Neither can be taken now (the worker owes something for both): the watermark is a's event.
+    snapshots.checkpoint({0: 2}, {0: 2}, 0, states.get, lambda _c: False)
+    await snapshots.drain()
+    assert _watermarks(log) == []
+    snapshots.checkpoint({0: 2}, {0: 2}, 0, states.get, lambda _c: True)
+    await snapshots.drain()
+    assert snapshots.written == 2 and _watermarks(log) == [2]
