@@ -73,9 +73,10 @@ class SnapshotPolicy:
     every_events: int = 500
     # Encoding work per capture, on the event loop (every other task waits meanwhile): at most
     # this many snapshots and this long (None: no time bound); what is left is captured at
-    # the worker's next steps, once the write before it is acknowledged.
+    # the worker's next steps, once the write before it is acknowledged. 4 ms: a GET that
+    # waits for a capture must still be answered within 10 ms.
     max_per_checkpoint: int = 2_000
-    max_capture_s: float | None = 0.01
+    max_capture_s: float | None = 0.004
 
 
 # -- loading -----------------------------------------------------------------------------------
