@@ -159,6 +159,9 @@ class WorkerReadModel:
         """A newly assigned partition's conversations that wait in the local store: listed
         (packed) without their views; their states are read back from the store when a page or
         a lookup shows them."""
+        for conversation, _ in conversations:  # listed from an earlier ownership: this one's holds
+            if (packed := self._recent.pop(conversation, None)) is not None:
+                self._unindexed(conversation, _status(packed))
         self._stored[partition] = StoredListing(partition, self._next_sequence, conversations)
         self._next_sequence += len(conversations)
 
@@ -196,6 +199,10 @@ class WorkerReadModel:
 
     def forgotten(self, partition: int, conversations: set[str]) -> None:
         self._stored.pop(partition, None)
+        # Those evicted since the assignment are listed here but not in `conversations` (the
+        # ones in memory): the partition's whole listing goes.
+        partition_of = self._worker.log.partition_for
+        conversations = conversations | {c for c in self._recent if partition_of(c) == partition}
         for conversation in conversations:
             self._views.pop(conversation, None)
             self._detailed.pop(conversation, None)
@@ -230,7 +237,8 @@ class WorkerReadModel:
         """The conversations this worker owns, the most recently active first."""
         rows: list[ConversationRow] = []
         last_sequence: int | None = None
-        stored = (listing.walk(status, before, self._recent.__contains__) for listing in self._stored.values())
+        moved = self._recent.__contains__
+        stored = (listing.walk(status, before, moved, contains) for listing in self._stored.values())
         for sequence, conversation, listed in heapq.merge(self._walk(status, before), *stored, reverse=True):
             if contains and contains not in conversation:
                 continue

@@ -480,14 +480,19 @@ class Snapshotter:
                 continue
             items = captured[p] = []
             # Walked in place, not copied: a capture that stops at its bound costs what it
-            # looked at, not the partition's whole backlog of changes.
+            # looked at, not the partition's whole backlog of changes. The changes not due yet
+            # (conversations in use, at the front: their first change is the oldest) are passed
+            # over before the bound is looked at, so they cannot use it up and starve the due
+            # ones behind them.
             for conversation, dirty in () if self.behind else part.dirty.items():
+                due = final or dirty.events >= self.policy.every_events or now_ms - dirty.last_ms >= self.policy.idle_ms
+                if not due or dirty.last >= done.get(p, 0):
+                    continue
                 if (budget is not None and budget <= 0) or (until is not None and self._monotonic() > until):
                     self.behind = True
                     break
-                due = final or dirty.events >= self.policy.every_events or now_ms - dirty.last_ms >= self.policy.idle_ms
                 state = state_of(conversation)
-                if not due or state is None or dirty.last >= done.get(p, 0) or not ready(conversation):
+                if state is None or not ready(conversation):
                     continue
                 value = encode_snapshot(state, position - 1)
                 if not self._fits(conversation, value):

@@ -53,11 +53,12 @@ class StoredListing:
         return len(self._statuses)
 
     def walk(
-        self, status: Status | None, before: int | None, moved: Callable[[str], bool]
+        self, status: Status | None, before: int | None, moved: Callable[[str], bool], contains: str = ""
     ) -> Iterator[tuple[int, str, Status]]:
         """(sequence, conversation, status), highest sequence first, below `before` (None: from
-        the last), of `status` (None: any), without the conversations `moved` says were listed
-        again since."""
+        the last), of `status` (None: any), whose id contains `contains`, without the
+        conversations `moved` says were listed again since."""
+        needle = contains.encode()  # searched in the UTF-8 bytes: only the matches are decoded
         end = len(self) if before is None else max(0, min(len(self), before - self.first))
         wanted = None if status is None else STATUS_INDEX[status]
         if wanted is None or wanted == _WALKED_INDEX:
@@ -68,6 +69,9 @@ class StoredListing:
             index = self._statuses[i]
             if wanted is not None and index != wanted:
                 continue
-            conversation = self._ids[self._ends[i - 1] if i else 0 : self._ends[i]].decode()
+            encoded = self._ids[self._ends[i - 1] if i else 0 : self._ends[i]]
+            if needle and needle not in encoded:
+                continue
+            conversation = encoded.decode()
             if not moved(conversation):
                 yield self.first + i, conversation, STATUSES[index]

@@ -12,7 +12,7 @@ from worker_harness import FAST, client_of, serving, until
 
 from turnstile.events import Event, TurnInterrupted, encode
 from turnstile.handlers.providers.scripted import ScriptedProvider
-from turnstile.projections import Status, apply_event, conversation_status, new_state
+from turnstile.projections import ConversationState, Status, apply_event, conversation_status, new_state
 from turnstile.projections.state import ActiveTurn, PendingInput, TurnRecord
 from turnstile.streams.file_log import FileLog
 from turnstile.streams.http_api import HttpServer, build_app
@@ -245,7 +245,8 @@ def test_an_evicted_conversation_leaves_the_read_model_but_its_listing(tmp_path:
 
 
 def test_a_page_filtered_by_status_lists_exactly_that_status_most_recent_first(tmp_path: Path) -> None:
-    model = WorkerReadModel(Worker(FileLog(tmp_path), ScriptedProvider(), FAST))
+    log = FileLog(tmp_path, partitions=3)  # c1 and c3 on partition 2, c2 on 1
+    model = WorkerReadModel(Worker(log, ScriptedProvider(), FAST))
     states = {c: new_state(c) for c in ("c1", "c2", "c3")}
     offsets = iter(range(100))
 
@@ -270,5 +271,45 @@ def test_a_page_filtered_by_status_lists_exactly_that_status_most_recent_first(t
     fold("c2", completed(turns["c2"], 40))
     assert listed("idle") == [("c2", "idle"), ("c3", "idle"), ("c1", "idle")] and listed("active") == []
     model.evicted("c1", "idle")
-    model.forgotten(0, {"c3"})
-    assert listed("idle") == [("c2", "idle")]  # c1 is listed, read back from a store this worker has not
+    model.forgotten(2, {"c3"})  # partition 2 handed over: c3, in memory, and c1, evicted, go
+    assert listed("idle") == [("c2", "idle")]
+
+
+class StoreOfNewStates(Worker):
+    """A worker whose local store has a (new) state of every conversation asked of it."""
+
+    def state_of(self, conversation_id: str) -> ConversationState | None:
+        return self.states.get(conversation_id) or new_state(conversation_id)
+
+
+def test_a_partition_handed_over_and_assigned_back_lists_each_conversation_once_as_it_is_now(tmp_path: Path) -> None:
+    model = WorkerReadModel(StoreOfNewStates(FileLog(tmp_path, partitions=1), ScriptedProvider(), FAST))
+    offsets = iter(range(100))
+
+    def one_turn(conversation: str) -> None:
+        state = new_state(conversation)
+        c = claim([f"{conversation}-m1"], 20, 0, conv=conversation)
+        for event in (message(f"{conversation}-m1", 10, conv=conversation), c, completed(c, 30)):
+            assert apply_event(state, event) is None
+            model.folded(Record(0, next(offsets), conversation.encode(), b""), event, state, None)
+
+    one_turn("c1")
+    model.evicted("c1", "idle")
+    model.forgotten(0, set())  # handed over, with c1 out of memory
+    assert model.page().rows == []
+    # Assigned back: c1 was paused by the other owner meanwhile, c2 is new; both wait in the store.
+    model.stored(0, [("c1", "paused"), ("c2", "idle")])
+    one_turn("c3")  # one in memory, listed after them
+
+    def walk(status: Status | None = None, contains: str = "") -> list[tuple[str, str]]:
+        seen, cursor = [], None
+        while True:
+            page = model.page(status=status, contains=contains, before=cursor, limit=1)
+            seen += [(row.conversation_id, row.status) for row in page.rows]
+            if page.next_cursor is None:
+                return seen
+            cursor = page.next_cursor
+
+    assert walk() == [("c3", "idle"), ("c2", "idle"), ("c1", "paused")]
+    assert walk("idle") == [("c3", "idle"), ("c2", "idle")] and walk("paused") == [("c1", "paused")]
+    assert walk(contains="2") == [("c2", "idle")] and walk("paused", contains="2") == []

@@ -100,3 +100,39 @@ async def test_a_snapshot_the_broker_refused_holds_the_watermark_below_its_event
     snapshots.checkpoint({0: 2}, {0: 2}, 0, states.get, lambda _c: True)
     await snapshots.drain()
     assert snapshots.written == 2 and _watermarks(log) == [2]
+
+
+async def test_conversations_in_use_at_the_front_do_not_use_up_a_capture_bound_the_due_ones_need(
+    tmp_path: Path,
+) -> None:
+    log = FileLog(tmp_path, partitions=1)
+    ticks = itertools.count()
+    clock_ms = 0
+    # Every look at the clock is 1 ms later; the bound is 3.5 ms: three snapshots a capture.
+    snapshots = Snapshotter(
+        log, SnapshotPolicy(idle_ms=1_000, max_capture_s=0.0035), lambda: clock_ms,
+        monotonic=lambda: next(ticks) / 1000,
+    )  # fmt: skip
+    await snapshots.load([0])
+    states: dict[str, ConversationState] = {}
+    offsets = itertools.count()
+
+    def fold(conversation: str) -> None:
+        offset = next(offsets)
+        event = message(f"m{offset}", 10, conv=conversation)
+        state = states.setdefault(conversation, new_state(conversation))
+        assert apply_event(state, event) is None
+        snapshots.folded(Record(0, offset, conversation.encode(), b""), event, state, None)
+
+    busy, quiet = [f"busy-{i}" for i in range(10)], [f"quiet-{i}" for i in range(3)]
+    for conversation in busy + quiet:  # the busy ones' first changes are the oldest
+        fold(conversation)
+    clock_ms = 5_000
+    for conversation in busy:  # ... and they are still in use
+        fold(conversation)
+    clock_ms = 5_500
+    end = next(offsets)
+    snapshots.checkpoint({0: end}, {0: end}, clock_ms, states.get, lambda _c: True)
+    await snapshots.drain()
+    on_topic = {r.key.decode() for r in log.read_all(log.topics.snapshots) if r.key and r.key != WATERMARK_KEY.encode()}
+    assert on_topic == set(quiet)
