@@ -47,6 +47,9 @@ class RunnerSlot:
         self.run_id: str | None = None  # the run of its last append
         # event id -> how the fold judged it when the consumer read it back (True: accepted).
         self._verdicts: dict[str, asyncio.Future[bool]] = {}
+        # value -> the event it encodes, for each append not read back yet: the consumer
+        # reading its own bytes back need not parse and validate them again.
+        self._written: dict[bytes, Event] = {}
         self._unacked: list[asyncio.Future[Acknowledged]] = []
         self._go = asyncio.Event()
         self._go.set()
@@ -73,7 +76,9 @@ class RunnerSlot:
         waits also waits for its acknowledgement (one round trip for both). A fenced event
         always waits: its tool must not run before the read-back, whatever the caller asked."""
         verdict = self._verdicts[event.event_id] = asyncio.get_running_loop().create_future()
-        self._unacked.append(await self._send(encode(event)))
+        value = encode(event)
+        self._written[value] = event
+        self._unacked.append(await self._send(value))
         self.run_id = getattr(event, "run_id", self.run_id)
         if not wait and not fenced(event):
             return
@@ -104,6 +109,11 @@ class RunnerSlot:
             self._resting = False
 
     # -- the worker's side ---------------------------------------------------------------
+    def written_as(self, value: bytes) -> Event | None:
+        """The event this runner appended as exactly `value` (once: it is being read back),
+        or None. Equal bytes decode to an equal event, so the fold may take this one."""
+        return self._written.pop(value, None)
+
     def judged(self, event_id: str, accepted: bool) -> bool:
         """The consumer read back this runner's event; False if it was not this runner's.
         A refused event means another owner took the turn over (or won the claim) first:

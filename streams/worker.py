@@ -366,14 +366,8 @@ class Worker:
             self.pace.note(self.partitions.replaying())
         if in_snapshot:
             return
-        event = decode(record.value, self.config.max_value_bytes)
-        if isinstance(event, DecodeError):
-            self._dead_letter(record, event, effects)
-            return
-        key = record.key.decode("utf-8", "replace") if record.key is not None else None
-        if key != event.conversation_id:
-            err = DecodeError("key_mismatch", f"key {key!r} is not the conversation id {event.conversation_id!r}")
-            self._dead_letter(record, err, effects)
+        event = self._decoded(record, effects)
+        if event is None:
             return
         conversation = event.conversation_id
         state = self.residency.state_for(conversation, record.partition)
@@ -398,6 +392,27 @@ class Worker:
         if effects and isinstance(event, (*OUTCOME_TYPES, MessageRejected)):
             self.checkpoint.effect(self.log.topics.outcomes, record, encode(event))
         self._dirty.add(conversation)
+
+    def _decoded(self, record: Record, effects: bool) -> Event | None:
+        """The record's event, or None once it is dead-lettered. A runner's own append read
+        back is the event it wrote (its bytes exactly, within the size limit every reader
+        applies): not parsed and validated a second time."""
+        key = record.key.decode("utf-8", "replace") if record.key is not None else None
+        value, limit = record.value, self.config.max_value_bytes
+        slot = self.runners.get(key) if key is not None else None
+        if slot is not None and value is not None and (limit is None or len(value) <= limit):
+            own = slot.written_as(value)
+            if own is not None:
+                return own
+        event = decode(value, limit)
+        if isinstance(event, DecodeError):
+            self._dead_letter(record, event, effects)
+            return None
+        if key != event.conversation_id:
+            err = DecodeError("key_mismatch", f"key {key!r} is not the conversation id {event.conversation_id!r}")
+            self._dead_letter(record, err, effects)
+            return None
+        return event
 
     def _interrupt_on_arrival(self, state: ConversationState, event: Event) -> None:
         """Interrupt-and-merge: a message mid-turn asks the running turn to withdraw."""

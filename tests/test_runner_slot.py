@@ -9,7 +9,7 @@ import asyncio
 import pytest
 from builders import CONV, claim, completed, eid, started
 
-from turnstile.events import Event, ToolCallStarted
+from turnstile.events import Event, ToolCallStarted, encode
 from turnstile.streams.log import Acknowledged, Landed
 from turnstile.streams.runner_slot import RunnerSlot
 
@@ -168,3 +168,14 @@ async def test_a_side_effect_sent_without_waiting_still_waits_for_its_read_back(
     assert slot.judged(start.event_id, accepted=False)
     await task  # Superseded, ended quietly by the slot
     assert not slot.awaiting_read_back and slot.last_offset == 0
+
+
+async def test_a_record_read_back_with_exactly_the_bytes_a_runner_wrote_is_its_event_once():
+    log = Log()
+    slot = RunnerSlot(CONV, 0, log.send)
+    await slot.append(TURN, wait=False)
+    mine = encode(TURN)
+    assert slot.written_as(encode(started(TURN, 2))) is None  # bytes it did not write
+    assert slot.written_as(mine[:-1] + b" }") is None  # an equal event in other bytes: parsed as any other
+    assert slot.written_as(mine) is TURN
+    assert slot.written_as(mine) is None  # read back once: a copy of it is parsed like any record
