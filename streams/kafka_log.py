@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Coroutine, Mapping
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -69,18 +69,31 @@ def bootstrap_of(url: str) -> str:
     return url.removeprefix("kafka://")
 
 
+class RebalanceFailed(RuntimeError):
+    """The worker's part of a rebalance raised: which partitions it folds is unknown, so the
+    consumer loop stops with it (the group gives the partitions to a member that works)."""
+
+
 class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]
+    """aiokafka calls these from its group coordinator and only logs what they raise: a
+    worker whose assignment failed would go on polling partitions it never took, dropping
+    their records, with its turns held forever. The failure is kept for `KafkaLog.poll`."""
+
     def __init__(self, owner: KafkaLog, listener: RebalanceListener) -> None:
         self.owner = owner
         self.listener = listener
+        self.failure: tuple[str, Exception] | None = None  # (which part, what it raised)
 
     async def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None:
         # Awaited before the group rebalances: the worker stops its turns for these
         # partitions here, so the next owner never sees two writers of one conversation.
         if revoked:
-            await self.listener.on_revoked({tp.partition for tp in revoked})
+            await self._guarded("revoke", self.listener.on_revoked({tp.partition for tp in revoked}))
 
     async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
+        await self._guarded("assignment", self._assigned(assigned))
+
+    async def _assigned(self, assigned: set[TopicPartition]) -> None:
         # Called with nothing too: the listener learns that what it held moved away.
         consumer = self.owner.consumer
         ends = await consumer.end_offsets(list(assigned)) if assigned else {}
@@ -93,6 +106,13 @@ class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]
         # until it returns, and nothing from elsewhere must reach it after.
         for tp in assigned & consumer.assignment():  # (one lost to a rebalance meanwhile: not ours)
             consumer.seek(tp, positions.get(tp.partition, 0))
+
+    async def _guarded(self, what: str, step: Coroutine[Any, Any, None]) -> None:
+        try:
+            await step
+        except Exception as exc:
+            log.exception("the worker's %s failed: the worker stops", what)
+            self.failure = self.failure or (what, exc)
 
 
 # What a rebalance allows a member beyond its session timeout to rejoin: a revoke's grace
@@ -178,6 +198,7 @@ class KafkaLog:
         )
         self._consumer: AIOKafkaConsumer | None = None
         self._producer: AIOKafkaProducer | None = None
+        self._listener: _Listener | None = None
         self.bootstrap = bootstrap
         # topic -> its `max.message.bytes`, read at start for the topics effects go to.
         self.max_message_bytes: dict[str, int] = {}
@@ -228,11 +249,20 @@ class KafkaLog:
         await ensure_snapshot_topic(self.bootstrap, self.topics)
         await self.producer.start()
         await self.consumer.start()
-        self.consumer.subscribe([self.topics.events], listener=_Listener(self, listener))
+        self._listener = _Listener(self, listener)
+        self.consumer.subscribe([self.topics.events], listener=self._listener)
 
     async def poll(self, timeout_s: float) -> list[Record]:
+        """What arrived; raises `RebalanceFailed` once the worker's part of a rebalance failed."""
+        self._raise_a_failed_rebalance()
         batches = await self.consumer.getmany(timeout_ms=int(timeout_s * 1000), max_records=POLL_RECORDS)
+        self._raise_a_failed_rebalance()  # (a rebalance may run while getmany waits)
         return [record_of(tp.partition, m) for tp, messages in batches.items() for m in messages]
+
+    def _raise_a_failed_rebalance(self) -> None:
+        if self._listener is not None and self._listener.failure is not None:
+            what, exc = self._listener.failure
+            raise RebalanceFailed(f"the worker's part of a rebalance ({what}) failed: {exc!r}") from exc
 
     async def append(
         self,

@@ -33,6 +33,14 @@ CONFIG = WorkerConfig(
 )
 
 
+def running(tasks: list[asyncio.Task[None]]) -> None:
+    """Fails at once with what a worker that stopped raised."""
+    for task in tasks:
+        if task.done():
+            task.result()
+            raise AssertionError("a worker stopped")
+
+
 async def test_a_rebalance_while_snapshots_are_written_loses_nothing(
     kafka_bootstrap: str, fresh_topics: Topics  # noqa: F811
 ) -> None:
@@ -63,7 +71,11 @@ async def test_a_rebalance_while_snapshots_are_written_loses_nothing(
                     assert asyncio.get_running_loop().time() < deadline, "no snapshot written"
                     await asyncio.sleep(0.05)
                 tasks.append(start_worker())  # joins while snapshots are being written
-        audit = await until_settled(kafka_bootstrap, fresh_topics, sent, 120)
+        try:
+            audit = await until_settled(kafka_bootstrap, fresh_topics, sent, 120, alive=lambda: running(tasks))
+        except AssertionError as unsettled:  # what each worker holds, for whoever reads the failure
+            views = [(w.partition_liveness(), w.consumer_lag(), len(w.runners)) for w in workers]
+            raise AssertionError(f"{unsettled}; workers (liveness, lag, turns running): {views}") from None
     finally:
         stop.set()
         await asyncio.gather(*tasks)

@@ -9,7 +9,7 @@ import uuid
 import pytest
 from kafka_fixtures import fresh_topics, kafka_bootstrap  # noqa: F401  (fixtures)
 
-from turnstile.streams.kafka_log import KafkaLog, Membership
+from turnstile.streams.kafka_log import KafkaLog, Membership, RebalanceFailed
 from turnstile.streams.log import PartitionStart, Topics
 from turnstile.streams.worker import WorkerConfig
 
@@ -96,3 +96,27 @@ async def test_a_worker_restarted_under_its_instance_id_takes_its_partitions_bac
         stop_a.set()
         await task_a
         await a.stop()
+
+
+class FailsToAssign(Seen):
+    """A worker whose part of the assignment raises (a broker call that gave up, a bug)."""
+
+    async def on_assigned(self, partitions: dict[int, PartitionStart]) -> None:
+        raise ConnectionError("the snapshot topic went away mid-load")
+
+
+async def test_a_worker_whose_assignment_failed_stops_with_the_reason_rather_than_polling_on_blind(
+    kafka_bootstrap: str,  # noqa: F811
+    fresh_topics: Topics,  # noqa: F811
+):
+    # aiokafka only logs what a rebalance listener raises: without this, the member would go
+    # on polling partitions it never took, its records dropped and its turns held forever.
+    broken = KafkaLog(kafka_bootstrap, f"g-{uuid.uuid4().hex[:8]}", fresh_topics)
+    await broken.start(FailsToAssign())
+    try:
+        async with asyncio.timeout(60):
+            with pytest.raises(RebalanceFailed, match=r"\(assignment\) failed: ConnectionError\('the snapshot topic"):
+                while True:
+                    await broken.poll(0.1)
+    finally:
+        await broken.stop()
