@@ -167,7 +167,7 @@ async def test_a_conflicting_reuse_is_409_before_the_fold_as_after(tmp_path):
     assert turn.input_ids == ("m1",)
 
 
-REPLAYED = 60_000  # a replay of this many records takes the fold well over the loop's budget
+REPLAYED = 150_000  # a replay of this many records holds the loop for many slices (~1 s here)
 
 
 class Replay:
@@ -201,7 +201,9 @@ async def test_the_probes_are_answered_during_a_long_replay(tmp_path):
         async with serving(worker) as (_svc, client):
             lag.start()  # from here: the service and its client are set up
             while not worker.partition_liveness() or replay.running:
-                health, ready = await client.get("/healthz"), await client.get("/readyz")
+                # Both at once: a request takes several loop cycles, each behind a slice of
+                # the replay, and the pair must be answered while the replay still runs.
+                health, ready = await asyncio.gather(client.get("/healthz"), client.get("/readyz"))
                 if replay.running:
                     answered.append((health.status_code, ready.status_code))
             final = await client.get("/readyz")

@@ -23,8 +23,9 @@ class Seen:
         self.assigned: set[int] = set()
         self.revocations = 0
 
-    async def on_assigned(self, partitions: dict[int, PartitionStart]) -> None:
+    async def on_assigned(self, partitions: dict[int, PartitionStart]) -> dict[int, int]:
         self.assigned |= set(partitions)
+        return {p: start.committed for p, start in partitions.items()}  # read on from the commits
 
     async def on_revoked(self, partitions: set[int]) -> None:
         self.revocations += 1
@@ -101,7 +102,7 @@ async def test_a_worker_restarted_under_its_instance_id_takes_its_partitions_bac
 class FailsToAssign(Seen):
     """A worker whose part of the assignment raises (a broker call that gave up, a bug)."""
 
-    async def on_assigned(self, partitions: dict[int, PartitionStart]) -> None:
+    async def on_assigned(self, partitions: dict[int, PartitionStart]) -> dict[int, int]:
         raise ConnectionError("the snapshot topic went away mid-load")
 
 
