@@ -1,4 +1,4 @@
-"""The wire codec: compact JSON (orjson) in, validated events out.
+"""The wire codec: events out as compact JSON bytes, bytes in as validated events.
 
 `decode` never raises: a consumer must be able to route any byte string it meets to the
 dead-letter topic with a reason, and keep its partition moving.
@@ -26,7 +26,10 @@ class DecodeError:
 
 
 def encode(event: Event) -> bytes:
-    return orjson.dumps(event.model_dump(mode="json"))
+    """The event's compact JSON, by pydantic-core straight to bytes: the same bytes as
+    `orjson.dumps(event.model_dump(mode="json"))` (`tests/test_codec.py` holds it to that) in
+    half its time, with no dict built on the way."""
+    return event.__pydantic_serializer__.to_json(event)
 
 
 def decode(

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import random
+
 import orjson
 import pytest
 from builders import claim, completed, message, started
+from log_generator import generated_log
 
-from turnstile.events import DeadLetter, DecodeError, decode, encode
+from turnstile.events import DeadLetter, DecodeError, MessageReceived, decode, encode
 
 
 @pytest.mark.parametrize(
@@ -55,3 +58,14 @@ def test_dead_letter_keeps_the_original_bytes():
     back = DeadLetter.model_validate_json(letter.encode())
     assert back.original_value() == b"\xff not json"
     assert (back.partition, back.offset, back.reason) == (3, 42, "not_json")
+
+
+def test_the_wire_bytes_are_the_compact_json_of_the_event_dump_for_generated_logs_and_edge_values():
+    # `encode` serialises in pydantic-core; the bytes must stay exactly orjson's compact dump
+    # of the JSON-mode dict (what earlier releases wrote): same key order, escapes, floats.
+    events = [e for seed in range(5) for e in generated_log(random.Random(seed), 10, 300)]
+    priced = next(e for e in events if getattr(e, "cost_usd", None) is not None)
+    events += [priced.model_copy(update={"cost_usd": v}) for v in (0.1 + 0.2, 1e-7, 5e-324, 1e16, 1e300, 0.0)]
+    first = next(e for e in events if isinstance(e, MessageReceived))
+    events += [first.model_copy(update={"content": s}) for s in ("é中😀", '\x00\x1f"\\/', "\u2028\u2029", "")]
+    assert [encode(e) for e in events] == [orjson.dumps(e.model_dump(mode="json")) for e in events]
