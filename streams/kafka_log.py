@@ -82,7 +82,7 @@ class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]
     def __init__(self, owner: KafkaLog, listener: RebalanceListener) -> None:
         self.owner = owner
         self.listener = listener
-        self.failure: tuple[str, Exception] | None = None  # (which part, what it raised)
+        self.failure: tuple[str, BaseException] | None = None  # (which part, what it raised)
 
     async def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None:
         # Awaited before the group rebalances: the worker stops its turns for these
@@ -110,9 +110,17 @@ class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]
     async def _guarded(self, what: str, step: Coroutine[Any, Any, None]) -> None:
         try:
             await step
+        except asyncio.CancelledError as exc:
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                raise  # the consumer is stopping its coordinator: not a failure of ours
+            self._failed(what, exc)  # one raised inside the worker's part (not a cancellation)
         except Exception as exc:
-            log.exception("the worker's %s failed: the worker stops", what)
-            self.failure = self.failure or (what, exc)
+            self._failed(what, exc)
+
+    def _failed(self, what: str, exc: BaseException) -> None:
+        log.error("the worker's %s failed: the worker stops", what, exc_info=exc)
+        self.failure = self.failure or (what, exc)
 
 
 # What a rebalance allows a member beyond its session timeout to rejoin: a revoke's grace

@@ -121,3 +121,35 @@ async def test_a_worker_whose_assignment_failed_stops_with_the_reason_rather_tha
                     await broken.poll(0.1)
     finally:
         await broken.stop()
+
+
+class CancelledInside(Seen):
+    """A revoke whose own awaits end in a CancelledError that is not the consumer stopping."""
+
+    async def on_revoked(self, partitions: set[int]) -> None:
+        raise asyncio.CancelledError()
+
+
+async def test_a_cancellation_raised_inside_the_workers_revoke_is_a_failure_too(
+    kafka_bootstrap: str,  # noqa: F811
+    fresh_topics: Topics,  # noqa: F811
+):
+    group = f"g-{uuid.uuid4().hex[:8]}"
+    first, second = KafkaLog(kafka_bootstrap, group, fresh_topics), KafkaLog(kafka_bootstrap, group, fresh_topics)
+    seen = CancelledInside()
+    await first.start(seen)
+    stop = asyncio.Event()
+    try:
+        async with asyncio.timeout(60):
+            while len(seen.assigned) < 8:
+                await first.poll(0.1)
+            await second.start(Seen())  # a rebalance: the first member revokes
+            task = asyncio.create_task(polling(second, stop))
+            with pytest.raises(RebalanceFailed, match=r"\(revoke\) failed: CancelledError"):
+                while True:
+                    await first.poll(0.1)
+        stop.set()
+        await task
+    finally:
+        stop.set()
+        await asyncio.gather(first.stop(), second.stop())
