@@ -207,6 +207,7 @@ class KafkaLog:
         self._consumer: AIOKafkaConsumer | None = None
         self._producer: AIOKafkaProducer | None = None
         self._listener: _Listener | None = None
+        self._failure_raised = False
         self.bootstrap = bootstrap
         # topic -> its `max.message.bytes`, read at start for the topics effects go to.
         self.max_message_bytes: dict[str, int] = {}
@@ -270,6 +271,7 @@ class KafkaLog:
     def _raise_a_failed_rebalance(self) -> None:
         if self._listener is not None and self._listener.failure is not None:
             what, exc = self._listener.failure
+            self._failure_raised = True
             raise RebalanceFailed(f"the worker's part of a rebalance ({what}) failed: {exc!r}") from exc
 
     async def append(
@@ -362,6 +364,10 @@ class KafkaLog:
             await self._batcher.drain()  # what was appended in the last cycle is sent, not dropped
         clients = [c for c in (self._consumer, self._producer) if c is not None]
         await asyncio.gather(*(c.stop() for c in clients), return_exceptions=True)
+        if not self._failure_raised:
+            # One that failed after the last poll (or while the consumer stopped): the stop
+            # says so, and the process does not exit as if all went well.
+            self._raise_a_failed_rebalance()
 
 
 def _refused(exc: BaseException) -> BaseException:

@@ -102,7 +102,12 @@ async def test_a_worker_restarted_under_its_instance_id_takes_its_partitions_bac
 class FailsToAssign(Seen):
     """A worker whose part of the assignment raises (a broker call that gave up, a bug)."""
 
+    def __init__(self) -> None:
+        super().__init__()
+        self.tried = asyncio.Event()
+
     async def on_assigned(self, partitions: dict[int, PartitionStart]) -> dict[int, int]:
+        self.tried.set()
         raise ConnectionError("the snapshot topic went away mid-load")
 
 
@@ -153,3 +158,15 @@ async def test_a_cancellation_raised_inside_the_workers_revoke_is_a_failure_too(
     finally:
         stop.set()
         await asyncio.gather(first.stop(), second.stop())
+
+
+async def test_an_assignment_that_failed_after_the_last_poll_fails_the_stop(
+    kafka_bootstrap: str,  # noqa: F811
+    fresh_topics: Topics,  # noqa: F811
+):
+    # A worker stopping with no turn in flight polls no more: the failure surfaces at the stop.
+    broken, listener = KafkaLog(kafka_bootstrap, f"g-{uuid.uuid4().hex[:8]}", fresh_topics), FailsToAssign()
+    await broken.start(listener)
+    await asyncio.wait_for(listener.tried.wait(), 60)
+    with pytest.raises(RebalanceFailed, match=r"\(assignment\) failed"):
+        await broken.stop()
