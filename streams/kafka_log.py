@@ -87,11 +87,14 @@ class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]
     async def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None:
         # Awaited before the group rebalances: the worker stops its turns for these
         # partitions here, so the next owner never sees two writers of one conversation.
-        if revoked:
+        if revoked and not self.owner.stopping:
             await self._guarded("revoke", self.listener.on_revoked({tp.partition for tp in revoked}))
 
     async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
-        await self._guarded("assignment", self._assigned(assigned))
+        # A stopping consumer still finishes a rebalance in flight: the worker, closed by
+        # then, is not told of partitions it will never read (nor loads their snapshots).
+        if not self.owner.stopping:
+            await self._guarded("assignment", self._assigned(assigned))
 
     async def _assigned(self, assigned: set[TopicPartition]) -> None:
         # Called with nothing too: the listener learns that what it held moved away.
@@ -208,6 +211,7 @@ class KafkaLog:
         self._producer: AIOKafkaProducer | None = None
         self._listener: _Listener | None = None
         self._failure_raised = False
+        self.stopping = False  # from `stop` on, rebalances are no longer the listener's business
         self.bootstrap = bootstrap
         # topic -> its `max.message.bytes`, read at start for the topics effects go to.
         self.max_message_bytes: dict[str, int] = {}
@@ -360,13 +364,14 @@ class KafkaLog:
         await self.producer.flush()
 
     async def stop(self) -> None:
+        self.stopping = True
         if self._producer is not None:
             await self._batcher.drain()  # what was appended in the last cycle is sent, not dropped
         clients = [c for c in (self._consumer, self._producer) if c is not None]
         await asyncio.gather(*(c.stop() for c in clients), return_exceptions=True)
         if not self._failure_raised:
-            # One that failed after the last poll (or while the consumer stopped): the stop
-            # says so, and the process does not exit as if all went well.
+            # One that failed after the last poll: the stop says so, and the process does not
+            # exit as if all went well.
             self._raise_a_failed_rebalance()
 
 
