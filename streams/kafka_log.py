@@ -77,7 +77,8 @@ class RebalanceFailed(RuntimeError):
 class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]
     """aiokafka calls these from its group coordinator and only logs what they raise: a
     worker whose assignment failed would go on polling partitions it never took, dropping
-    their records, with its turns held forever. The failure is kept for `KafkaLog.poll`."""
+    their records, with its turns held forever. The failure is kept for `KafkaLog.poll` (or
+    `stop`) to raise."""
 
     def __init__(self, owner: KafkaLog, listener: RebalanceListener) -> None:
         self.owner = owner
