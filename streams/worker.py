@@ -259,9 +259,11 @@ class Worker:
 
     # -- main loop -------------------------------------------------------------------
     async def run(self, stop: asyncio.Event) -> None:
-        await self.log.start(self)
         stopped_cleanly = False
         try:
+            # Inside the cleanup: the embedded log's start runs the first assignment itself,
+            # and one that fails there must still let go of the log and the local store.
+            await self.log.start(self)
             while not stop.is_set():
                 await self._step()
             await self._drain()

@@ -25,6 +25,7 @@ import asyncio
 import dataclasses
 from collections.abc import Mapping
 
+import pytest
 from builders import claim, completed, message, started
 from fault_audit import check_invariants, fold_records
 from worker_harness import FAST, events_of, running, until
@@ -187,3 +188,18 @@ async def test_nothing_is_started_for_a_partition_while_it_is_being_revoked(tmp_
     finally:
         stop.set()
         await asyncio.wait_for(task, 10)
+
+
+class FailingAssignment(Worker):
+    async def on_assigned(self, partitions: dict[int, PartitionStart]) -> dict[int, int]:
+        raise OSError("the local store is unreadable")
+
+
+async def test_a_worker_whose_first_assignment_fails_lets_go_of_the_embedded_log(tmp_path) -> None:
+    """The embedded log runs the first assignment inside its start: a failure there ends the
+    run with it, and the log's folder is free for the next process step (a restart in the
+    same process, `turnstile inspect`) instead of staying owned until the process exits."""
+    log = FileLog(tmp_path, partitions=1)
+    with pytest.raises(OSError, match="unreadable"):
+        await asyncio.wait_for(FailingAssignment(log, ScriptedProvider(), FAST).run(asyncio.Event()), 10)
+    FileLog(tmp_path).own()  # raises LogOwned while the failed worker still holds it
