@@ -38,8 +38,9 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from bench.common import Section
+from bench.common import Section, percentile
 from bench.kafka import Broker
 from bench.replay import fill
 from turnstile.handlers.providers.scripted import ScriptedProvider
@@ -78,6 +79,8 @@ class Pass:
     seconds: float  # assignment -> live
     seek: int  # events the worker skipped thanks to the snapshots (sum of seek offsets)
     rss_mb: float
+    # With the read model: ms per list page of 50, p50 and p99 (nearly all listed by the store).
+    page_ms: tuple[float, float] | None = None
 
 
 def _rss_mb() -> float:
@@ -139,11 +142,25 @@ async def _pass(
                     raise TimeoutError(f"{label}: the {active} active conversations did not arrive")
                 await asyncio.sleep(0.05)
         rss = _rss_mb()
+        page_ms = _page_ms(reads) if reads is not None else None
     finally:
         stop.set()
         await asyncio.wait_for(task, TIMEOUT_S)
     del reads
-    return Pass(label, seconds, seek, rss)
+    return Pass(label, seconds, seek, rss, page_ms)
+
+
+def _page_ms(reads: WorkerReadModel, samples: int = 100) -> tuple[float, float]:
+    """The read model's list pages of 50 (the first, one further down by its cursor, and the
+    `paused` filter, which nothing matches: the worst case), timed on the loop's thread."""
+    cursor = reads.page(limit=500).next_cursor
+    times = []
+    for i in range(samples):
+        query: dict[str, Any] = ({}, {"before": cursor}, {"status": "paused"})[i % 3]
+        start = time.perf_counter()
+        reads.page(limit=50, **query)
+        times.append((time.perf_counter() - start) * 1000)
+    return percentile(times, 50), percentile(times, 99)
 
 
 @dataclass(frozen=True)
@@ -226,21 +243,23 @@ class Memory:
     full_mb: float
     snapshots_mb: float
     served_mb: float  # snapshots + eviction, with the HTTP port's read model
+    page_ms: tuple[float, float]  # its list pages of 50, p50 / p99
 
 
 async def memory(bootstrap: str, topic: str, conversations: int) -> Memory:
     """(b): each worker in a process of its own (`python -m bench.recovery`)."""
 
-    async def rss(mode: str) -> float:
+    async def run(mode: str) -> list[float]:
         child = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "bench.recovery", bootstrap, topic, mode, stdout=asyncio.subprocess.PIPE
         )
         out, _ = await asyncio.wait_for(child.communicate(), TIMEOUT_S)
         if child.returncode != 0:
             raise RuntimeError(f"the {mode} memory run exited with {child.returncode}")
-        return float(out.decode().split()[-1])
+        return [float(figure) for figure in out.decode().splitlines()[-1].split()]
 
-    return Memory(conversations, await rss("full"), await rss("snapshots"), await rss("served"))
+    full, snapshots, (served, p50, p99) = await run("full"), await run("snapshots"), await run("served")
+    return Memory(conversations, full[0], snapshots[0], served, (p50, p99))
 
 
 def memory_section(m: Memory) -> Section:
@@ -254,6 +273,8 @@ def memory_section(m: Memory) -> Section:
         ("the same with the HTTP port's read model, as `turnstile run`", m.served_mb),
     ):
         section.add(label, f"{mb:.0f} MB", f"<= 300 MB: {'met' if mb <= 300 else 'MISSED'}")
+    page = f"{m.page_ms[0]:.2f} / {m.page_ms[1]:.2f} ms"
+    section.add("its list pages of 50, p50 / p99 (nearly all listed by the local store)", page)
     section.notes.append("VmRSS after gc, once live and the active conversations' messages are folded")
     return section
 
@@ -262,7 +283,7 @@ async def _one_memory_run(bootstrap: str, topic: str, mode: str) -> None:
     topics = Topics(topic, topic.removesuffix(".events") + ".out")
     config = FULL if mode == "full" else SNAPSHOTS
     result = await _pass(Broker(bootstrap), topics, config, mode, active=ACTIVE, read_model=mode == "served")
-    print(f"{result.rss_mb:.1f}")
+    print(" ".join(f"{figure:.2f}" for figure in (result.rss_mb, *(result.page_ms or ()))))
 
 
 if __name__ == "__main__":

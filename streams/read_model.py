@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Protocol
 from turnstile.events import STEP_TYPES, Event, TurnClaimed, TurnEnvelope
 from turnstile.projections import STATUSES, ConversationState, Status, conversation_status
 from turnstile.streams.log import Record
-from turnstile.streams.stored_listing import STATUS_INDEX, WALKED, StoredListing
+from turnstile.streams.state_store import LISTED_BY_THE_STORE
 from turnstile.streams.views import ConversationView
 
 if TYPE_CHECKING:
@@ -40,6 +40,13 @@ TURN_DETAILS_KEPT = 10
 # Live followers of one conversation are told at most this many events behind; a slower
 # one gets `None` (re-read the page) instead of an unbounded queue.
 FOLLOW_QUEUE = 256
+# Evicted conversations whose places are written to the local store's listing in one go.
+RELIST_BATCH = 250
+
+STATUS_INDEX = {status: i for i, status in enumerate(STATUSES)}
+# The one status the listing in memory has no index of: nearly every conversation's, so a page
+# filtered by it walks the recency order and skips the few others.
+WALKED: Status = "idle"
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,11 +124,13 @@ class WorkerReadModel:
         # the recency order and skips the few others (those in memory, for the most part).
         self._recent: dict[str, int] = {}
         self._by_status: dict[Status, dict[str, int]] = {status: {} for status in STATUSES if status != WALKED}
-        # A partition's conversations that have stayed in the local store since its assignment
-        # are listed packed, not here (`streams/stored_listing.py`); one that folds an event
-        # is listed here again, and its packed entry is skipped.
-        self._stored: dict[int, StoredListing] = {}
-        self._next_sequence = 1
+        # Only conversations in memory are listed here. Those out of memory (evicted, or in
+        # the local store since their partition was assigned) are listed by the store, each
+        # at its place in the same order (`StateStore.listing`); one that comes back into
+        # memory is listed here again, above, and its row in the store is skipped.
+        self._next_sequence = LISTED_BY_THE_STORE
+        # Evicted, listed here until their places are written to the store (`_relist`).
+        self._leaving: list[str] = []
         self._followers: dict[str, list[asyncio.Queue[Folded | None]]] = {}
         worker.fold_observers.append(self)
 
@@ -157,22 +166,50 @@ class WorkerReadModel:
 
     def stored(self, partition: int, conversations: list[tuple[str, Status]]) -> None:
         """A newly assigned partition's conversations that wait in the local store: listed
-        (packed) without their views; their states are read back from the store when a page or
-        a lookup shows them."""
-        for conversation, _ in conversations:  # listed from an earlier ownership: this one's holds
+        by the store, without their views; their states are read back from the store when a
+        page or a lookup shows them."""
+        for conversation, _ in conversations:  # listed from an earlier ownership: the store's row holds
             if (packed := self._recent.pop(conversation, None)) is not None:
                 self._unindexed(conversation, _status(packed))
-        self._stored[partition] = StoredListing(partition, self._next_sequence, conversations)
-        self._next_sequence += len(conversations)
+        store = self._worker.stored_listing
+        if store is not None:  # places given by an earlier run on the same store stay below ours
+            self._next_sequence = max(self._next_sequence, store.last_listed() + 1)
 
     def evicted(self, conversation: str, status: Status) -> None:
-        """Out of the worker's memory: its view goes too; it stays listed, read back from the
-        worker's local store when a page or a lookup shows it. The turns whose timelines it
-        bounded go with the view (≈ 0.7 KB a conversation, kept for every evicted one before)."""
+        """Out of the worker's memory: its view goes, and its entry here leaves for the local
+        store, which lists it at the same place (a client paging meanwhile sees it once) and
+        from which its state is read when a page or a lookup shows it. Nothing of it stays in
+        memory (a dict entry of ≈ 150 B did)."""
         self._views.pop(conversation, None)
         self._detailed.pop(conversation, None)
         if conversation not in self._recent:
             self._listed(conversation, status)
+        if self._worker.stored_listing is None:
+            return  # no store (eviction needs one): it stays listed here
+        self._leaving.append(conversation)
+        if len(self._leaving) == 1:
+            asyncio.get_running_loop().call_soon(self._relist)
+
+    def _relist(self) -> None:
+        """Writes the places of up to `RELIST_BATCH` evicted conversations to the store and
+        takes them out of the listing here; the rest in the loop's next cycle (a write costs
+        ≈ 40 µs a conversation: a burst of evictions must not hold the loop)."""
+        batch = self._leaving[:RELIST_BATCH]
+        del self._leaving[:RELIST_BATCH]
+        if self._leaving:
+            asyncio.get_running_loop().call_soon(self._relist)
+        store = self._worker.stored_listing
+        if store is None or store.closed:
+            return
+        # Not those back in memory since (they have a view again) or handed over meanwhile.
+        places = [
+            (c, packed >> _STATUS_BITS)
+            for c in batch
+            if c not in self._views and (packed := self._recent.get(c)) is not None
+        ]
+        store.relist(places)
+        for conversation, _ in places:
+            self._unindexed(conversation, _status(self._recent.pop(conversation)))
 
     def _moved(self, state: ConversationState, step: bool = False) -> Status:
         """Put the conversation first in the recency orders; returns its status (`step`: a
@@ -198,9 +235,7 @@ class WorkerReadModel:
         return None if packed is None else _status(packed)
 
     def forgotten(self, partition: int, conversations: set[str]) -> None:
-        self._stored.pop(partition, None)
-        # Those evicted since the assignment are listed here but not in `conversations` (the
-        # ones in memory): the partition's whole listing goes.
+        # Its rows leave the store with it (`Snapshotter`); what is listed here goes too.
         partition_of = self._worker.log.partition_for
         conversations = conversations | {c for c in self._recent if partition_of(c) == partition}
         for conversation in conversations:
@@ -237,9 +272,12 @@ class WorkerReadModel:
         """The conversations this worker owns, the most recently active first."""
         rows: list[ConversationRow] = []
         last_sequence: int | None = None
-        moved = self._recent.__contains__
-        stored = (listing.walk(status, before, moved, contains) for listing in self._stored.values())
-        for sequence, conversation, listed in heapq.merge(self._walk(status, before), *stored, reverse=True):
+        store = self._worker.stored_listing
+        in_memory = self._recent
+        walks = [self._walk(status, before)]
+        if store is not None:  # a row of a conversation back in memory is stale: it is listed here, higher up
+            walks.append(r for r in store.listing(status, before, contains) if r[1] not in in_memory)
+        for sequence, conversation, listed in heapq.merge(*walks, reverse=True):
             if contains and contains not in conversation:
                 continue
             if len(rows) == limit:
@@ -261,7 +299,8 @@ class WorkerReadModel:
         return ConversationPage(rows, None)
 
     def _walk(self, status: Status | None, before: int | None) -> Iterator[tuple[int, str, Status]]:
-        """(sequence, conversation, status) of those listed here, as `StoredListing.walk`."""
+        """(sequence, conversation, status) of those listed here, highest sequence first, as
+        `StateStore.listing` walks the others."""
         order = self._recent if status is None or status == WALKED else self._by_status[status]
         for conversation, packed in reversed(order.items()):
             sequence = packed >> _STATUS_BITS

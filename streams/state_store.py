@@ -16,6 +16,14 @@ batched upserts by key, from one process; SQLite is in every CPython, one file, 
 cache bounds its own memory. RocksDB or LMDB bindings would be a compiled dependency for a
 store whose hot path -- the reload of an evicted conversation -- is one primary-key read of a
 few kilobytes.
+
+The store also lists the conversations out of memory for the read model (`streams/
+read_model.py`): each row has a place (`listed`) in the read model's most-recent-first order,
+so a page of a million conversations of which a thousand are in memory is a walk of an
+index here, and the worker keeps nothing in memory for the others. A row put for a
+conversation new to the store is listed below everything the read model numbers (under
+`LISTED_BY_THE_STORE`); the read model gives an evicted conversation the place it had in
+memory (`relist`), so one evicted while a client pages is not seen twice.
 """
 
 from __future__ import annotations
@@ -30,7 +38,12 @@ from pathlib import Path
 from turnstile.projections import Status
 
 # The file is a cache: one of another layout is emptied, not migrated.
-_LAYOUT = 3
+_LAYOUT = 4
+# The places below this are the store's own, given to rows as they are first put; the read
+# model numbers its places from here up (well inside JSON's exact integers: a page cursor).
+LISTED_BY_THE_STORE = 1 << 40
+# A listing walk reads the index this many rows at a time (no statement stays open between).
+_WALK_CHUNK = 256
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS snapshot (
     conversation TEXT PRIMARY KEY,
@@ -38,11 +51,15 @@ CREATE TABLE IF NOT EXISTS snapshot (
     covered      INTEGER NOT NULL,  -- the events offset the snapshot covers
     source       INTEGER NOT NULL,  -- its offset in the snapshot topic
     status       TEXT NOT NULL,     -- the conversation's status in it (`projections.status`)
+    listed       INTEGER NOT NULL,  -- its place in the read model's order (the higher, the more recent)
     value        BLOB NOT NULL
 );
 -- A partition's rows listed from the index alone: the table's pages, which hold the
 -- snapshots' bytes and so grow with the conversations' history, are not read.
 CREATE INDEX IF NOT EXISTS snapshot_heads ON snapshot (partition, conversation, covered, source, status);
+-- Pages of the listing, all statuses or one, from the indexes alone.
+CREATE INDEX IF NOT EXISTS snapshot_listed ON snapshot (listed, conversation, status);
+CREATE INDEX IF NOT EXISTS snapshot_listed_by_status ON snapshot (status, listed, conversation);
 CREATE TABLE IF NOT EXISTS checkpoint (
     partition        INTEGER PRIMARY KEY,
     snapshots_to     INTEGER NOT NULL,
@@ -84,6 +101,7 @@ class StateStore:
         self._name = name
         self._temporary: Path | None = None
         self._connection: sqlite3.Connection | None = None
+        self._closed = False
 
     @property
     def path(self) -> Path:
@@ -111,15 +129,22 @@ class StateStore:
         return self._connection
 
     def put(self, rows: Iterable[Stored]) -> None:
-        """Upsert rows in one transaction."""
+        """Upsert rows in one transaction. A conversation new to the store is listed above the
+        store's earlier rows (below the read model's); one already there keeps its place."""
         self._db.execute("BEGIN")
         try:
+            (last,) = self._db.execute(
+                "SELECT coalesce(max(listed), 0) FROM snapshot WHERE listed < ?", (LISTED_BY_THE_STORE,)
+            ).fetchone()
             self._db.executemany(
-                "INSERT INTO snapshot (conversation, partition, covered, source, status, value)"
-                " VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (conversation) DO UPDATE SET partition = excluded.partition,"
+                "INSERT INTO snapshot (conversation, partition, covered, source, status, listed, value)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (conversation) DO UPDATE SET partition = excluded.partition,"
                 " covered = excluded.covered, source = excluded.source, status = excluded.status,"
                 " value = excluded.value",
-                ((r.conversation, r.partition, r.covered, r.source, r.status, r.value) for r in rows),
+                (
+                    (r.conversation, r.partition, r.covered, r.source, r.status, place, r.value)
+                    for place, r in enumerate(rows, start=last + 1)
+                ),
             )
         except BaseException:
             self._db.execute("ROLLBACK")
@@ -141,6 +166,41 @@ class StateStore:
         for conversation, covered, source, status in heads:
             value = b"" if status in without_value else self.get(conversation, partition)
             yield Stored(conversation, partition, covered, source, status, value or b"")
+
+    def relist(self, places: Iterable[tuple[str, int]]) -> None:
+        """Give these conversations (those with a row) these places in the listing."""
+        self._db.execute("BEGIN")
+        try:
+            self._db.executemany("UPDATE snapshot SET listed = ? WHERE conversation = ?", ((p, c) for c, p in places))
+        except BaseException:
+            self._db.execute("ROLLBACK")
+            raise
+        self._db.execute("COMMIT")
+
+    def last_listed(self) -> int:
+        """The highest place any row has (0: none)."""
+        (last,) = self._db.execute("SELECT coalesce(max(listed), 0) FROM snapshot").fetchone()
+        return int(last)
+
+    def listing(self, status: Status | None, before: int | None, contains: str) -> Iterator[tuple[int, str, Status]]:
+        """(place, conversation, status) of every row, highest place first, below `before`
+        (None: from the top), of `status` (None: any), whose id contains `contains`."""
+        where, filters = ["listed < ?"], list[str]()
+        if status is not None:
+            where.append("status = ?")
+            filters.append(status)
+        if contains:
+            where.append("instr(conversation, ?) > 0")
+            filters.append(contains)
+        query = f"SELECT listed, conversation, status FROM snapshot WHERE {' AND '.join(where)}"
+        query += " ORDER BY listed DESC LIMIT ?"
+        below = (1 << 62) if before is None else before
+        while True:
+            chunk = self._db.execute(query, (below, *filters, _WALK_CHUNK)).fetchall()
+            yield from chunk
+            if len(chunk) < _WALK_CHUNK:
+                return
+            below = chunk[-1][0]
 
     def forget(self, conversations: Iterable[str]) -> None:
         """Drop the rows of these conversations."""
@@ -171,7 +231,13 @@ class StateStore:
         (count,) = self._db.execute("SELECT count(*) FROM snapshot").fetchone()
         return int(count)
 
+    @property
+    def closed(self) -> bool:
+        """Closed by the worker's stop (a read after it would open it again)."""
+        return self._closed
+
     def close(self) -> None:
+        self._closed = True
         if self._connection is not None:
             self._connection.close()
             self._connection = None

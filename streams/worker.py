@@ -58,6 +58,7 @@ from turnstile.streams.residency import FoldObserver, Residency
 from turnstile.streams.runner_slot import RunnerSlot
 from turnstile.streams.runtime import Clock, Ids, RandomIds, SystemClock
 from turnstile.streams.snapshots import Loaded, SnapshotPolicy
+from turnstile.streams.state_store import StateStore
 from turnstile.streams.turn_runner import TurnRunner, TurnSettings
 
 if TYPE_CHECKING:
@@ -173,6 +174,12 @@ class Worker:
         if state is None and partition is not None and partition in self.partitions:
             return self.residency.stored(conversation_id, partition)
         return state
+
+    @property
+    def stored_listing(self) -> StateStore | None:
+        """The local store, which lists the owned conversations out of memory for the read
+        model (`StateStore.listing`); None without one (no eviction)."""
+        return self.residency.store
 
     def live_here(self, conversation_id: str) -> bool:
         """Whether the conversation's partition is assigned here and replayed to its present."""

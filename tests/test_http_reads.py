@@ -5,6 +5,7 @@ its bound) for a conversation it does not hold."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from pathlib import Path
 
 from builders import claim, completed, message, started
@@ -14,14 +15,16 @@ from turnstile.events import Event, TurnInterrupted, encode
 from turnstile.handlers.providers.scripted import ScriptedProvider
 from turnstile.projections import ConversationState, Status, apply_event, conversation_status, new_state
 from turnstile.projections.state import ActiveTurn, PendingInput, TurnRecord
+from turnstile.streams.eviction import EvictionPolicy
 from turnstile.streams.file_log import FileLog
 from turnstile.streams.http_api import HttpServer, build_app
 from turnstile.streams.http_reads import Tail
 from turnstile.streams.log import PartitionStart, Record
 from turnstile.streams.read_model import Folded, NotOwned, Replaying, WorkerReadModel
 from turnstile.streams.service import conversation_reader
+from turnstile.streams.state_store import Stored
 from turnstile.streams.views import ConversationView
-from turnstile.streams.worker import Worker
+from turnstile.streams.worker import Worker, WorkerConfig
 
 
 class NoLogRead:
@@ -210,14 +213,41 @@ async def test_an_interrupted_turn_reads_as_interrupted_and_its_conversation_as_
     assert [r.status for r in model.page().rows] == ["debouncing"]
 
 
-def test_an_evicted_conversation_leaves_the_read_model_but_its_listing(tmp_path: Path) -> None:
-    """A worker that evicts idle conversations keeps listing them (id, recency, status), and
-    nothing else of them: not its view, not the turns whose timelines it bounded."""
+def _with_store(tmp_path: Path) -> WorkerConfig:
+    return dataclasses.replace(FAST, eviction=EvictionPolicy(state_dir=tmp_path / "state"))
+
+
+def _stored(state: ConversationState, partition: int = 0) -> Stored:
+    """The row the snapshots would put in the local store for `state`."""
+    status = conversation_status(state)
+    return Stored(state.conversation_id, partition, state.events_applied - 1, 0, status, b"snapshot")
+
+
+class StoreOfNewStates(Worker):
+    """A worker whose local store has a (new) state of every conversation asked of it."""
+
+    def state_of(self, conversation_id: str) -> ConversationState | None:
+        return self.states.get(conversation_id) or new_state(conversation_id)
+
+
+async def _relisted() -> None:
+    """Lets the read model write the places of the evicted conversations (a slice a loop cycle)."""
+    for _ in range(100):
+        await asyncio.sleep(0)
+
+
+async def test_an_evicted_conversation_leaves_the_read_model_and_is_listed_by_the_store(tmp_path: Path) -> None:
+    """A worker that evicts idle conversations keeps nothing of them in memory: not its view,
+    not the turns whose timelines it bounded, not its entry in the listing. The local store
+    lists them, each at the place it had, so pages still show every one, most recent first."""
     import gc
     import tracemalloc
 
-    model = WorkerReadModel(Worker(FileLog(tmp_path), ScriptedProvider(), FAST))
-    conversations = 2_000
+    worker = StoreOfNewStates(FileLog(tmp_path), ScriptedProvider(), _with_store(tmp_path))
+    store = worker.stored_listing
+    assert store is not None
+    model = WorkerReadModel(worker)
+    conversations = 3_000
 
     def one_turn_then_evicted(conversation: str) -> None:
         state = new_state(conversation)
@@ -226,27 +256,41 @@ def test_an_evicted_conversation_leaves_the_read_model_but_its_listing(tmp_path:
         for offset, event in enumerate((m, c, started(c, 25), completed(c, 30))):
             assert apply_event(state, event) is None
             model.folded(Record(0, offset, conversation.encode(), b""), event, state, None)
+        store.put([_stored(state)])  # what eviction waits for: its latest state in the store
         model.evicted(conversation, conversation_status(state))
 
     one_turn_then_evicted("warm-up")  # the model's first-use allocations are not per conversation
+    await _relisted()
     gc.collect()
     tracemalloc.start()
     try:
         before = tracemalloc.get_traced_memory()[0]
         for i in range(conversations):
             one_turn_then_evicted(f"conv-{i:06d}")
+            if i % 100 == 99:  # the worker evicts a few at each of its steps
+                await _relisted()
         gc.collect()
         per_conversation = (tracemalloc.get_traced_memory()[0] - before) / conversations
     finally:
         tracemalloc.stop()
-    # Its id (≈ 60 B), one sequence number and three dict entries; a turn's details were ≈ 700 B.
-    assert per_conversation < 300, per_conversation
-    assert model.page(limit=10).rows == []  # listed, but read back from a store this worker has not
+    # An entry of the in-memory listing was ≈ 150 B; a turn's details ≈ 700 B before that.
+    assert per_conversation < 10, per_conversation
+
+    seen, cursor = [], None
+    while (page := model.page(limit=500, before=cursor)).next_cursor is not None or page.rows:
+        seen += [(row.conversation_id, row.status) for row in page.rows]
+        if page.next_cursor is None:
+            break
+        cursor = page.next_cursor
+    assert seen == [(f"conv-{i:06d}", "idle") for i in reversed(range(conversations))] + [("warm-up", "idle")]
+    one_turn_then_evicted("conv-000000")  # back, then out again: listed once, first
+    await _relisted()
+    assert [row.conversation_id for row in model.page(limit=2).rows] == ["conv-000000", "conv-002999"]
 
 
-def test_a_page_filtered_by_status_lists_exactly_that_status_most_recent_first(tmp_path: Path) -> None:
+async def test_a_page_filtered_by_status_lists_exactly_that_status_most_recent_first(tmp_path: Path) -> None:
     log = FileLog(tmp_path, partitions=3)  # c1 and c3 on partition 2, c2 on 1
-    model = WorkerReadModel(Worker(log, ScriptedProvider(), FAST))
+    model = WorkerReadModel(Worker(log, ScriptedProvider(), _with_store(tmp_path)))
     states = {c: new_state(c) for c in ("c1", "c2", "c3")}
     offsets = iter(range(100))
 
@@ -272,32 +316,36 @@ def test_a_page_filtered_by_status_lists_exactly_that_status_most_recent_first(t
     assert listed("idle") == [("c2", "idle"), ("c3", "idle"), ("c1", "idle")] and listed("active") == []
     model.evicted("c1", "idle")
     model.forgotten(2, {"c3"})  # partition 2 handed over: c3, in memory, and c1, evicted, go
+    await _relisted()
     assert listed("idle") == [("c2", "idle")]
 
 
-class StoreOfNewStates(Worker):
-    """A worker whose local store has a (new) state of every conversation asked of it."""
-
-    def state_of(self, conversation_id: str) -> ConversationState | None:
-        return self.states.get(conversation_id) or new_state(conversation_id)
-
-
-def test_a_partition_handed_over_and_assigned_back_lists_each_conversation_once_as_it_is_now(tmp_path: Path) -> None:
-    model = WorkerReadModel(StoreOfNewStates(FileLog(tmp_path, partitions=1), ScriptedProvider(), FAST))
+async def test_a_partition_handed_over_and_assigned_back_lists_each_conversation_once_as_it_is_now(
+    tmp_path: Path,
+) -> None:
+    worker = StoreOfNewStates(FileLog(tmp_path, partitions=1), ScriptedProvider(), _with_store(tmp_path))
+    store = worker.stored_listing
+    assert store is not None
+    model = WorkerReadModel(worker)
     offsets = iter(range(100))
 
-    def one_turn(conversation: str) -> None:
+    def one_turn(conversation: str) -> ConversationState:
         state = new_state(conversation)
         c = claim([f"{conversation}-m1"], 20, 0, conv=conversation)
         for event in (message(f"{conversation}-m1", 10, conv=conversation), c, completed(c, 30)):
             assert apply_event(state, event) is None
             model.folded(Record(0, next(offsets), conversation.encode(), b""), event, state, None)
+        return state
 
-    one_turn("c1")
+    store.put([_stored(one_turn("c1"))])
     model.evicted("c1", "idle")
-    model.forgotten(0, set())  # handed over, with c1 out of memory
+    await _relisted()
+    model.forgotten(0, set())  # handed over, with c1 out of memory; its rows leave the store
+    store.drop_partitions([0])
     assert model.page().rows == []
     # Assigned back: c1 was paused by the other owner meanwhile, c2 is new; both wait in the store.
+    paused = _stored(new_state("c1"))
+    store.put([dataclasses.replace(paused, status="paused"), _stored(new_state("c2"))])
     model.stored(0, [("c1", "paused"), ("c2", "idle")])
     one_turn("c3")  # one in memory, listed after them
 

@@ -1,0 +1,78 @@
+"""The local store's listing of the conversations out of memory: the order a page walk gets
+from it, and the places the store and the read model give its rows."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from turnstile.projections import Status
+from turnstile.streams.state_store import LISTED_BY_THE_STORE, StateStore, Stored
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[StateStore]:
+    opened = StateStore(tmp_path, "events")
+    yield opened
+    opened.close()
+
+
+def row(conversation: str, status: Status = "idle", partition: int = 0) -> Stored:
+    return Stored(conversation, partition, covered=3, source=7, status=status, value=b"state")
+
+
+def walked(store: StateStore, status: Status | None = None, before: int | None = None, contains: str = "") -> list[str]:
+    return [conversation for _, conversation, _ in store.listing(status, before, contains)]
+
+
+def test_given_rows_put_in_turn_when_walked_then_the_last_put_comes_first_below_the_read_models_places(
+    store: StateStore,
+) -> None:
+    store.put([row("a"), row("b")])
+    store.put([row("c", "paused")])
+    listed = list(store.listing(None, None, ""))
+    assert [c for _, c, _ in listed] == ["c", "b", "a"]
+    assert [s for _, _, s in listed] == ["paused", "idle", "idle"]
+    assert all(0 < place < LISTED_BY_THE_STORE for place, _, _ in listed)
+
+
+def test_given_a_row_put_again_when_walked_then_it_keeps_its_place_with_its_new_status(store: StateStore) -> None:
+    store.put([row("a"), row("b")])
+    store.put([row("a", "failed")])  # a new snapshot of a: its place in the listing is not its recency
+    assert list(store.listing(None, None, "")) == [(2, "b", "idle"), (1, "a", "failed")]
+
+
+def test_given_a_cursor_a_status_or_a_part_of_the_id_when_walked_then_exactly_the_rows_that_match(
+    store: StateStore,
+) -> None:
+    store.put([row("alpha"), row("beta", "paused"), row("ćelo"), row("delta", "failed"), row("epsilon", "paused")])
+    assert walked(store, before=4) == ["ćelo", "beta", "alpha"]
+    assert walked(store, "paused") == ["epsilon", "beta"] and walked(store, "paused", before=5) == ["beta"]
+    assert walked(store, "active") == []
+    assert walked(store, contains="lt") == ["delta"] and walked(store, contains="ć") == ["ćelo"]
+    assert walked(store, "idle", contains="a") == ["alpha"]
+
+
+def test_given_evicted_conversations_relisted_when_walked_then_each_is_once_at_the_place_it_was_given(
+    store: StateStore,
+) -> None:
+    store.put([row("a"), row("b"), row("c")])
+    first = LISTED_BY_THE_STORE + 10
+    store.relist([("a", first + 1), ("c", first)])
+    store.relist([("gone", first + 2)])  # a row no longer in the store: nothing to list
+    assert walked(store) == ["a", "c", "b"] and store.last_listed() == first + 1
+    assert walked(store, before=first + 1) == ["c", "b"]
+
+
+def test_a_walk_over_more_rows_than_one_read_of_the_index_lists_every_row_once(store: StateStore) -> None:
+    conversations = [f"conv-{i:05d}" for i in range(1_000)]
+    store.put(row(c, "paused" if i % 3 == 0 else "idle") for i, c in enumerate(conversations))
+    assert walked(store) == conversations[::-1]
+    assert walked(store, "paused") == [c for i, c in enumerate(conversations) if i % 3 == 0][::-1]
+    assert walked(store, before=LISTED_BY_THE_STORE) == conversations[::-1]
+
+
+def test_an_empty_store_lists_nothing_and_has_no_place_given(store: StateStore) -> None:
+    assert walked(store) == [] and walked(store, "paused") == [] and store.last_listed() == 0
