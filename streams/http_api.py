@@ -189,6 +189,8 @@ def _bearer(token: str) -> Middleware:
 
 
 MAX_PAGE = 500
+# Cursors are places in the read model's order: integers JSON carries exactly.
+MAX_CURSOR = 2**53
 
 
 class PageQuery(TypedDict):
@@ -204,9 +206,9 @@ def page_query(request: web.Request) -> PageQuery | str:
     status, before, limit = request.query.get("status") or None, request.query.get("before"), request.query.get("limit")
     if status is not None and status not in STATUSES:
         return f"status must be one of {', '.join(STATUSES)}"
-    if before is not None and not before.isdigit():
+    if before is not None and not (_decimal(before) and int(before) <= MAX_CURSOR):
         return "before must be a cursor a page gave (a number)"
-    if limit is not None and not (limit.isdigit() and 1 <= int(limit) <= MAX_PAGE):
+    if limit is not None and not (_decimal(limit) and 1 <= int(limit) <= MAX_PAGE):
         return f"limit must be 1..{MAX_PAGE}"
     return {
         "contains": request.query.get("q", ""),
@@ -214,6 +216,11 @@ def page_query(request: web.Request) -> PageQuery | str:
         "before": None if before is None else int(before),
         "limit": 50 if limit is None else int(limit),
     }
+
+
+def _decimal(text: str) -> bool:
+    """ASCII digits only (`str.isdigit` also takes "²", which `int` refuses), and short."""
+    return text.isascii() and text.isdigit() and len(text) <= 20
 
 
 def _wants_html(request: web.Request) -> bool:

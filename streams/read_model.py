@@ -129,8 +129,12 @@ class WorkerReadModel:
         # at its place in the same order (`StateStore.listing`); one that comes back into
         # memory is listed here again, above, and its row in the store is skipped.
         self._next_sequence = LISTED_BY_THE_STORE
-        # Evicted, listed here until their places are written to the store (`_relist`).
-        self._leaving: list[str] = []
+        self._seeded = False  # above the places the store holds (`_new_place`)
+        # Moves of conversations in and out of memory, in order, whose rows in the store are
+        # still to be written (`_relist`): True, evicted (listed here until its place is
+        # written to its row); False, back in memory (its row is taken out of the top of the
+        # store's listing, where every page would have to skip it).
+        self._moves: list[tuple[str, bool]] = []
         self._followers: dict[str, list[asyncio.Queue[Folded | None]]] = {}
         worker.fold_observers.append(self)
 
@@ -163,6 +167,7 @@ class WorkerReadModel:
         """From its snapshot: the state, without the timelines of the turns it covers."""
         self._views[state.conversation_id] = ConversationView(state)
         self._moved(state)
+        self._move(state.conversation_id, evicted=False)
 
     def stored(self, partition: int, conversations: list[tuple[str, Status]]) -> None:
         """A newly assigned partition's conversations that wait in the local store: listed
@@ -171,9 +176,6 @@ class WorkerReadModel:
         for conversation, _ in conversations:  # listed from an earlier ownership: the store's row holds
             if (packed := self._recent.pop(conversation, None)) is not None:
                 self._unindexed(conversation, _status(packed))
-        store = self._worker.stored_listing
-        if store is not None:  # places given by an earlier run on the same store stay below ours
-            self._next_sequence = max(self._next_sequence, store.last_listed() + 1)
 
     def evicted(self, conversation: str, status: Status) -> None:
         """Out of the worker's memory: its view goes, and its entry here leaves for the local
@@ -184,32 +186,47 @@ class WorkerReadModel:
         self._detailed.pop(conversation, None)
         if conversation not in self._recent:
             self._listed(conversation, status)
+        self._move(conversation, evicted=True)
+
+    def _move(self, conversation: str, evicted: bool) -> None:
         if self._worker.stored_listing is None:
-            return  # no store (eviction needs one): it stays listed here
-        self._leaving.append(conversation)
-        if len(self._leaving) == 1:
+            return  # no store (eviction needs one): every conversation is listed here
+        self._moves.append((conversation, evicted))
+        if len(self._moves) == 1:
             asyncio.get_running_loop().call_soon(self._relist)
 
     def _relist(self) -> None:
-        """Writes the places of up to `RELIST_BATCH` evicted conversations to the store and
-        takes them out of the listing here; the rest in the loop's next cycle (a write costs
-        ≈ 40 µs a conversation: a burst of evictions must not hold the loop)."""
-        batch = self._leaving[:RELIST_BATCH]
-        del self._leaving[:RELIST_BATCH]
-        if self._leaving:
+        """Writes up to `RELIST_BATCH` moves to the store, in order, and takes the evicted
+        conversations out of the listing here; the rest in the loop's next cycle (a write
+        costs ≈ 40 µs a conversation: a burst of evictions must not hold the loop)."""
+        batch = self._moves[:RELIST_BATCH]
+        del self._moves[:RELIST_BATCH]
+        if self._moves:
             asyncio.get_running_loop().call_soon(self._relist)
         store = self._worker.stored_listing
         if store is None or store.closed:
             return
-        # Not those back in memory since (they have a view again) or handed over meanwhile.
-        places = [
-            (c, packed >> _STATUS_BITS)
-            for c in batch
-            if c not in self._views and (packed := self._recent.get(c)) is not None
-        ]
+        places: list[tuple[str, int | None]] = []
+        for conversation, evicted in batch:
+            # As things are now: out and listed here still (not back since, not handed over,
+            # not out twice in this batch), or back in memory (not out again since).
+            in_memory = conversation in self._views
+            if evicted and not in_memory and (packed := self._recent.pop(conversation, None)) is not None:
+                self._unindexed(conversation, _status(packed))
+                places.append((conversation, packed >> _STATUS_BITS))
+            elif not evicted and in_memory:
+                places.append((conversation, None))
         store.relist(places)
-        for conversation, _ in places:
-            self._unindexed(conversation, _status(self._recent.pop(conversation)))
+
+    def _new_place(self) -> int:
+        if not self._seeded:  # a restart on a persistent store: the places it gave stay below
+            self._seeded = True
+            store = self._worker.stored_listing
+            if store is not None:
+                self._next_sequence = max(self._next_sequence, store.last_listed() + 1)
+        place = self._next_sequence
+        self._next_sequence += 1
+        return place
 
     def _moved(self, state: ConversationState, step: bool = False) -> Status:
         """Put the conversation first in the recency orders; returns its status (`step`: a
@@ -220,8 +237,7 @@ class WorkerReadModel:
     def _listed(self, conversation: str, status: Status) -> Status:
         if (was := self._recent.pop(conversation, None)) is not None:
             self._unindexed(conversation, _status(was))
-        self._recent[conversation] = packed = _packed(self._next_sequence, status)
-        self._next_sequence += 1
+        self._recent[conversation] = packed = _packed(self._new_place(), status)
         if status != WALKED:
             self._by_status[status][conversation] = packed
         return status
@@ -275,7 +291,7 @@ class WorkerReadModel:
         store = self._worker.stored_listing
         in_memory = self._recent
         walks = [self._walk(status, before)]
-        if store is not None:  # a row of a conversation back in memory is stale: it is listed here, higher up
+        if store is not None and not store.closed:  # a row of one in memory is stale: it is listed here
             walks.append(r for r in store.listing(status, before, contains) if r[1] not in in_memory)
         for sequence, conversation, listed in heapq.merge(*walks, reverse=True):
             if contains and contains not in conversation:

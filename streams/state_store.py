@@ -134,7 +134,7 @@ class StateStore:
         self._db.execute("BEGIN")
         try:
             (last,) = self._db.execute(
-                "SELECT coalesce(max(listed), 0) FROM snapshot WHERE listed < ?", (LISTED_BY_THE_STORE,)
+                "SELECT coalesce(max(listed), 0) FROM snapshot WHERE listed BETWEEN 1 AND ?", (LISTED_BY_THE_STORE - 1,)
             ).fetchone()
             self._db.executemany(
                 "INSERT INTO snapshot (conversation, partition, covered, source, status, listed, value)"
@@ -167,11 +167,15 @@ class StateStore:
             value = b"" if status in without_value else self.get(conversation, partition)
             yield Stored(conversation, partition, covered, source, status, value or b"")
 
-    def relist(self, places: Iterable[tuple[str, int]]) -> None:
-        """Give these conversations (those with a row) these places in the listing."""
+    def relist(self, places: Iterable[tuple[str, int | None]]) -> None:
+        """Give these conversations (those with a row) these places in the listing; None: a
+        place at the bottom, below every other (a conversation back in memory, which the read
+        model lists itself)."""
         self._db.execute("BEGIN")
         try:
-            self._db.executemany("UPDATE snapshot SET listed = ? WHERE conversation = ?", ((p, c) for c, p in places))
+            self._db.executemany(
+                "UPDATE snapshot SET listed = coalesce(?, -rowid) WHERE conversation = ?", ((p, c) for c, p in places)
+            )
         except BaseException:
             self._db.execute("ROLLBACK")
             raise

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import itertools
 from pathlib import Path
 
 from builders import claim, completed, message, started
@@ -82,7 +83,10 @@ async def test_gets_of_owned_conversations_never_read_the_log_and_the_list_pages
             assert (await client.get("/conversations", params={"status": "paused"})).json()["conversations"] == []
             only = (await client.get("/conversations", params={"q": "c4", "status": "idle"})).json()
             assert [r["conversation_id"] for r in only["conversations"]] == ["c4"]
-            for bad in ({"status": "asleep"}, {"limit": "0"}, {"limit": "501"}, {"before": "x"}):
+            for bad in (
+                {"status": "asleep"}, {"limit": "0"}, {"limit": "501"}, {"before": "x"},
+                {"before": str(2**64)}, {"before": "9" * 400}, {"before": "²"}, {"limit": "²"}, {"before": "-1"},
+            ):  # fmt: skip
                 response = await client.get("/conversations", params=bad)
                 assert response.status_code == 400 and "error" in response.json(), bad
     finally:
@@ -286,6 +290,93 @@ async def test_an_evicted_conversation_leaves_the_read_model_and_is_listed_by_th
     one_turn_then_evicted("conv-000000")  # back, then out again: listed once, first
     await _relisted()
     assert [row.conversation_id for row in model.page(limit=2).rows] == ["conv-000000", "conv-002999"]
+
+
+class Churn:
+    """A read model over a worker with a local store, fed by hand: conversations take a turn
+    (folded), leave memory (their row put, then evicted) and come back (restored)."""
+
+    def __init__(self, tmp_path: Path) -> None:
+        self.worker = StoreOfNewStates(FileLog(tmp_path, partitions=1), ScriptedProvider(), _with_store(tmp_path))
+        store = self.worker.stored_listing
+        assert store is not None
+        self.store = store
+        self.model = WorkerReadModel(self.worker)
+        self.states: dict[str, ConversationState] = {}
+        self._offsets = iter(range(10**6))
+
+    def turn(self, conversation: str) -> None:
+        state = self.states.setdefault(conversation, new_state(conversation))
+        n = len(state.turns) + 1
+        c = claim([f"{conversation}-m{n}"], 20, len(state.history), conv=conversation)
+        for event in (message(f"{conversation}-m{n}", 10, conv=conversation), c, completed(c, 30)):
+            assert apply_event(state, event) is None
+            self.model.folded(Record(0, next(self._offsets), conversation.encode(), b""), event, state, None)
+
+    def evict(self, conversation: str) -> None:
+        state = self.states[conversation]
+        self.store.put([_stored(state)])
+        self.model.evicted(conversation, conversation_status(state))
+
+    def back(self, conversation: str) -> None:
+        self.model.restored(self.states[conversation])
+        self.turn(conversation)
+
+    def walk(self, limit: int) -> list[str]:
+        seen, cursor = [], None
+        while True:
+            page = self.model.page(limit=limit, before=cursor)
+            seen += [row.conversation_id for row in page.rows]
+            if page.next_cursor is None:
+                return seen
+            cursor = page.next_cursor
+
+
+async def test_conversations_moving_in_and_out_of_memory_are_listed_once_in_recency_order_at_every_moment(
+    tmp_path: Path,
+) -> None:
+    errors: list[dict[str, object]] = []
+    asyncio.get_running_loop().set_exception_handler(lambda _loop, context: errors.append(context))
+    churn = Churn(tmp_path)
+    names = [f"conv-{i:03d}" for i in range(600)]
+    for name in names:
+        churn.turn(name)
+    for name in names[:500]:
+        churn.evict(name)
+    newest_first = names[::-1]
+    assert churn.walk(limit=51) == newest_first  # before the store has their places
+    await asyncio.sleep(0)
+    assert churn.walk(limit=51) == newest_first  # with some of them
+    churn.back("conv-010")  # back, and out again, twice, before the store heard of the first time
+    churn.evict("conv-010")
+    churn.back("conv-010")
+    churn.evict("conv-010")
+    churn.back("conv-020")  # back, and stays
+    moved = ["conv-020", "conv-010"] + [n for n in newest_first if n not in ("conv-010", "conv-020")]
+    assert churn.walk(limit=51) == moved
+    await _relisted()
+    assert churn.walk(limit=51) == moved and churn.walk(limit=1) == moved
+    assert errors == []
+    # Those in memory are at the bottom of the store's listing: a page does not skip them first.
+    top = [conversation for _, conversation, _ in itertools.islice(churn.store.listing(None, None, ""), 499)]
+    assert top == [n for n in moved if n in names[:500] and n != "conv-020"]
+
+
+async def test_a_restart_on_its_store_lists_the_conversations_of_both_runs_once_each(tmp_path: Path) -> None:
+    first = Churn(tmp_path)
+    for i in range(300):
+        first.turn(f"old-{i:03d}")
+        first.evict(f"old-{i:03d}")
+    await _relisted()
+    first.store.close()
+    second = Churn(tmp_path)  # the same store, whose rows the read model has not been told of yet
+    for i in range(300):
+        second.turn(f"new-{i:03d}")
+        second.evict(f"new-{i:03d}")
+    await _relisted()
+    second.model.stored(0, [])
+    listed = second.walk(limit=51)
+    assert listed == [f"new-{i:03d}" for i in reversed(range(300))] + [f"old-{i:03d}" for i in reversed(range(300))]
 
 
 async def test_a_page_filtered_by_status_lists_exactly_that_status_most_recent_first(tmp_path: Path) -> None:
