@@ -116,8 +116,8 @@ class WorkerReadModel:
         # conversation -> its last fold's sequence number and its status, packed in one int
         # (`_packed`), most recent last: all of them, and by status (a status changes only
         # when the conversation folds an event), so that a page filtered by status walks that
-        # status's conversations only. Every conversation in memory since its partition was
-        # assigned is listed, so a listing is kept small: plain dicts keep insertion order at
+        # status's conversations only. Every conversation in memory is listed here, so a
+        # listing is kept small: plain dicts keep insertion order at
         # ~90 B less per entry than OrderedDict's links (moving one to the end is a pop and an
         # insert), and the status rides in the int both dicts share instead of a dict of its
         # own. Idle, the status of nearly every conversation, has no index: a page of it walks
