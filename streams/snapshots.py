@@ -363,7 +363,12 @@ class Snapshotter:
         starts = {p: mark.snapshots_to for p, mark in marks.items()}
         if self.store is not None:
             self.store.drop_partitions(p for p in partitions if p not in marks)  # refilled from the topic
-        loads = {p: PartitionLoad(topic, p, self.store, marks.get(p)) for p in partitions}
+        loads = {}
+        for p in partitions:
+            # A partition's rows are read from the store and its load finished in one go each
+            # (≈ 0.1 s at 50,000 conversations): the loop runs between partitions, not after all.
+            loads[p] = PartitionLoad(topic, p, self.store, marks.get(p))
+            await asyncio.sleep(0)
         read = 0
         try:
             async for chunk in self.log.read_partitions(topic, partitions, starts):
@@ -382,6 +387,7 @@ class Snapshotter:
             self.ignored += len(loaded.ignored)
             self.seeks[p] = loaded.seek
             self.restarts += p in marks
+            await asyncio.sleep(0)
         if marks:
             log.info("partitions %s start from the local store's checkpoint: %d snapshot records read since",
                      sorted(marks), read)  # fmt: skip
