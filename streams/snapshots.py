@@ -374,6 +374,9 @@ class Snapshotter:
             async for chunk in self.log.read_partitions(topic, partitions, starts):
                 loads[chunk[0].partition].add(chunk)
                 read += len(chunk) if chunk[0].partition in marks else 0
+                # One fetch brings a chunk of every partition, taken in here back to back
+                # (≈ 45 ms each at 2,500 records): the loop runs between them.
+                await asyncio.sleep(0)
         except Exception as exc:
             log.warning("reading the snapshots of partitions %s failed, replaying them from 0: %r", partitions, exc)
             if self.store is not None:
