@@ -28,7 +28,7 @@ from turnstile.events import STEP_TYPES, Event, TurnClaimed, TurnEnvelope
 from turnstile.projections import STATUSES, ConversationState, Status, conversation_status
 from turnstile.streams.log import Record
 from turnstile.streams.state_store import LISTED_BY_THE_STORE
-from turnstile.streams.views import ConversationView
+from turnstile.streams.views import ConversationView, turn_count
 
 if TYPE_CHECKING:
     from turnstile.streams.worker import Worker
@@ -307,7 +307,7 @@ class WorkerReadModel:
                 listed,
                 view.last_event_at if view is not None else None,
                 state.events_applied,
-                len(view.turns) if view is not None else len(state.turns),
+                turn_count(view if view is not None else ConversationView(state)),
                 len(state.pending),
             )
             rows.append(row)

@@ -228,18 +228,71 @@ def state_json(view: ConversationView) -> dict[str, Any]:
             "iterations": active.iterations,
             "tool_calls": active.tool_calls,
         },
-        "turns": [turn_summary_json(t) for t in view.turns.values()],
+        "turns": [turn_summary_json(t) for t in turn_summaries(view)],
     }
 
 
-def turn_summary_json(turn: TurnView) -> dict[str, Any]:
+@dataclass(frozen=True, slots=True)
+class TurnSummary:
+    """One line of a conversation's turns. `detailed` is False for a turn whose events the
+    view did not fold -- they came before the snapshot it started from (a restart, a moved
+    partition, a conversation back from the local store) -- and that only the state knows:
+    its inputs, outcome and attempts, and for an active one its claim and steps so far; what
+    the state does not keep is None (the turn's own page reads its timeline from the log)."""
+
+    turn_id: str
+    input_ids: tuple[str, ...]
+    claimed_at: int | None
+    attempts: int
+    iterations: int | None
+    tool_calls: int | None
+    outcome: str | None
+    cost_usd: float | None
+    duration_ms: int | None
+    detailed: bool = True
+
+
+def summary_of(turn: TurnView) -> TurnSummary:
+    return TurnSummary(
+        turn.turn_id, turn.input_ids, turn.claimed_at, len(turn.attempts), turn.iterations, len(turn.tool_calls),
+        turn.outcome, turn.cost_usd, turn.duration_ms,
+    )  # fmt: skip
+
+
+def turn_summaries(view: ConversationView) -> list[TurnSummary]:
+    """Every turn of the conversation, in claim order: those only the state knows (from
+    before the view's first event), then the view's own."""
+    seen, state = view.turns, view.state
+    earlier = [
+        TurnSummary(r.turn_id, r.input_ids, None, r.attempts, None, None, r.outcome, None, None, detailed=False)
+        for r in state.turns.values()
+        if r.turn_id not in seen
+    ]
+    active = state.active
+    if active is not None and active.turn_id not in seen:
+        claimed, attempt = active.claimed_at, active.attempt
+        steps = (active.iterations, active.tool_calls)
+        earlier.append(TurnSummary(active.turn_id, active.input_ids, claimed, attempt, *steps, None, active.cost_usd,
+                                   None, detailed=False))  # fmt: skip
+    return earlier + [summary_of(turn) for turn in seen.values()]
+
+
+def turn_count(view: ConversationView) -> int:
+    """`len(turn_summaries(view))`, without making them."""
+    seen, state = view.turns, view.state
+    unseen = sum(turn_id not in seen for turn_id in state.turns)
+    active = state.active is not None and state.active.turn_id not in seen
+    return len(seen) + unseen + active
+
+
+def turn_summary_json(turn: TurnSummary) -> dict[str, Any]:
     return {
         "turn_id": turn.turn_id,
         "input_ids": list(turn.input_ids),
         "claimed_at": turn.claimed_at,
-        "attempts": len(turn.attempts),
+        "attempts": turn.attempts,
         "iterations": turn.iterations,
-        "tool_calls": len(turn.tool_calls),
+        "tool_calls": turn.tool_calls,
         "outcome": turn.outcome,
         "cost_usd": turn.cost_usd,
         "duration_ms": turn.duration_ms,
@@ -249,7 +302,7 @@ def turn_summary_json(turn: TurnView) -> dict[str, Any]:
 def turn_json(conversation_id: str, turn: TurnView) -> dict[str, Any]:
     return {
         "conversation_id": conversation_id,
-        **turn_summary_json(turn),
+        **turn_summary_json(summary_of(turn)),
         "outcome_detail": turn.outcome_detail,
         "ended_at": turn.ended_at,
         "input_tokens": turn.input_tokens,

@@ -30,7 +30,7 @@ from turnstile.streams.publisher import message_event, publish
 from turnstile.streams.read_model import WorkerReadModel
 from turnstile.streams.runtime import SystemClock
 from turnstile.streams.snapshots import SnapshotPolicy
-from turnstile.streams.views import ConversationView
+from turnstile.streams.views import ConversationView, state_json
 from turnstile.streams.worker import Worker, WorkerConfig
 
 # Every checkpoint snapshots whatever changed (idle_ms=0), as often as commits run.
@@ -401,3 +401,31 @@ async def test_a_restart_pages_through_its_stored_conversations_each_once_and_on
         again = walk(limit=4)
         assert again[0] == stays and sorted(again) == sorted(states)
         assert second.reads.page(status="debouncing").rows[0].conversation_id == stays
+
+
+async def test_after_a_restart_every_conversation_still_lists_every_turn_it_had(tmp_path: Path) -> None:
+    """The turns folded before the snapshots a worker starts from are listed from the state
+    (inputs, outcome, attempts; what the state does not keep is null), in claim order, in the
+    conversation's JSON and in the list's count, whether it is in memory or in the store."""
+    stored = dataclasses.replace(EAGER, eviction=EvictionPolicy(state_dir=tmp_path / "state"))
+    log = FileLog(tmp_path, partitions=PARTITIONS)
+    await _publish(log, generated_log(random.Random(7), 12, 500))
+    async with Run(log, stored) as first:
+        await first.snapshots_cover_everything()
+    async with Run(FileLog(tmp_path, partitions=PARTITIONS), stored) as second:
+        states = _log_states(log)
+        rows = {row.conversation_id: row.turns for row in second.reads.page(limit=500).rows}
+        assert sum(len(state.turns) for state in states.values()) > 0
+        for conversation, state in states.items():
+            view = second.reads.lookup(conversation)
+            assert isinstance(view, ConversationView)
+            listed = state_json(view)["turns"]
+            active = [] if state.active is None else [state.active.turn_id]
+            assert [t["turn_id"] for t in listed] == [*state.turns, *active]
+            for turn in listed[: len(state.turns)]:
+                record = state.turns[turn["turn_id"]]
+                assert (turn["outcome"], turn["attempts"], turn["input_ids"]) == (
+                    record.outcome, record.attempts, list(record.input_ids),
+                )  # fmt: skip
+                assert turn["iterations"] is None and turn["claimed_at"] is None
+            assert rows[conversation] == len(listed)

@@ -23,7 +23,7 @@ from turnstile.streams.console.format import (
 )
 from turnstile.streams.console.waterfall import waterfall
 from turnstile.streams.read_model import ConversationPage
-from turnstile.streams.views import ConversationView, TurnView
+from turnstile.streams.views import ConversationView, TurnView, turn_count, turn_summaries
 
 ASSETS = ("console.css", "console.js")
 
@@ -105,7 +105,7 @@ def conversation_main(view: ConversationView) -> str:
     head = (
         f'<h1>Conversation {short_id(state.conversation_id, 40)}</h1>'
         f'<p class="facts">{status_badge(status)} · {count(state.events_applied)} events · '
-        f"{count(len(view.turns))} turns · last event {when(view.last_event_at)}</p>"
+        f"{count(turn_count(view))} turns · last event {when(view.last_event_at)}</p>"
     )
     parts = [head, _active(view), _operations(view), _pending(view), _history(view), _turns(view)]
     return "".join(parts)
@@ -219,15 +219,21 @@ def _turns(view: ConversationView) -> str:
     rows = "".join(
         f'<tr><td>{_turn_link(conversation, t.turn_id)}</td><td>{when(t.claimed_at)}</td>'
         f'<td><span class="outcome o-{esc(t.outcome or "active")}">{esc(t.outcome or "active")}</span></td>'
-        f"<td>{count(len(t.attempts))}</td><td>{count(t.iterations)}</td><td>{count(len(t.tool_calls))}</td>"
-        f"<td>{money(t.cost_usd)}</td><td>{duration(t.duration_ms)}</td></tr>"
-        for t in reversed(view.turns.values())
+        f"<td>{count(t.attempts)}</td><td>{_known(t.iterations)}</td><td>{_known(t.tool_calls)}</td>"
+        # A turn only the state knows has no cost on record (not: a model without a price).
+        f"<td>{money(t.cost_usd) if t.detailed or t.cost_usd is not None else '—'}</td>"
+        f"<td>{duration(t.duration_ms)}</td></tr>"
+        for t in reversed(turn_summaries(view))
     )
     return (
         '<section><h2>Turns</h2><table class="turns"><thead><tr><th>turn</th><th>claimed</th><th>outcome</th>'
         "<th>attempts</th><th>iterations</th><th>tool calls</th><th>cost</th><th>duration</th></tr></thead>"
         f"<tbody>{rows}</tbody></table></section>"
     )
+
+
+def _known(value: int | None) -> str:
+    return "—" if value is None else count(value)
 
 
 # -- a turn ------------------------------------------------------------------------------
