@@ -189,7 +189,8 @@ def _bearer(token: str) -> Middleware:
 
 
 MAX_PAGE = 500
-# Cursors are places in the read model's order: integers JSON carries exactly.
+# Cursors are places in the read model's order (negative at the bottom of the local store's
+# listing): integers JSON carries exactly.
 MAX_CURSOR = 2**53
 
 
@@ -206,7 +207,7 @@ def page_query(request: web.Request) -> PageQuery | str:
     status, before, limit = request.query.get("status") or None, request.query.get("before"), request.query.get("limit")
     if status is not None and status not in STATUSES:
         return f"status must be one of {', '.join(STATUSES)}"
-    if before is not None and not (_decimal(before) and int(before) <= MAX_CURSOR):
+    if before is not None and not (_decimal(before.removeprefix("-")) and abs(int(before)) <= MAX_CURSOR):
         return "before must be a cursor a page gave (a number)"
     if limit is not None and not (_decimal(limit) and 1 <= int(limit) <= MAX_PAGE):
         return f"limit must be 1..{MAX_PAGE}"

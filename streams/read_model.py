@@ -134,7 +134,7 @@ class WorkerReadModel:
         # still to be written (`_relist`): True, evicted (listed here until its place is
         # written to its row); False, back in memory (its row is taken out of the top of the
         # store's listing, where every page would have to skip it).
-        self._moves: list[tuple[str, bool]] = []
+        self._moves: deque[tuple[str, bool]] = deque()
         self._followers: dict[str, list[asyncio.Queue[Folded | None]]] = {}
         worker.fold_observers.append(self)
 
@@ -199,9 +199,9 @@ class WorkerReadModel:
         """Writes up to `RELIST_BATCH` moves to the store, in order, and takes the evicted
         conversations out of the listing here; the rest in the loop's next cycle (a write
         costs ≈ 40 µs a conversation: a burst of evictions must not hold the loop)."""
-        batch = self._moves[:RELIST_BATCH]
-        del self._moves[:RELIST_BATCH]
-        if self._moves:
+        moves = self._moves
+        batch = [moves.popleft() for _ in range(min(RELIST_BATCH, len(moves)))]
+        if moves:
             asyncio.get_running_loop().call_soon(self._relist)
         store = self._worker.stored_listing
         if store is None or store.closed:
@@ -292,7 +292,8 @@ class WorkerReadModel:
         in_memory = self._recent
         walks = [self._walk(status, before)]
         if store is not None and not store.closed:  # a row of one in memory is stale: it is listed here
-            walks.append(r for r in store.listing(status, before, contains) if r[1] not in in_memory)
+            owned = self._worker.partition_liveness()
+            walks.append(r for r in store.listing(owned, status, before, contains) if r[1] not in in_memory)
         for sequence, conversation, listed in heapq.merge(*walks, reverse=True):
             if contains and contains not in conversation:
                 continue

@@ -31,14 +31,14 @@ from __future__ import annotations
 import shutil
 import sqlite3
 import tempfile
-from collections.abc import Iterable, Iterator
+from collections.abc import Collection, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 from turnstile.projections import STATUSES, Status
 
 # The file is a cache: one of another layout is emptied, not migrated.
-_LAYOUT = 4
+_LAYOUT = 5
 # The places below this are the store's own, given to rows as they are first put; the read
 # model numbers its places from here up (well inside JSON's exact integers: a page cursor).
 LISTED_BY_THE_STORE = 1 << 40
@@ -59,8 +59,9 @@ CREATE TABLE IF NOT EXISTS snapshot (
 CREATE INDEX IF NOT EXISTS snapshot_heads ON snapshot (partition, conversation, covered, source, status);
 -- Pages of the listing from the indexes alone: all statuses (or idle, nearly every row's),
 -- and the few rows of any other status (a partial index: idle rows cost it nothing).
-CREATE INDEX IF NOT EXISTS snapshot_listed ON snapshot (listed, conversation, status);
-CREATE INDEX IF NOT EXISTS snapshot_listed_unsettled ON snapshot (status, listed, conversation) WHERE status != 'idle';
+CREATE INDEX IF NOT EXISTS snapshot_listed ON snapshot (listed, partition, conversation, status);
+CREATE INDEX IF NOT EXISTS snapshot_listed_unsettled ON snapshot (status, listed, partition, conversation)
+    WHERE status != 'idle';
 CREATE TABLE IF NOT EXISTS checkpoint (
     partition        INTEGER PRIMARY KEY,
     snapshots_to     INTEGER NOT NULL,
@@ -187,10 +188,16 @@ class StateStore:
         (last,) = self._db.execute("SELECT coalesce(max(listed), 0) FROM snapshot").fetchone()
         return int(last)
 
-    def listing(self, status: Status | None, before: int | None, contains: str) -> Iterator[tuple[int, str, Status]]:
-        """(place, conversation, status) of every row, highest place first, below `before`
-        (None: from the top), of `status` (None: any), whose id contains `contains`."""
-        where, filters, index = ["listed < ?"], list[str](), "snapshot_listed"
+    def listing(
+        self, partitions: Collection[int], status: Status | None, before: int | None, contains: str
+    ) -> Iterator[tuple[int, str, Status]]:
+        """(place, conversation, status) of every row of `partitions`, highest place first,
+        below `before` (None: from the top), of `status` (None: any), whose id contains
+        `contains`. (Rows of other partitions wait to be dropped or refilled: not listed.)"""
+        if not partitions:
+            return
+        owned = ", ".join(str(int(p)) for p in sorted(partitions))
+        where, filters, index = ["listed < ?", f"partition IN ({owned})"], list[str](), "snapshot_listed"
         if status is not None:
             # Literals, not parameters: SQLite takes a partial index only when the query has its
             # condition word for word.

@@ -85,10 +85,14 @@ async def test_gets_of_owned_conversations_never_read_the_log_and_the_list_pages
             assert [r["conversation_id"] for r in only["conversations"]] == ["c4"]
             for bad in (
                 {"status": "asleep"}, {"limit": "0"}, {"limit": "501"}, {"before": "x"},
-                {"before": str(2**64)}, {"before": "9" * 400}, {"before": "²"}, {"limit": "²"}, {"before": "-1"},
+                {"before": str(2**64)}, {"before": "9" * 400}, {"before": "²"}, {"limit": "²"}, {"before": "--1"},
+                {"before": f"-{2**64}"},
             ):  # fmt: skip
                 response = await client.get("/conversations", params=bad)
                 assert response.status_code == 400 and "error" in response.json(), bad
+            # A place at the bottom of the local store's listing is negative: so is its cursor.
+            below = await client.get("/conversations", params={"before": "-5"})
+            assert below.status_code == 200 and below.json()["conversations"] == []
     finally:
         stop.set()
         await asyncio.wait_for(running, 10)
@@ -228,10 +232,14 @@ def _stored(state: ConversationState, partition: int = 0) -> Stored:
 
 
 class StoreOfNewStates(Worker):
-    """A worker whose local store has a (new) state of every conversation asked of it."""
+    """A worker that owns partition 0, live, whose local store has a (new) state of every
+    conversation asked of it."""
 
     def state_of(self, conversation_id: str) -> ConversationState | None:
         return self.states.get(conversation_id) or new_state(conversation_id)
+
+    def partition_liveness(self) -> dict[int, bool]:
+        return {0: True}
 
 
 async def _relisted() -> None:
@@ -358,7 +366,7 @@ async def test_conversations_moving_in_and_out_of_memory_are_listed_once_in_rece
     assert churn.walk(limit=51) == moved and churn.walk(limit=1) == moved
     assert errors == []
     # Those in memory are at the bottom of the store's listing: a page does not skip them first.
-    top = [conversation for _, conversation, _ in itertools.islice(churn.store.listing(None, None, ""), 499)]
+    top = [conversation for _, conversation, _ in itertools.islice(churn.store.listing([0], None, None, ""), 499)]
     assert top == [n for n in moved if n in names[:500] and n != "conv-020"]
 
 

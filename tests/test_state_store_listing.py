@@ -24,7 +24,7 @@ def row(conversation: str, status: Status = "idle", partition: int = 0) -> Store
 
 
 def walked(store: StateStore, status: Status | None = None, before: int | None = None, contains: str = "") -> list[str]:
-    return [conversation for _, conversation, _ in store.listing(status, before, contains)]
+    return [conversation for _, conversation, _ in store.listing([0], status, before, contains)]
 
 
 def test_given_rows_put_in_turn_when_walked_then_the_last_put_comes_first_below_the_read_models_places(
@@ -32,7 +32,7 @@ def test_given_rows_put_in_turn_when_walked_then_the_last_put_comes_first_below_
 ) -> None:
     store.put([row("a"), row("b")])
     store.put([row("c", "paused")])
-    listed = list(store.listing(None, None, ""))
+    listed = list(store.listing([0], None, None, ""))
     assert [c for _, c, _ in listed] == ["c", "b", "a"]
     assert [s for _, _, s in listed] == ["paused", "idle", "idle"]
     assert all(0 < place < LISTED_BY_THE_STORE for place, _, _ in listed)
@@ -41,7 +41,7 @@ def test_given_rows_put_in_turn_when_walked_then_the_last_put_comes_first_below_
 def test_given_a_row_put_again_when_walked_then_it_keeps_its_place_with_its_new_status(store: StateStore) -> None:
     store.put([row("a"), row("b")])
     store.put([row("a", "failed")])  # a new snapshot of a: its place in the listing is not its recency
-    assert list(store.listing(None, None, "")) == [(2, "b", "idle"), (1, "a", "failed")]
+    assert list(store.listing([0], None, None, "")) == [(2, "b", "idle"), (1, "a", "failed")]
 
 
 def test_given_a_cursor_a_status_or_a_part_of_the_id_when_walked_then_exactly_the_rows_that_match(
@@ -72,6 +72,13 @@ def test_a_walk_over_more_rows_than_one_read_of_the_index_lists_every_row_once(s
     assert walked(store) == conversations[::-1]
     assert walked(store, "paused") == [c for i, c in enumerate(conversations) if i % 3 == 0][::-1]
     assert walked(store, before=LISTED_BY_THE_STORE) == conversations[::-1]
+
+
+def test_only_the_rows_of_the_partitions_asked_for_are_listed(store: StateStore) -> None:
+    store.put([row("a", partition=0), row("b", partition=1), row("c", partition=2)])
+    assert [c for _, c, _ in store.listing([0, 2], None, None, "")] == ["c", "a"]
+    assert [c for _, c, _ in store.listing([1], "idle", None, "b")] == ["b"]
+    assert list(store.listing([], None, None, "")) == []
 
 
 def test_an_empty_store_lists_nothing_and_has_no_place_given(store: StateStore) -> None:
