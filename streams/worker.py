@@ -236,6 +236,10 @@ class Worker:
         fresh.sort()
         log.info("assigned partitions %s: kept %s, replaying %s from %s", sorted(partitions), kept, fresh, starts)
         self.pace.note(self.partitions.replaying())
+        # Again at the end: a batch polled while this awaited (the snapshot load lets the loop
+        # run) may hold records of these partitions read from their committed offsets, not
+        # from `starts`; folded now, they would move a position past records not folded yet.
+        self._rebalances += 1
         return starts
 
     def _start_from(self, p: int, start: PartitionStart, loaded: Loaded | None) -> None:
