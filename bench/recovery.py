@@ -81,6 +81,7 @@ class Pass:
     rss_mb: float
     # With the read model: ms per list page of 50, p50 and p99 (nearly all listed by the store).
     page_ms: tuple[float, float] | None = None
+    hold_s: float = 0.0  # the longest the event loop was held, assignment -> live
 
 
 def _rss_mb() -> float:
@@ -116,6 +117,8 @@ async def _pass(
     worker.draining = True  # it only folds: the log stays as filled
     stop = asyncio.Event()
     task = asyncio.create_task(worker.run(stop))
+    held = [0.0]
+    probe = asyncio.create_task(_probe(held))
     try:
         deadline = time.perf_counter() + TIMEOUT_S
         while not ((p := worker.replay_progress()).partitions and p.replaying == 0):
@@ -124,6 +127,7 @@ async def _pass(
             await asyncio.sleep(0.005)
         assert worker.assigned_at is not None
         seconds = time.perf_counter() - worker.assigned_at
+        probe.cancel()
         seek = sum(worker.snapshots.seeks.values()) if worker.snapshots is not None else 0
         snapshots = worker.snapshots
         while write and snapshots is not None and any(snapshots.pending(p) for p in worker.partition_liveness()):
@@ -144,10 +148,19 @@ async def _pass(
         rss = _rss_mb()
         page_ms = _page_ms(reads) if reads is not None else None
     finally:
+        probe.cancel()
         stop.set()
         await asyncio.wait_for(task, TIMEOUT_S)
     del reads
-    return Pass(label, seconds, seek, rss, page_ms)
+    return Pass(label, seconds, seek, rss, page_ms, held[0])
+
+
+async def _probe(held: list[float], every_s: float = 0.01) -> None:
+    """Sleeps `every_s` over and over; how much later than asked it woke, at most, in `held`."""
+    while True:
+        asked = time.perf_counter()
+        await asyncio.sleep(every_s)
+        held[0] = max(held[0], time.perf_counter() - asked - every_s)
 
 
 def _page_ms(reads: WorkerReadModel, samples: int = 100) -> tuple[float, float]:
@@ -227,6 +240,9 @@ def recovery_section(scales: list[Scale]) -> Section:
             f"{s.snapshots.seek:,}",
             goal,
         )
+    for s in scales:
+        holds = ", ".join(f"{p.label} {p.hold_s:.2f} s" for p in (s.full, s.snapshots, s.restart))
+        section.notes.append(f"{s.events:,} events: longest event-loop hold from start to live: {holds}")
     section.notes.append("with snapshots: a fresh worker with an empty local store (a partition moved to a new "
                          "machine) reads the snapshot partition; restart: the writer's store, checkpointed by its "
                          "clean stop, reads only the snapshots written since")  # fmt: skip
