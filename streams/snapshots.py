@@ -357,12 +357,6 @@ class Snapshotter:
         cannot be read: a snapshot topic that is away must cost time, never the assignment."""
         if not partitions:
             return {}
-        if self.store is None:
-            return await self._load(partitions)
-        with self.store.filling():
-            return await self._load(partitions)
-
-    async def _load(self, partitions: list[int]) -> dict[int, Loaded]:
         topic = self.log.topics.snapshots
         # A checkpoint of the store (a clean stop's, on this machine): read only what follows.
         marks = {p: mark for p in partitions if self.store is not None and (mark := self.store.take_checkpoint(p))}

@@ -28,7 +28,6 @@ memory (`relist`), so one evicted while a client pages is not seen twice.
 
 from __future__ import annotations
 
-import contextlib
 import shutil
 import sqlite3
 import tempfile
@@ -45,10 +44,6 @@ _LAYOUT = 5
 LISTED_BY_THE_STORE = 1 << 40
 # A listing walk reads the index this many rows at a time (no statement stays open between).
 _WALK_CHUNK = 256
-# SQLite's page cache while an assignment fills the store (KiB; its default is 2,000): rows put
-# in random key order rewrite pages all over its B-trees, and a million rows with UUID ids took
-# 25 s with the default, 20 s with this. It is given back when the fill is over.
-FILL_CACHE_KIB = 65_536
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS snapshot (
     conversation TEXT PRIMARY KEY,
@@ -134,17 +129,6 @@ class StateStore:
                 self._connection.execute(f"PRAGMA user_version = {_LAYOUT}")
             self._connection.executescript(_SCHEMA)
         return self._connection
-
-    @contextlib.contextmanager
-    def filling(self) -> Iterator[None]:
-        """A fill of many rows (an assignment's load): a larger page cache meanwhile."""
-        (was,) = self._db.execute("PRAGMA cache_size").fetchone()
-        self._db.execute(f"PRAGMA cache_size = -{FILL_CACHE_KIB}")
-        try:
-            yield
-        finally:
-            if self._connection is not None:  # (not closed meanwhile by a stop)
-                self._connection.execute(f"PRAGMA cache_size = {int(was)}")
 
     def put(self, rows: Iterable[Stored]) -> None:
         """Upsert rows in one transaction. A conversation new to the store is listed above the
