@@ -10,7 +10,7 @@ import itertools
 from pathlib import Path
 
 from builders import claim, completed, message, started
-from worker_harness import FAST, client_of, serving, until
+from worker_harness import FAST, client_of, every_row, serving, until
 
 from turnstile.events import Event, TurnInterrupted, encode
 from turnstile.handlers.providers.scripted import ScriptedProvider
@@ -186,14 +186,7 @@ async def test_a_client_can_page_a_hundred_thousand_conversations(tmp_path: Path
         conversation = f"conv-{i:06d}"
         model.folded(Record(0, i, conversation.encode(), b""), message("m", i, conv=conversation),
                      new_state(conversation), None)
-    seen, cursor = 0, None
-    while True:
-        page = model.page(limit=500, before=cursor)
-        seen += len(page.rows)
-        if page.next_cursor is None:
-            break
-        cursor = page.next_cursor
-    assert seen == 100_000
+    assert len(every_row(model, limit=500)) == 100_000
     assert [r.conversation_id for r in model.page(contains="099999").rows] == ["conv-099999"]
 
 
@@ -288,12 +281,7 @@ async def test_an_evicted_conversation_leaves_the_read_model_and_is_listed_by_th
     # An entry of the in-memory listing was ≈ 150 B; a turn's details ≈ 700 B before that.
     assert per_conversation < 10, per_conversation
 
-    seen, cursor = [], None
-    while (page := model.page(limit=500, before=cursor)).next_cursor is not None or page.rows:
-        seen += [(row.conversation_id, row.status) for row in page.rows]
-        if page.next_cursor is None:
-            break
-        cursor = page.next_cursor
+    seen = [(row.conversation_id, row.status) for row in every_row(model, limit=500)]
     assert seen == [(f"conv-{i:06d}", "idle") for i in reversed(range(conversations))] + [("warm-up", "idle")]
     one_turn_then_evicted("conv-000000")  # back, then out again: listed once, first
     await _relisted()
@@ -331,13 +319,7 @@ class Churn:
         self.turn(conversation)
 
     def walk(self, limit: int) -> list[str]:
-        seen, cursor = [], None
-        while True:
-            page = self.model.page(limit=limit, before=cursor)
-            seen += [row.conversation_id for row in page.rows]
-            if page.next_cursor is None:
-                return seen
-            cursor = page.next_cursor
+        return [row.conversation_id for row in every_row(self.model, limit)]
 
 
 async def test_conversations_moving_in_and_out_of_memory_are_listed_once_in_recency_order_at_every_moment(
@@ -449,13 +431,7 @@ async def test_a_partition_handed_over_and_assigned_back_lists_each_conversation
     one_turn("c3")  # one in memory, listed after them
 
     def walk(status: Status | None = None, contains: str = "") -> list[tuple[str, str]]:
-        seen, cursor = [], None
-        while True:
-            page = model.page(status=status, contains=contains, before=cursor, limit=1)
-            seen += [(row.conversation_id, row.status) for row in page.rows]
-            if page.next_cursor is None:
-                return seen
-            cursor = page.next_cursor
+        return [(row.conversation_id, row.status) for row in every_row(model, 1, status, contains)]
 
     assert walk() == [("c3", "idle"), ("c2", "idle"), ("c1", "paused")]
     assert walk("idle") == [("c3", "idle"), ("c2", "idle")] and walk("paused") == [("c1", "paused")]

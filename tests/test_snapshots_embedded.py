@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import dataclasses
 import random
 import shutil
 from collections import Counter
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import orjson
@@ -17,7 +19,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from log_generator import fold, generated_log
-from worker_harness import FAST, ReplayCalls, events_of, running, until
+from worker_harness import FAST, ReplayCalls, events_of, every_row, running, until
 
 from turnstile.events import DecodeError, Event, TurnClaimed, TurnCompleted, decode, encode
 from turnstile.handlers.providers.scripted import ScriptedProvider
@@ -369,28 +371,30 @@ async def test_a_capture_cut_short_goes_on_at_the_next_steps_not_a_commit_later(
         assert not snapshots.behind
 
 
+@contextlib.asynccontextmanager
+async def _restarted_on_its_store(tmp_path: Path, seed: int, conversations: int, events: int) -> AsyncIterator[Run]:
+    """A generated log, snapshotted whole by a first worker with a kept local store, and the
+    second worker that starts on that store (its idle conversations out of memory)."""
+    stored = dataclasses.replace(EAGER, eviction=EvictionPolicy(idle_ms=0, state_dir=tmp_path / "state"))
+    await _publish(FileLog(tmp_path, partitions=PARTITIONS), generated_log(random.Random(seed), conversations, events))
+    async with Run(FileLog(tmp_path, partitions=PARTITIONS), stored) as first:
+        await first.snapshots_cover_everything()
+    async with Run(FileLog(tmp_path, partitions=PARTITIONS), stored) as second:
+        yield second
+
+
 async def test_a_restart_pages_through_its_stored_conversations_each_once_and_one_that_moves_comes_first(
     tmp_path: Path,
 ) -> None:
-    """The conversations that wait in the local store from the start are listed packed, beside
-    those in memory: a client paging through them sees each once, and one that folds an
-    event is listed again, first, and only there."""
-    stored = dataclasses.replace(EAGER, eviction=EvictionPolicy(idle_ms=0, state_dir=tmp_path / "state"))
-    log = FileLog(tmp_path, partitions=PARTITIONS)
-    await _publish(log, generated_log(random.Random(11), 30, 600))
-    async with Run(log, stored) as first:
-        await first.snapshots_cover_everything()
-    async with Run(FileLog(tmp_path, partitions=PARTITIONS), stored) as second:
+    """The conversations that wait in the local store from the start are listed by the store,
+    beside those in memory: a client paging through them sees each once, and one that folds
+    an event is listed again, first, and only there."""
+    async with _restarted_on_its_store(tmp_path, 11, 30, 600) as second:
+        log = second.log
         states = _log_states(log)
 
         def walk(limit: int) -> list[str]:
-            seen, cursor = [], None
-            while True:
-                page = second.reads.page(limit=limit, before=cursor)
-                seen += [row.conversation_id for row in page.rows]
-                if page.next_cursor is None:
-                    return seen
-                cursor = page.next_cursor
+            return [row.conversation_id for row in every_row(second.reads, limit)]
 
         assert second.worker.states.keys() < states.keys()  # some wait in the store
         listed = walk(limit=4)
@@ -407,13 +411,8 @@ async def test_after_a_restart_every_conversation_still_lists_every_turn_it_had(
     """The turns folded before the snapshots a worker starts from are listed from the state
     (inputs, outcome, attempts; what the state does not keep is null), in claim order, in the
     conversation's JSON and in the list's count, whether it is in memory or in the store."""
-    stored = dataclasses.replace(EAGER, eviction=EvictionPolicy(state_dir=tmp_path / "state"))
-    log = FileLog(tmp_path, partitions=PARTITIONS)
-    await _publish(log, generated_log(random.Random(7), 12, 500))
-    async with Run(log, stored) as first:
-        await first.snapshots_cover_everything()
-    async with Run(FileLog(tmp_path, partitions=PARTITIONS), stored) as second:
-        states = _log_states(log)
+    async with _restarted_on_its_store(tmp_path, 7, 12, 500) as second:
+        states = _log_states(second.log)
         rows = {row.conversation_id: row.turns for row in second.reads.page(limit=500).rows}
         assert sum(len(state.turns) for state in states.values()) > 0
         for conversation, state in states.items():

@@ -12,8 +12,10 @@ import httpx
 from turnstile.events import DecodeError, Event, decode
 from turnstile.handlers.claim import DebouncePolicy
 from turnstile.handlers.provider import Provider
+from turnstile.projections import Status
 from turnstile.streams.file_log import FileLog
 from turnstile.streams.http_api import HttpServer
+from turnstile.streams.read_model import ConversationRow, ReadModel
 from turnstile.streams.service import Service
 from turnstile.streams.turn_runner import TurnSettings
 from turnstile.streams.worker import Worker, WorkerConfig
@@ -97,3 +99,15 @@ class ReplayCalls:
 
     def replayed(self) -> None:
         self.calls.append("replayed")
+
+
+def every_row(model: ReadModel, limit: int, status: Status | None = None, contains: str = "") -> list[ConversationRow]:
+    """Every row of the conversations list, paged through `limit` at a time by its cursors."""
+    rows: list[ConversationRow] = []
+    cursor = None
+    while True:
+        page = model.page(limit=limit, status=status, contains=contains, before=cursor)
+        rows += page.rows
+        if page.next_cursor is None:
+            return rows
+        cursor = page.next_cursor
