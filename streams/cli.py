@@ -221,6 +221,18 @@ def _add_run_args(run: argparse.ArgumentParser) -> None:
         " (a volume per worker) lets a restart read only the snapshots written since its clean stop",
     )
     run.add_argument(
+        "--evict-idle-s",
+        type=float,
+        help=f"seconds without an event after which a settled conversation leaves memory for the local store"
+        f" (default: {d.eviction.idle_s:g})",
+    )
+    run.add_argument(
+        "--max-resident",
+        type=int,
+        help="at most this many conversations in memory, the least recently active leaving first"
+        " (default: no bound but the idle time)",
+    )
+    run.add_argument(
         "--drain-grace-s",
         type=float,
         help=f"on SIGTERM or Ctrl-C, seconds the turns in flight may take to end (default: {d.drain_grace_s:g});"

@@ -36,6 +36,7 @@ from turnstile.handlers.budget import TurnBudget
 from turnstile.handlers.claim import DebouncePolicy, DoubleText, DoubleTextPolicy
 from turnstile.handlers.pricing import ModelPrice, PriceTable, parse_price
 from turnstile.streams.cli_errors import CONFIG, NO_INPUT, USAGE, CliError, broker_url, http_address
+from turnstile.streams.eviction import EvictionPolicy
 from turnstile.streams.log import Topics
 from turnstile.streams.worker import WorkerConfig
 
@@ -43,6 +44,7 @@ KeyPath = tuple[str, ...]
 DEFAULT_FILE = Path("turnstile.toml")
 ENV_PREFIX = "TURNSTILE_"
 _BUDGET, _DEBOUNCE, _TOPICS, _WORKER = TurnBudget(), DebouncePolicy(), Topics(), WorkerConfig()
+_EVICTION = _WORKER.eviction
 
 
 class _Strict(BaseModel):
@@ -147,6 +149,16 @@ class DoubleTextConfig(_Strict):
         return DoubleTextPolicy(self.default, dict(self.per_conversation))
 
 
+class EvictionConfig(_Strict):
+    """When an idle conversation leaves memory for the local store (`streams/eviction.py`)."""
+
+    idle_s: NonNegativeFloat = _EVICTION.idle_ms / 1000 if _EVICTION.idle_ms is not None else 600.0
+    max_resident: int | None = Field(_EVICTION.max_resident, ge=1)  # None: no bound but idle time
+
+    def policy(self, state_dir: Path | None) -> EvictionPolicy:
+        return EvictionPolicy(idle_ms=round(self.idle_s * 1000), max_resident=self.max_resident, state_dir=state_dir)
+
+
 class Config(_Strict):
     broker: str | None = None  # kafka://HOST:PORT[,HOST:PORT]; None: the embedded log in `data`
     data: Path = Path(".turnstile")
@@ -158,6 +170,7 @@ class Config(_Strict):
     # restart reads every snapshot from the topic. A folder that outlives the process (a
     # volume of its own per worker) lets a restart read only what changed since its stop.
     state_dir: Path | None = None
+    eviction: EvictionConfig = EvictionConfig()
     connect_timeout_s: NonNegativeFloat = 60.0
     stream: bool = True  # unlike WorkerConfig's default: a served worker streams unless told not to
     trace: bool = _WORKER.tracing
@@ -209,6 +222,8 @@ FLAGS: dict[KeyPath, str] = {
     ("session_timeout_s",): "--session-timeout-s",
     ("drain_grace_s",): "--drain-grace-s",
     ("state_dir",): "--state-dir",
+    ("eviction", "idle_s"): "--evict-idle-s",
+    ("eviction", "max_resident"): "--max-resident",
     ("connect_timeout_s",): "--connect-timeout-s",
     ("stream",): "--stream",
     ("trace",): "--trace",

@@ -23,7 +23,6 @@ from turnstile.streams.config_file import (
     key_paths,
     shipped_prices,
 )
-from turnstile.streams.eviction import EvictionPolicy
 from turnstile.streams.serving import WorkerOptions
 from turnstile.streams.turn_runner import Route, TurnSettings
 from turnstile.streams.worker import WorkerConfig
@@ -39,7 +38,7 @@ def worker_options(config: Config) -> WorkerOptions:
         "drain_grace_s": config.drain_grace_s,
         "stream_replies": config.stream,
         "tracing": config.trace,
-        "eviction": EvictionPolicy(state_dir=config.state_dir),
+        "eviction": config.eviction.policy(config.state_dir),
     }
 
 

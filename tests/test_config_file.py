@@ -135,6 +135,21 @@ def test_the_state_dir_flag_gives_the_worker_a_local_store_that_outlives_it(tmp_
     assert worker.eviction.idle_ms == EvictionPolicy().idle_ms  # the rest of the policy as before
 
 
+def test_the_eviction_keys_reach_the_worker_from_the_file_the_environment_and_the_flags(tmp_path):
+    file = {"eviction": {"idle_s": 30, "max_resident": 5000}}
+    worker = run_config.worker_config(resolve(file).config, ScriptedProvider())
+    assert (worker.eviction.idle_ms, worker.eviction.max_resident) == (30_000, 5000)
+    env = from_env({"TURNSTILE_EVICTION_IDLE_S": "0.5"})
+    flagged = resolve(file, "turnstile.toml", env=env, flags=flags("--max-resident", "10")).config
+    worker = run_config.worker_config(flagged, ScriptedProvider())
+    assert (worker.eviction.idle_ms, worker.eviction.max_resident) == (500, 10)
+    default = run_config.worker_config(resolve({}).config, ScriptedProvider())
+    assert default.eviction == EvictionPolicy()  # what a worker made in code has
+    for bad in ({"max_resident": 0}, {"idle_s": -1}, {"idle": 5}):
+        with pytest.raises(CliError):
+            resolve({"eviction": bad})
+
+
 def shop() -> Agent:
     return Agent("shop", model=Model("acme-7b", price=ModelPrice(1, 2)), fallbacks=[Model("acme-3b")],
                  budget=TurnBudget(max_iterations=4, max_cost_usd=0.02), debounce=DebouncePolicy(800, 5000))
