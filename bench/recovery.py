@@ -10,10 +10,12 @@ the start so it only folds, never claims:
   records) and commits, snapshots every conversation (`max_per_checkpoint` of them per
   checkpoint) and stays until they and the watermarks are written;
 * *full replay*: snapshots off, from offset 0 (the baseline, as before snapshots);
-* *with snapshots*: snapshots on, from the writer's snapshots and watermark, with an empty
-  local store (a partition that moved to a new machine);
+* *with snapshots*: snapshots on, from the writer's snapshot heads and watermark, with an
+  empty local store (a partition that moved to a new machine): it goes live on the heads
+  and fetches the snapshots into its store after (the time until every state is local is
+  printed too);
 * *restart on its store*: the writer's own local store, which outlived it (a volume) and
-  which its clean stop checkpointed: only the snapshot records written since are read.
+  which its clean stop checkpointed: only the heads written since are read.
 Every pass runs with the garbage collector held while it replays (`WorkerGc`, as `turnstile
 run` does; loading the snapshots counts as replaying). All passes share one consumer group,
 so the timed ones start as a restart does (committed offsets at the end). The window is
@@ -82,6 +84,9 @@ class Pass:
     # With the read model: ms per list page of 50, p50 and p99 (nearly all listed by the store).
     page_ms: tuple[float, float] | None = None
     hold_s: float = 0.0  # the longest the event loop was held, assignment -> live
+    # Assignment -> every state local: a new owner goes live on the heads, and fetches the
+    # settled conversations' snapshots into its store after.
+    local_s: float = 0.0
 
 
 def _rss_mb() -> float:
@@ -128,6 +133,11 @@ async def _pass(
         assert worker.assigned_at is not None
         seconds = time.perf_counter() - worker.assigned_at
         probe.cancel()
+        while not worker.states_local:
+            if time.perf_counter() > deadline:
+                raise TimeoutError(f"{label}: states not local in {TIMEOUT_S} s")
+            await asyncio.sleep(0.005)
+        local_s = time.perf_counter() - worker.assigned_at
         seek = sum(worker.snapshots.seeks.values()) if worker.snapshots is not None else 0
         snapshots = worker.snapshots
         while write and snapshots is not None and any(snapshots.pending(p) for p in worker.partition_liveness()):
@@ -152,7 +162,7 @@ async def _pass(
         stop.set()
         await asyncio.wait_for(task, TIMEOUT_S)
     del reads
-    return Pass(label, seconds, seek, rss, page_ms, held[0])
+    return Pass(label, seconds, seek, rss, page_ms, held[0], local_s)
 
 
 async def _probe(held: list[float], every_s: float = 0.01) -> None:
@@ -243,9 +253,11 @@ def recovery_section(scales: list[Scale]) -> Section:
     for s in scales:
         holds = ", ".join(f"{p.label} {p.hold_s:.2f} s" for p in (s.full, s.snapshots, s.restart))
         section.notes.append(f"{s.events:,} events: longest event-loop hold from start to live: {holds}")
+        local = ", ".join(f"{p.label} {p.local_s:.2f} s" for p in (s.snapshots, s.restart))
+        section.notes.append(f"{s.events:,} events: assignment -> every state local (snapshots fetched): {local}")
     section.notes.append("with snapshots: a fresh worker with an empty local store (a partition moved to a new "
-                         "machine) reads the snapshot partition; restart: the writer's store, checkpointed by its "
-                         "clean stop, reads only the snapshots written since")  # fmt: skip
+                         "machine) reads the heads partition and goes live, then fetches the snapshots; restart: "
+                         "the writer's store, checkpointed by its clean stop, reads only the heads written since")
     return section
 
 

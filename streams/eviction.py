@@ -21,7 +21,7 @@ from turnstile.events import Event
 from turnstile.projections import STATUSES, ConversationState, Status
 from turnstile.projections.snapshot import SnapshotError, decode_snapshot
 from turnstile.streams.log import Record
-from turnstile.streams.state_store import StateStore
+from turnstile.streams.state_store import StateStore, Unfilled
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +41,15 @@ class EvictionPolicy:
 
 class CorruptStore(RuntimeError):
     """A snapshot in the local store no longer decodes (it did when it was stored)."""
+
+
+class NotLocal(LookupError):
+    """The conversation's snapshot is not in the local store yet: only its head is (an
+    unfilled row), and the snapshot is on its way (`streams/snapshot_fill.py`)."""
+
+    def __init__(self, conversation: str, partition: int) -> None:
+        super().__init__(f"the state of {conversation!r} (partition {partition}) is still being fetched")
+        self.conversation, self.partition = conversation, partition
 
 
 def settled(state: ConversationState) -> bool:
@@ -88,10 +97,13 @@ class Evictor:
 
     # -- in and out -----------------------------------------------------------------------------
     def reload(self, conversation: str, partition: int) -> ConversationState | None:
-        """The conversation's state from the store (None: it has none there)."""
+        """The conversation's state from the store (None: it has none there; `NotLocal`: its
+        row is unfilled)."""
         value = self.store.get(conversation, partition)
         if value is None:
             return None
+        if isinstance(value, Unfilled):
+            raise NotLocal(conversation, partition)
         snapshot = decode_snapshot(value, conversation)
         if isinstance(snapshot, SnapshotError):
             # Never go on with a fresh state instead: that would forget its history. A restart

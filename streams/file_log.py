@@ -17,7 +17,7 @@ import asyncio
 import base64
 import fcntl
 import os
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping
 from pathlib import Path
 
 import orjson
@@ -196,7 +196,7 @@ class FileLog:
         return handle
 
     def _partition_count(self, topic: str) -> int:
-        return self.partitions if topic in (self.topics.events, self.topics.snapshots) else 1
+        return self.partitions if topic in (self.topics.events, self.topics.snapshots, self.topics.heads) else 1
 
     def partition_count(self) -> int:
         return self.partitions
@@ -300,7 +300,7 @@ class FileLog:
 
     async def read_partitions(
         self, topic: str, partitions: list[int], starts: Mapping[int, int] | None = None
-    ) -> AsyncIterator[list[Record]]:
+    ) -> AsyncGenerator[list[Record], None]:
         first = starts or {}
         for p in partitions:
             path = self.directory / topic / f"{p}.log"
@@ -308,6 +308,14 @@ class FileLog:
             while reader is not None and (batch := reader.read(p, READ_CHUNK)):
                 if chunk := [r for r in batch if r.offset >= first.get(p, 0)]:
                     yield chunk
+
+    async def read_at(self, topic: str, partition: int, offsets: list[int]) -> dict[int, Record]:
+        wanted, out = set(offsets), dict[int, Record]()
+        async for chunk in self.read_partitions(topic, [partition], {partition: min(wanted, default=0)}):
+            out.update((r.offset, r) for r in chunk if r.offset in wanted)
+            if len(out) == len(wanted):
+                break
+        return out
 
     def read_all(self, topic: str, partition: int | None = None) -> list[Record]:
         """Every record of a topic (or of one of its partitions), partition by partition."""

@@ -56,6 +56,7 @@ from turnstile.events import InputInjected, content_fingerprint, encode
 from turnstile.handlers.claim import DebouncePolicy
 from turnstile.handlers.operations import VERBS, Refused, decide_operation
 from turnstile.projections import STATUSES, ConversationState, Status
+from turnstile.streams.eviction import NotLocal
 from turnstile.streams.fold_watch import FoldWatch
 from turnstile.streams.http_reads import ConversationReads, Reads, Unavailable
 from turnstile.streams.log import EventLog
@@ -260,7 +261,10 @@ def build_app(
 
     def folded_use(conversation: str, message_id: str) -> tuple[str, ConversationState] | None:
         """The fingerprint of the id's first use on the log, if this worker has folded it."""
-        state = worker.state_of(conversation) if worker is not None else None
+        try:
+            state = worker.state_of(conversation) if worker is not None else None
+        except NotLocal:  # being fetched: not known yet (the caller answers 503, to retry)
+            return None
         if state is None or (seen := state.seen_inputs.get(message_id)) is None:
             return None
         return seen, state

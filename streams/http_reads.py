@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from turnstile.streams.log import LogReader, ReadTooLarge, Record, Topics
-from turnstile.streams.read_model import NotOwned, ReadModel, Replaying
+from turnstile.streams.read_model import Fetching, NotOwned, ReadModel, Replaying
 from turnstile.streams.snapshots import Start, start_of
 from turnstile.streams.views import ConversationView, TurnView, build_view
 
@@ -91,6 +91,8 @@ class Reads:
         found = self.model.lookup(conversation) if self.model is not None else NotOwned(None)
         if isinstance(found, Replaying):
             return Unavailable(503, f"partition {found.partition} is still replaying; try again shortly", 1)
+        if isinstance(found, Fetching):
+            return Unavailable(503, f"the state of {conversation!r} is on its way to this worker; try again shortly", 1)
         if isinstance(found, NotOwned):
             return await self._bounded(conversation, whole=False)
         if found is None:

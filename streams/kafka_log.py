@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Coroutine, Mapping
+from collections.abc import AsyncGenerator, Coroutine, Mapping
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -29,7 +29,13 @@ from aiokafka.errors import (
 from aiokafka.structs import OffsetAndMetadata
 
 from turnstile.streams.append_batch import AppendBatcher
-from turnstile.streams.kafka_reader import KafkaReader, ensure_snapshot_topic, read_partitions, record_of
+from turnstile.streams.kafka_reader import (
+    KafkaReader,
+    PointReader,
+    ensure_snapshot_topic,
+    read_partitions,
+    record_of,
+)
 from turnstile.streams.log import (
     Acknowledged,
     PartitionStart,
@@ -217,6 +223,7 @@ class KafkaLog:
         # topic -> its `max.message.bytes`, read at start for the topics effects go to.
         self.max_message_bytes: dict[str, int] = {}
         self._partition_counts: dict[str, int] = {}
+        self._point_reader = PointReader(bootstrap)
         # The appends of one loop cycle, one produce per partition (`streams/append_batch.py`).
         self._batcher = AppendBatcher(lambda: self.producer, lambda topic: self.max_value_bytes(topic, None), _refused)
 
@@ -357,8 +364,11 @@ class KafkaLog:
 
     def read_partitions(
         self, topic: str, partitions: list[int], starts: Mapping[int, int] | None = None
-    ) -> AsyncIterator[list[Record]]:
+    ) -> AsyncGenerator[list[Record], None]:
         return read_partitions(self.bootstrap, topic, partitions, READ_TIMEOUT_S, starts)
+
+    async def read_at(self, topic: str, partition: int, offsets: list[int]) -> dict[int, Record]:
+        return await self._point_reader.read_at(topic, partition, offsets, READ_TIMEOUT_S)
 
     async def flush(self) -> None:
         await self._batcher.drain()
@@ -368,7 +378,7 @@ class KafkaLog:
         self.stopping = True
         if self._producer is not None:
             await self._batcher.drain()  # what was appended in the last cycle is sent, not dropped
-        clients = [c for c in (self._consumer, self._producer) if c is not None]
+        clients = [c for c in (self._consumer, self._producer, self._point_reader) if c is not None]
         await asyncio.gather(*(c.stop() for c in clients), return_exceptions=True)
         if not self._failure_raised:
             # One that failed after the last poll: the stop says so, and the process does not

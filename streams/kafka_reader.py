@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
@@ -101,7 +101,7 @@ async def _chunks_to_end(
     timeout_s: float,
     ends: Mapping[TopicPartition, int],
     starts: Mapping[int, int] | None = None,
-) -> AsyncIterator[list[Record]]:
+) -> AsyncGenerator[list[Record], None]:
     """The records of the positioned `partitions` up to `ends`, as fetched: a chunk of one
     partition at a time, in its order."""
     starts = starts or {}
@@ -127,7 +127,7 @@ async def read_topic(bootstrap: str, topic: str, timeout_s: float = 30.0) -> lis
 
 async def read_partitions(
     bootstrap: str, topic: str, partitions: list[int], timeout_s: float = 30.0, starts: Mapping[int, int] | None = None
-) -> AsyncIterator[list[Record]]:
+) -> AsyncGenerator[list[Record], None]:
     """The records of these partitions of `topic` (from the offsets `starts` gives), up to
     their end at the time of the call, a fetched batch of one partition at a time."""
     async with group_less_consumer(bootstrap, topic, timeout_s) as (consumer, assigned):
@@ -180,6 +180,46 @@ async def read_span(
         await consumer.stop()
 
 
+class PointReader:
+    """Records at given offsets, by one consumer in no group kept from read to read: a
+    consumer made per read would cost its connection and metadata each time, and these
+    reads are one conversation's state while its partition's fold waits."""
+
+    def __init__(self, bootstrap: str) -> None:
+        self.bootstrap = bootstrap
+        self._consumer: AIOKafkaConsumer | None = None
+        self._lock = asyncio.Lock()
+
+    async def read_at(self, topic: str, partition: int, offsets: list[int], timeout_s: float) -> dict[int, Record]:
+        async with self._lock:
+            if self._consumer is None:
+                consumer = _no_group(self.bootstrap)
+                await consumer.start()
+                self._consumer = consumer
+            consumer = self._consumer
+            tp = TopicPartition(topic, partition)
+            consumer.assign([tp])
+            wanted = sorted(set(offsets))
+            out: dict[int, Record] = {}
+            async with asyncio.timeout(timeout_s):
+                end = (await consumer.end_offsets([tp]))[tp]
+                at = 0
+                while at < len(wanted) and wanted[at] < end:
+                    consumer.seek(tp, wanted[at])
+                    messages = (await consumer.getmany(tp, timeout_ms=200)).get(tp, [])
+                    for m in messages:
+                        out[m.offset] = record_of(partition, m)
+                    if messages:  # a fetch brings the offsets after the one sought too
+                        while at < len(wanted) and wanted[at] <= messages[-1].offset:
+                            at += 1
+            return {offset: out[offset] for offset in wanted if offset in out}
+
+    async def stop(self) -> None:
+        if self._consumer is not None:
+            await self._consumer.stop()
+            self._consumer = None
+
+
 async def partition_count(bootstrap: str, topic: str, timeout_s: float = 30.0) -> int:
     """How many partitions `topic` has, from the cluster's metadata."""
     async with group_less_consumer(bootstrap, topic, timeout_s) as (_consumer, partitions):
@@ -223,7 +263,7 @@ SNAPSHOTS_CONFIG = {"cleanup.policy": "compact"}
 
 
 async def ensure_topics(bootstrap: str, topics: Topics, partitions: int) -> None:
-    """Create the five topics if they are missing (the infra script does the same)."""
+    """Create the six topics if they are missing (the infra script does the same)."""
     admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
     await admin.start()
     try:
@@ -237,6 +277,7 @@ async def ensure_topics(bootstrap: str, topics: Topics, partitions: int) -> None
             # Co-partitioned with the events: a conversation's snapshot is in the partition of
             # the same number as its events, so an owner of one reads the other.
             NewTopic(topics.snapshots, partitions, 1, topic_configs=SNAPSHOTS_CONFIG),
+            NewTopic(topics.heads, partitions, 1, topic_configs=SNAPSHOTS_CONFIG),
         ]
         existing = set(await admin.list_topics())
         missing = [t for t in wanted if t.name not in existing]
@@ -249,28 +290,33 @@ async def ensure_topics(bootstrap: str, topics: Topics, partitions: int) -> None
 
 
 async def ensure_snapshot_topic(bootstrap: str, topics: Topics) -> None:
-    """Create the snapshot topic if it is missing, with as many partitions as the events
-    topic (a deployment made before snapshots has the other topics only); refuse one that
-    is not co-partitioned with the events."""
+    """Create the snapshot topic and its heads' if they are missing, with as many partitions
+    as the events topic (a deployment made before snapshots has the other topics only);
+    refuse one that is not co-partitioned with the events."""
     admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
     await admin.start()
     try:
-        described = {t["topic"]: t for t in await admin.describe_topics([topics.events, topics.snapshots])}
+        names = [topics.events, topics.snapshots, topics.heads]
+        described = {t["topic"]: t for t in await admin.describe_topics(names)}
         events = described.get(topics.events)
         if events is None or events["error_code"] != 0 or not events["partitions"]:
             return  # no events topic yet: the consumer reports that in its own words
         partitions = len(events["partitions"])
-        snapshots = described.get(topics.snapshots)
-        if snapshots is not None and snapshots["error_code"] == 0 and snapshots["partitions"]:
-            if len(snapshots["partitions"]) != partitions:
+        missing = []
+        for name in names[1:]:
+            found = described.get(name)
+            if found is None or found["error_code"] != 0 or not found["partitions"]:
+                missing.append(name)
+            elif len(found["partitions"]) != partitions:
                 raise ValueError(
-                    f"topic {topics.snapshots!r} has {len(snapshots['partitions'])} partitions and {topics.events!r}"
-                    f" {partitions}: they must be co-partitioned (recreate {topics.snapshots!r})"
+                    f"topic {name!r} has {len(found['partitions'])} partitions and {topics.events!r}"
+                    f" {partitions}: they must be co-partitioned (recreate {name!r})"
                 )
+        if not missing:
             return
         with contextlib.suppress(TopicAlreadyExistsError):
-            await admin.create_topics([NewTopic(topics.snapshots, partitions, 1, topic_configs=SNAPSHOTS_CONFIG)])
-        await _until_led(admin, [topics.snapshots])
+            await admin.create_topics([NewTopic(n, partitions, 1, topic_configs=SNAPSHOTS_CONFIG) for n in missing])
+        await _until_led(admin, missing)
     finally:
         await admin.close()
 

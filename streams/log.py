@@ -9,7 +9,7 @@ offsets, a producer-only open, ownership and a reader in no group are all part o
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -53,10 +53,17 @@ class Topics:
     # Compacted, co-partitioned with `events`, keyed by conversation id (`streams/snapshots.py`).
     # By default named after the events topic: turnstile.events -> turnstile.snapshots.
     snapshots: str = ""
+    # Compacted, co-partitioned, keyed by conversation id: per conversation a *head* (what its
+    # latest snapshot covers, its status, and where that snapshot is on `snapshots`). A new
+    # owner reads these, not the snapshots, to go live (`streams/snapshots.py`).
+    # By default: turnstile.snapshots -> turnstile.snapshots.heads.
+    heads: str = ""
 
     def __post_init__(self) -> None:
         if not self.snapshots:
             object.__setattr__(self, "snapshots", self.events.removesuffix(".events") + ".snapshots")
+        if not self.heads:
+            object.__setattr__(self, "heads", self.snapshots + ".heads")
 
 
 class Acknowledged(Protocol):
@@ -203,11 +210,17 @@ class EventLog(Protocol):
 
     def read_partitions(
         self, topic: str, partitions: list[int], starts: Mapping[int, int] | None = None
-    ) -> AsyncIterator[list[Record]]:
+    ) -> AsyncGenerator[list[Record], None]:
         """The records of these partitions of any topic, from their first (or the offset
         `starts` gives) to their end at the time of the call, outside the consumer group
         (nothing is committed). They come in chunks, each of one partition and in its
         order, so that a reader of a large topic holds one chunk at a time."""
+        ...
+
+    async def read_at(self, topic: str, partition: int, offsets: list[int]) -> dict[int, Record]:
+        """The records at exactly these offsets of one partition of any topic, outside the
+        consumer group; an offset with no record (compacted away, or past the end) is left
+        out. For a few point reads: the states a new owner needs before it decides."""
         ...
 
     async def flush(self) -> None:

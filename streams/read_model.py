@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from turnstile.events import STEP_TYPES, Event, TurnClaimed, TurnEnvelope
 from turnstile.projections import STATUSES, ConversationState, Status, conversation_status
+from turnstile.streams.eviction import NotLocal
 from turnstile.streams.log import Record
 from turnstile.streams.state_store import LISTED_BY_THE_STORE
 from turnstile.streams.views import ConversationView, turn_count
@@ -63,7 +64,15 @@ class Replaying:
     partition: int
 
 
-Lookup = ConversationView | NotOwned | Replaying | None  # None: owned, live, and no event of it
+@dataclass(frozen=True, slots=True)
+class Fetching:
+    """This worker owns the conversation, but its state is still being fetched to it (a
+    partition taken over reads its conversations' heads to go live, their snapshots after)."""
+
+    partition: int
+
+
+Lookup = ConversationView | NotOwned | Replaying | Fetching | None  # None: owned, live, and no event of it
 
 
 @dataclass(frozen=True, slots=True)
@@ -278,9 +287,13 @@ class WorkerReadModel:
         if not live:
             return Replaying(partition)
         view = self._views.get(conversation)
-        if view is None and (state := self._worker.state_of(conversation)) is not None:
-            return ConversationView(state)  # out of memory (evicted): its state from the local store
-        return view
+        if view is not None:
+            return view
+        try:
+            state = self._worker.state_of(conversation)
+        except NotLocal:
+            return Fetching(partition)
+        return None if state is None else ConversationView(state)  # out of memory: from the local store
 
     def page(
         self, *, contains: str = "", status: Status | None = None, before: int | None = None, limit: int = 50
@@ -290,34 +303,40 @@ class WorkerReadModel:
         last_sequence: int | None = None
         store = self._worker.stored_listing
         in_memory = self._recent
-        walks = [self._walk(status, before)]
+        walks: list[Iterator[tuple[int, str, Status, tuple[int, int, int] | None]]] = [self._walk(status, before)]
         if store is not None and not store.closed:  # a row of one in memory is stale: it is listed here
             owned = self._worker.partition_liveness()
-            walks.append(r for r in store.listing(owned, status, before, contains) if r[1] not in in_memory)
-        for sequence, conversation, listed in heapq.merge(*walks, reverse=True):
+            listing = store.listing(owned, status, before, contains)
+            walks.append((r[0], r[1], r[2], r[3:]) for r in listing if r[1] not in in_memory)
+        for sequence, conversation, listed, counts in heapq.merge(*walks, reverse=True):
             if contains and contains not in conversation:
                 continue
             if len(rows) == limit:
                 return ConversationPage(rows, last_sequence)
-            view = self._views.get(conversation)
-            state = view.state if view is not None else self._worker.state_of(conversation)
-            if state is None:
+            # A row of the store: what a listing shows is in its head.
+            row = ConversationRow(conversation, listed, None, *counts) if counts else self._row(conversation, listed)
+            if row is None:
                 continue
-            row = ConversationRow(
-                conversation,
-                listed,
-                view.last_event_at if view is not None else None,
-                state.events_applied,
-                turn_count(view if view is not None else ConversationView(state)),
-                len(state.pending),
-            )
             rows.append(row)
             last_sequence = sequence
         return ConversationPage(rows, None)
 
-    def _walk(self, status: Status | None, before: int | None) -> Iterator[tuple[int, str, Status]]:
-        """(sequence, conversation, status) of those listed here, highest sequence first, as
-        `StateStore.listing` walks the others."""
+    def _row(self, conversation: str, listed: Status) -> ConversationRow | None:
+        """The row of one listed here: from its view, or (evicted, its place not in the store
+        yet) from its state in the store."""
+        view = self._views.get(conversation)
+        state = view.state if view is not None else self._worker.state_of(conversation)
+        if state is None:
+            return None
+        turns = turn_count(view if view is not None else ConversationView(state))
+        last = view.last_event_at if view is not None else None
+        return ConversationRow(conversation, listed, last, state.events_applied, turns, len(state.pending))
+
+    def _walk(
+        self, status: Status | None, before: int | None
+    ) -> Iterator[tuple[int, str, Status, tuple[int, int, int] | None]]:
+        """(sequence, conversation, status, None) of those listed here, highest sequence
+        first, as `StateStore.listing` walks the others."""
         order = self._recent if status is None or status == WALKED else self._by_status[status]
         for conversation, packed in reversed(order.items()):
             sequence = packed >> _STATUS_BITS
@@ -325,7 +344,7 @@ class WorkerReadModel:
                 continue
             if status is not None and _status(packed) != status:
                 continue
-            yield sequence, conversation, _status(packed)
+            yield sequence, conversation, _status(packed), None
 
     def follow(self, conversation: str) -> asyncio.Queue[Folded | None]:
         """A queue of the conversation's events as the worker folds them (`None`: some were

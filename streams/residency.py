@@ -7,15 +7,17 @@ hear of each of these moves.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from typing import Protocol
 
 from turnstile.events import Event
 from turnstile.projections import ConversationState, Status, conversation_status, new_state
-from turnstile.streams.eviction import EvictionPolicy, Evictor, settled
+from turnstile.streams.eviction import EvictionPolicy, Evictor, NotLocal, settled
 from turnstile.streams.heap import release_freed_memory
 from turnstile.streams.log import EventLog, Record
 from turnstile.streams.partitions import OwnedPartition, Partitions
+from turnstile.streams.snapshot_fill import SnapshotFill
 from turnstile.streams.snapshots import Loaded, SnapshotPolicy, Snapshotter
 from turnstile.streams.state_store import StateStore
 
@@ -62,8 +64,13 @@ class Residency:
         partitions: Partitions,
         states: dict[str, ConversationState],
         observers: list[FoldObserver],
+        max_value_bytes: int | None = None,
+        ignored: Callable[[int], None] = lambda _n: None,
     ) -> None:
-        """`states` and `observers` are the worker's own: this object keeps them in step."""
+        """`states` and `observers` are the worker's own: this object keeps them in step.
+        `max_value_bytes`: the fold's size limit (a conversation folded from the log by
+        `SnapshotFill` must be folded as the worker folds). `ignored(n)`: n more
+        conversations had no usable snapshot (folded from the log instead)."""
         self.partitions = partitions
         self.states = states
         self.observers = observers
@@ -71,6 +78,11 @@ class Residency:
         self.store = StateStore(eviction.state_dir, log_.topics.events) if evicting else None
         self.snapshots = Snapshotter(log_, snapshots, now_ms, self.store) if snapshots.enabled else None
         self.evictor = Evictor(eviction, self.store, now_ms) if self.store is not None else None
+        self.fill = None
+        if self.snapshots is not None and self.store is not None:  # (a store is falsy while empty)
+            self.fill = SnapshotFill(log_, self.store, max_value_bytes, self._lost)
+        self._ignored = ignored
+        self._requested: set[asyncio.Task[None]] = set()  # brought because a read asked
         self._done: dict[int, int] = {}  # the offsets the last checkpoint committed
         self.observers.extend(o for o in (self.snapshots, self.evictor) if o is not None)
 
@@ -97,9 +109,33 @@ class Residency:
     def restored_all(self, loaded: dict[int, Loaded]) -> None:
         """The assignment's partitions are restored: what decoding their snapshots took
         beyond the states kept (every record, every settled state) goes back to the system,
-        or the process would stay at that peak."""
+        or the process would stay at that peak; the snapshots not fetched yet are fetched
+        from now on."""
         if loaded:
             release_freed_memory()
+        if self.fill is not None:
+            self.fill.start(self.partitions)
+
+    def fetching(self, partition: int) -> bool:
+        """Some states of the partition may not be local yet (`bring` them before a fold)."""
+        return self.fill is not None and self.fill.unfilled(partition)
+
+    async def bring(self, conversation: str, partition: int, position: int) -> None:
+        """Before an event of an owned conversation out of memory is folded: its state is
+        made local (`SnapshotFill.bring`; a state folded from the log comes into memory)."""
+        if self.fill is None or conversation in self.states:
+            return
+        state = await self.fill.bring(conversation, partition, position)
+        if state is not None and partition in self.partitions and conversation not in self.states:
+            if self.snapshots is not None:
+                self.snapshots.ignored += 1
+            self._ignored(1)
+            self.states[conversation] = state
+            self.partitions.place(conversation, partition)
+            for observer in self.observers:
+                observer.restored(state)
+            if self.snapshots is not None:  # not in the store any more: it must be snapshotted again
+                self.snapshots.changed(partition, conversation, position - 1)
 
     def state_for(self, conversation: str, partition: int) -> ConversationState:
         """The conversation's state to fold an event of it into: in memory, back from the
@@ -117,9 +153,28 @@ class Residency:
         self.partitions.place(conversation, partition)
         return state
 
+    async def _lost(self, conversation: str, partition: int) -> None:
+        part = self.partitions.get(partition)
+        if part is not None:
+            await self.bring(conversation, partition, part.at.position)
+
+    @property
+    def local(self) -> bool:
+        """Every owned conversation's state is here: none is still being fetched."""
+        return self.fill is None or self.fill.done
+
     def stored(self, conversation: str, partition: int) -> ConversationState | None:
-        """An owned conversation out of memory, read from the local store and left there."""
-        return self.evictor.reload(conversation, partition) if self.evictor is not None else None
+        """An owned conversation out of memory, read from the local store and left there.
+        `NotLocal` when its snapshot is not fetched yet: it is fetched now, for the next ask."""
+        try:
+            return self.evictor.reload(conversation, partition) if self.evictor is not None else None
+        except NotLocal:
+            part = self.partitions.get(partition)
+            if part is not None:
+                task = asyncio.create_task(self.bring(conversation, partition, part.at.position))
+                self._requested.add(task)
+                task.add_done_callback(self._requested.discard)
+            raise
 
     def snapshot(
         self, done: dict[int, int] | None, now_ms: int, owes_nothing: Callable[[str], bool], final: bool
@@ -178,6 +233,11 @@ class Residency:
 
     async def close(self, clean: bool, done: dict[int, int], now_ms: int, owes_nothing: Callable[[str], bool]) -> None:
         """On stop; `done`: what the last commit committed (empty when the stop was not clean)."""
+        for task in self._requested:
+            task.cancel()
+        await asyncio.gather(*self._requested, return_exceptions=True)
+        if self.fill is not None:
+            await self.fill.close()
         if self.snapshots is not None:
             if done:  # a clean stop: what changed is snapshotted now, for the next owner
                 self.snapshot(done, now_ms, owes_nothing, final=True)

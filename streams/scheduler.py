@@ -19,6 +19,7 @@ from typing import Protocol
 from turnstile.events import InputInjected, encode
 from turnstile.handlers.schedule import Schedule, due, injected, next_due, occurrence_key
 from turnstile.projections import ConversationState
+from turnstile.streams.eviction import NotLocal
 from turnstile.streams.log import EventLog
 from turnstile.streams.metrics import Metrics
 from turnstile.streams.runtime import Clock, Ids, RandomIds, SystemClock
@@ -59,8 +60,12 @@ class Scheduler:
         """Beside a worker: only for conversations on a partition it owns and has replayed."""
         return self.worker is None or self.worker.live_here(schedule.conversation_id)
 
-    def _on_log(self, schedule: Schedule, key: str) -> bool:
-        state = self.worker.state_of(schedule.conversation_id) if self.worker is not None else None
+    def _on_log(self, schedule: Schedule, key: str) -> bool | None:
+        """Whether the occurrence is on the log already (None: not known yet)."""
+        try:
+            state = self.worker.state_of(schedule.conversation_id) if self.worker is not None else None
+        except NotLocal:  # its state is being fetched to this worker
+            return None
         return state is not None and key in state.seen_inputs
 
     async def tick(self) -> list[InputInjected]:
@@ -71,7 +76,10 @@ class Scheduler:
             if not self._ours(schedule):
                 continue
             for at in due(schedule, self.last_fired.get(schedule.schedule_id), now):
-                if not self._on_log(schedule, occurrence_key(schedule, at)):
+                on_log = self._on_log(schedule, occurrence_key(schedule, at))
+                if on_log is None:
+                    break  # asked again at the next tick
+                if not on_log:
                     event = injected(schedule, at, event_id=self.ids.new())
                     await self.log.append(self.log.topics.events, schedule.conversation_id, encode(event))
                     published.append(event)

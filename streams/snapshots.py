@@ -39,22 +39,22 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from turnstile.events import Event
 from turnstile.projections import ConversationState, Status, conversation_status
 from turnstile.projections.snapshot import (
     WATERMARK_KEY,
     SnapshotError,
-    SnapshotHead,
     decode_snapshot,
     decode_watermark,
     encode_snapshot,
     encode_watermark,
     peek_snapshot,
 )
+from turnstile.projections.snapshot_head import Head, decode_head, encode_head, head_of
 from turnstile.streams.eviction import SETTLED
-from turnstile.streams.log import Acknowledged, EventLog, Record
+from turnstile.streams.log import EventLog, Record
 from turnstile.streams.state_store import Checkpoint, StateStore, Stored
 
 log = logging.getLogger(__name__)
@@ -106,45 +106,56 @@ class Loaded:
         if record.offset > self._skip_until:
             self.covered.clear()  # no longer needed: let it go
             return False
-        covered = self.covered.get(record.key.decode("utf-8", "replace")) if record.key is not None else None
+        return self.covers(record)
+
+    def covers(self, record: Record) -> bool:
+        """`folded_already`, asked ahead of the fold (it changes nothing)."""
+        if record.offset > self._skip_until or record.key is None:
+            return False
+        covered = self.covered.get(record.key.decode("utf-8", "replace"))
         return covered is not None and record.offset <= covered
 
 
 @dataclass(slots=True)
 class _Found:
-    """Of one conversation: its decodable snapshot covering most, so far."""
+    """Of one conversation: its decodable snapshot (or head) covering most, so far."""
 
     covered: int = -1  # -1: none yet
-    state: ConversationState | None = None  # None with a status: a row of the store, not decoded
-    value: bytes = b""
-    source: int = -1  # its offset in the snapshot topic
+    state: ConversationState | None = None  # None with a status: a head or a row of the store, not decoded
+    value: bytes | None = None  # the snapshot (None: with a store, still on the snapshot topic)
+    source: int = -1  # its offset in the topic read (the heads topic with a store, else the snapshot topic)
     broken: bool = False  # some record of it did not decode
     status: Status = "idle"
     fresh: bool = True  # read from the topic now (not a row the store holds already)
+    head: Head | None = None  # with a store, until its row is put
 
 
 class PartitionLoad:
     """A newly assigned partition's snapshot records, taken in chunk by chunk as they are read
     (put in `store`, if given): where its events partition must be read from, and the
-    states it starts with (`finish`). With the store's checkpoint `mark`, the records are
-    those from `mark.snapshots_to` on, over the rows the store holds: only what changed
-    since is decoded.
+    states it starts with (`finish`).
 
-    With a store, a settled conversation's snapshot goes into it as soon as its chunk is
-    read and only its head stays here: a load holds a chunk of records and a head per
-    conversation, not every record of the partition (a million conversations' snapshots
-    would be gigabytes at once)."""
+    With a store, the records are the *heads* topic's (`projections/snapshot_head.py`), not
+    the snapshots: a settled conversation's head goes into the store as an unfilled row as
+    soon as its chunk is read (its snapshot is fetched after the partition is live,
+    `streams/snapshot_fill.py`), and only the conversations with something to decide need
+    their snapshots before (`wanted`, `fetched`). So what the load reads grows with the
+    conversations, not with their history. With the store's checkpoint `mark`, the heads are
+    those from `mark.heads_to` on, over the rows the store holds. Without a store, every
+    state is needed in memory: the snapshot topic is read and every snapshot decoded.
+    """
 
     def __init__(self, topic: str, partition: int, store: StateStore | None = None, mark: Checkpoint | None = None):
         self.topic, self.partition, self.store = topic, partition, store
         self.found: dict[str, _Found] = {}
         self.watermark, self.watermark_source = 0, -1
-        self.read_to = mark.snapshots_to if mark is not None else 0  # past the last record taken in
+        self.read_to = mark.heads_to if mark is not None else 0  # past the last record taken in
         if store is not None and mark is not None:
             self.watermark, self.watermark_source = mark.watermark, mark.watermark_source
             for row in store.rows(partition, without_value=SETTLED):
+                head = None if row.status in SETTLED else row.head  # what `wanted` needs of one to decode
                 self.found[row.conversation] = _Found(row.covered, None, row.value, row.source, False, row.status,
-                                                      False)  # fmt: skip
+                                                      False, head)  # fmt: skip
 
     def add(self, records: list[Record]) -> None:
         """The next records of the partition, in its order."""
@@ -161,13 +172,35 @@ class PartitionLoad:
             self.store.put(self._settled_in(records))
 
     def _settled_in(self, records: list[Record]) -> Iterator[Stored]:
-        """The rows of the conversations these records settled, each once; their bytes leave
-        `found` (the head stays)."""
+        """The unfilled rows of the conversations these records settled, each once; their
+        heads leave `found` (what the seek needs of them stays)."""
         for key in {(r.key or b"").decode("utf-8", "replace") for r in records}:
             entry = self.found.get(key)
-            if entry is not None and entry.fresh and entry.covered >= 0 and entry.status in SETTLED:
-                yield Stored(key, self.partition, entry.covered, entry.source, entry.status, entry.value)
-                entry.value, entry.fresh = b"", False
+            if entry is not None and entry.fresh and entry.head is not None and entry.status in SETTLED:
+                yield Stored(entry.head, self.partition, entry.source, None)
+                entry.head, entry.fresh = None, False
+
+    def wanted(self) -> list[int]:
+        """The snapshot-topic offsets of the snapshots to fetch before `finish`: those of the
+        conversations with something to decide that are not here yet."""
+        return [e.head.at for e in self.found.values() if e.head is not None and e.value is None and e.covered >= 0]
+
+    def fetched(self, records: dict[int, Record]) -> None:
+        """The records at the `wanted` offsets (one missing: not on the topic any more). A
+        snapshot that is missing, does not decode or is not the one its head names makes its
+        conversation one with no usable snapshot: it is folded from offset 0."""
+        for key, entry in self.found.items():
+            if entry.head is None or entry.value is not None or entry.covered < 0:
+                continue
+            record = records.get(entry.head.at)
+            peeked = peek_snapshot(record.value, key) if record is not None else SnapshotError("not on the topic")
+            if isinstance(peeked, SnapshotError) or peeked.covered != entry.covered:
+                detail = peeked.detail if isinstance(peeked, SnapshotError) else f"it covers {peeked.covered}"
+                log.warning("the snapshot of %r that its head names (partition %d @%d) is unusable: %s", key,
+                            self.partition, entry.head.at, detail)  # fmt: skip
+                entry.covered, entry.broken = -1, True
+            else:
+                entry.value = record.value if record is not None else None
 
     def finish(self) -> Loaded:
         found, store, partition = self.found, self.store, self.partition
@@ -189,7 +222,7 @@ class PartitionLoad:
         # A stored row of a conversation folded from 0 would be an older state than the
         # fold's: it goes.
         store.forget(ignored)
-        store.put(Stored(k, partition, e.covered, e.source, e.status, e.value) for k, e in usable.items() if e.fresh)
+        store.put(Stored(e.head, partition, e.source, e.value) for e in usable.values() if e.fresh and e.head)
         resident = {key: e.state for key, e in usable.items() if e.state is not None and e.status not in SETTLED}
         stored = [(key, e.status) for key, e in usable.items() if e.status in SETTLED]
         return Loaded(seek, covered, resident, stored, ignored, watermark, watermark_source)
@@ -199,7 +232,7 @@ def _decode_row(topic: str, partition: int, key: str, entry: _Found) -> None:
     """A snapshot (a stored row, or one whose head only was read) that must be in memory. One
     whose state does not decode (a damaged file) is dropped: the conversation is folded from
     the log instead."""
-    snapshot = decode_snapshot(entry.value, key)
+    snapshot = decode_snapshot(entry.value, key) if entry.value is not None else SnapshotError("not fetched")
     if isinstance(snapshot, SnapshotError):
         log.warning("the snapshot of %r (%s[%d]) does not decode: %s", key, topic, partition,
                     snapshot.detail)  # fmt: skip
@@ -240,8 +273,8 @@ def _scan(
     heads: bool = False,
 ) -> tuple[int, int]:
     """Into `found`, per conversation (or only `only`) its snapshot covering most; returns
-    the latest watermark (else `watermark`) and its offset in the snapshot topic. `heads`:
-    read only what the snapshots cover and their status, not their states."""
+    the latest watermark (else `watermark`) and its offset in the topic. `heads`: the
+    records are the heads topic's (`projections/snapshot_head.py`), not snapshots."""
     for record in records:
         key = (record.key or b"").decode("utf-8", "replace")
         if key == WATERMARK_KEY:
@@ -255,19 +288,19 @@ def _scan(
         if only is not None and key != only:
             continue
         entry = found.setdefault(key, _Found())
-        snapshot = peek_snapshot(record.value, key) if heads else decode_snapshot(record.value, key)
+        snapshot = decode_head(record.value, key) if heads else decode_snapshot(record.value, key)
         if isinstance(snapshot, SnapshotError):
             log.warning(
                 "ignored the snapshot of %r at %s[%d]@%d: %s", key, topic, partition, record.offset, snapshot.detail
             )
             entry.broken = True
         elif snapshot.covered >= entry.covered:
-            entry.covered, entry.value, entry.source = snapshot.covered, record.value or b"", record.offset
-            if isinstance(snapshot, SnapshotHead):
-                entry.state, entry.status = snapshot.state, snapshot.status
+            entry.covered, entry.source, entry.fresh = snapshot.covered, record.offset, True
+            if isinstance(snapshot, Head):
+                entry.head, entry.status, entry.state, entry.value = snapshot, snapshot.status, None, None
             else:
-                entry.state, entry.status = snapshot.state, conversation_status(snapshot.state)
-            entry.fresh = True
+                entry.state, entry.value = snapshot.state, record.value
+                entry.status = conversation_status(snapshot.state)
     return watermark, watermark_source
 
 
@@ -298,8 +331,7 @@ class _Captured:
     conversation: str
     value: bytes
     dirty: _Dirty
-    covered: int
-    status: Status
+    head: Head  # its `at` is known once the snapshot is on the topic
 
 
 @dataclass(slots=True)
@@ -353,14 +385,16 @@ class Snapshotter:
         self.restarts = 0  # partitions loaded from the store's checkpoint rather than the topic
 
     async def load(self, partitions: list[int]) -> dict[int, Loaded]:
-        """The partitions' snapshots, read chunk by chunk; none (a full replay) when they
-        cannot be read: a snapshot topic that is away must cost time, never the assignment."""
+        """The partitions' snapshots (with a store: their heads), read chunk by chunk; none (a
+        full replay) when they cannot be read: a snapshot topic that is away must cost time,
+        never the assignment."""
         if not partitions:
             return {}
-        topic = self.log.topics.snapshots
+        # With a store, the heads: the states of settled conversations follow after the load.
+        topic = self.log.topics.heads if self.store is not None else self.log.topics.snapshots
         # A checkpoint of the store (a clean stop's, on this machine): read only what follows.
         marks = {p: mark for p in partitions if self.store is not None and (mark := self.store.take_checkpoint(p))}
-        starts = {p: mark.snapshots_to for p, mark in marks.items()}
+        starts = {p: mark.heads_to for p, mark in marks.items()}
         if self.store is not None:
             self.store.drop_partitions(p for p in partitions if p not in marks)  # refilled from the topic
         loads = {}
@@ -377,6 +411,9 @@ class Snapshotter:
                 # One fetch brings a chunk of every partition, taken in here back to back
                 # (≈ 45 ms each at 2,500 records): the loop runs between them.
                 await asyncio.sleep(0)
+            for p, load in loads.items():  # the states of the conversations with something to decide
+                if wanted := load.wanted():
+                    load.fetched(await self.log.read_at(self.log.topics.snapshots, p, wanted))
         except Exception as exc:
             log.warning("reading the snapshots of partitions %s failed, replaying them from 0: %r", partitions, exc)
             if self.store is not None:
@@ -392,7 +429,7 @@ class Snapshotter:
             self.restarts += p in marks
             await asyncio.sleep(0)
         if marks:
-            log.info("partitions %s start from the local store's checkpoint: %d snapshot records read since",
+            log.info("partitions %s start from the local store's checkpoint: %d heads read since",
                      sorted(marks), read)  # fmt: skip
         return out
 
@@ -446,6 +483,13 @@ class Snapshotter:
             part.dirty[state.conversation_id] = _Dirty(record.offset, record.offset, 1, self._now_ms())
         else:
             dirty.last, dirty.events, dirty.last_ms = record.offset, dirty.events + 1, self._now_ms()
+
+    def changed(self, partition: int, conversation: str, offset: int) -> None:
+        """The conversation's state was made outside the fold (folded again from the log up
+        to `offset`): it is due a snapshot as if that event had just been folded."""
+        part = self._partitions.get(partition)
+        if part is not None and conversation not in part.dirty:
+            part.dirty[conversation] = _Dirty(offset, offset, 1, self._now_ms())
 
     def forgotten(self, partition: int, conversations: set[str]) -> None:
         pass  # their partitions' changes were dropped at the handover (`handed_over`)
@@ -506,7 +550,7 @@ class Snapshotter:
                 value = encode_snapshot(state, position - 1)
                 if not self._fits(conversation, value):
                     continue
-                items.append(_Captured(conversation, value, dirty, position - 1, conversation_status(state)))
+                items.append(_Captured(conversation, value, dirty, head_of(state, position - 1, 0)))
                 if budget is not None:
                     budget -= 1
             for item in items:
@@ -539,44 +583,61 @@ class Snapshotter:
             self._flying = frozenset()
 
     async def _write_partitions(self, captured: dict[int, list[_Captured]], watermarks: dict[int, int]) -> None:
-        topic = self.log.topics.snapshots
+        """Per partition: the snapshots, then their heads (each naming where its snapshot
+        landed), then the watermark, each step once the one before is acknowledged -- a head
+        never names a snapshot that is not on the topic, and a watermark never vouches for a
+        head that is not."""
+        topics = self.log.topics
         for p in captured.keys() | watermarks.keys():
             items = captured.get(p, [])
-            try:
-                sent: list[asyncio.Future[Acknowledged]] = [
-                    await self.log.send(topic, c.conversation, c.value, p) for c in items
-                ]
-                acks = await asyncio.gather(*sent, return_exceptions=True)
-            except Exception as exc:  # e.g. the broker went away: the changes stay due
-                acks = [exc] * len(items)
-            failed = [c for c, ack in zip(items, acks, strict=True) if isinstance(ack, BaseException)]
-            self.written += len(items) - len(failed)
+            landed = await self._sent(topics.snapshots, p, [(c.conversation, c.value) for c in items])
+            on_topic = [(c, at) for c, at in zip(items, landed, strict=True) if at is not None]
+            heads = {c.conversation: replace(c.head, at=at) for c, at in on_topic}
+            sent = await self._sent(topics.heads, p, [(c, encode_head(h)) for c, h in heads.items()])
+            on_heads = dict(zip(heads, sent, strict=True))
+            done = [(c, heads[c.conversation], at) for c in items if (at := on_heads.get(c.conversation)) is not None]
+            failed = [c for c in items if on_heads.get(c.conversation) is None]
+            self.written += len(done)
             part = self._partitions.get(p)
             if part is not None:
-                landed = [(c, ack) for c, ack in zip(items, acks, strict=True) if not isinstance(ack, BaseException)]
-                for _c, ack in landed:
-                    part.landed(ack.offset)
+                for _c, _head, at in done:
+                    part.landed(at)
                 if self.store is not None:
-                    rows = (Stored(c.conversation, p, c.covered, ack.offset, c.status, c.value) for c, ack in landed)
-                    self.store.put(rows)
+                    self.store.put(Stored(head, p, at, c.value) for c, head, at in done)
             if failed:
-                log.warning("%d snapshot(s) of %s[%d] not written (tried again later): %r", len(failed), topic, p,
-                            next(a for a in acks if isinstance(a, BaseException)))  # fmt: skip
+                log.warning("%d snapshot(s) of partition %d not written (tried again later)", len(failed), p)
                 self._redo(p, failed)
                 continue  # no watermark over a snapshot that is not on the topic
             watermark = watermarks.get(p)
             if watermark is None:
                 continue
-            try:
-                ack = await (await self.log.send(topic, WATERMARK_KEY, encode_watermark(watermark), p))
-            except Exception as exc:
-                log.warning("the watermark of %s[%d] not written (tried again later): %r", topic, p, exc)
-                continue
+            value = encode_watermark(watermark)
+            # On the snapshot topic too, for readers of one conversation (`start_of`).
+            (on_heads_at,), _ = await asyncio.gather(
+                self._sent(topics.heads, p, [(WATERMARK_KEY, value)]),
+                self._sent(topics.snapshots, p, [(WATERMARK_KEY, value)]),
+            )
             part = self._partitions.get(p)
-            if part is not None:
+            if part is not None and on_heads_at is not None:
                 part.watermark = max(part.watermark, watermark)
-                part.landed(ack.offset)
-                part.latest_watermark = max(part.latest_watermark, (watermark, ack.offset))
+                part.landed(on_heads_at)
+                part.latest_watermark = max(part.latest_watermark, (watermark, on_heads_at))
+
+    async def _sent(self, topic: str, partition: int, records: list[tuple[str, bytes]]) -> list[int | None]:
+        """Send the records to the partition in order; where each landed (None: not written,
+        logged)."""
+        if not records:
+            return []
+        try:
+            sent = [await self.log.send(topic, key, value, partition) for key, value in records]
+            acks = await asyncio.gather(*sent, return_exceptions=True)
+        except Exception as exc:  # e.g. the broker went away: what was captured stays due
+            acks = [exc] * len(records)
+        errors = [a for a in acks if isinstance(a, BaseException)]
+        if errors:
+            log.warning("%d of %d record(s) to %s[%d] not written: %r", len(errors), len(records), topic, partition,
+                        errors[0])  # fmt: skip
+        return [None if isinstance(a, BaseException) else a.offset for a in acks]
 
     def _redo(self, partition: int, items: list[_Captured]) -> None:
         part = self._partitions.get(partition)

@@ -1,15 +1,18 @@
 """The worker's local store of conversation snapshots: one SQLite file.
 
-It holds the latest snapshot (the bytes of `turnstile.projections.snapshot`) of every
-conversation of the partitions this worker owns, so that an idle conversation can leave
-memory and come back on demand (`streams/eviction.py`). It is a cache of the snapshot topic,
-never the truth: an assignment refills a partition's rows from that topic, unless the store
-holds a *checkpoint* of the partition -- as Kafka Streams' `.checkpoint` file: written at a
-clean stop, it says below which offset of the snapshot partition the rows are complete, so
-a restart on the same machine (a persistent `state_dir`) reads only the snapshot records
-written after it. An assignment takes the checkpoint out of the store as it uses it, so
-after a crash there is none and the partition is refilled from the topic: a store whose
-last writes may be lost is never trusted. Hence no fsync and no backup.
+It holds the latest snapshot's head (`turnstile.projections.snapshot_head`) of every
+conversation of the partitions this worker owns and, once fetched, the snapshot itself (the
+bytes of `turnstile.projections.snapshot`), so that an idle conversation can leave memory and
+come back on demand (`streams/eviction.py`). A row without its snapshot yet is *unfilled*:
+an assignment reads only the heads, and the snapshots follow in the background
+(`streams/snapshot_fill.py`). It is a cache of the heads and snapshot topics, never the
+truth: an assignment refills a partition's rows from the heads topic, unless the store holds
+a *checkpoint* of the partition -- as Kafka Streams' `.checkpoint` file: written at a clean
+stop, it says below which offset of the heads partition the rows are complete, so a restart
+on the same machine (a persistent `state_dir`) reads only the heads written after it. An
+assignment takes the checkpoint out of the store as it uses it, so after a crash there is
+none and the partition is refilled from the topic: a store whose last writes may be lost is
+never trusted. Hence no fsync and no backup.
 
 Why SQLite (the standard library's `sqlite3`): what the worker needs is point reads and
 batched upserts by key, from one process; SQLite is in every CPython, one file, and its page
@@ -36,9 +39,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from turnstile.projections import STATUSES, Status
+from turnstile.projections.snapshot_head import Head
 
 # The file is a cache: one of another layout is emptied, not migrated.
-_LAYOUT = 5
+_LAYOUT = 6
 # The places below this are the store's own, given to rows as they are first put; the read
 # model numbers its places from here up (well inside JSON's exact integers: a page cursor).
 LISTED_BY_THE_STORE = 1 << 40
@@ -49,47 +53,87 @@ CREATE TABLE IF NOT EXISTS snapshot (
     conversation TEXT PRIMARY KEY,
     partition    INTEGER NOT NULL,
     covered      INTEGER NOT NULL,  -- the events offset the snapshot covers
-    source       INTEGER NOT NULL,  -- its offset in the snapshot topic
+    source       INTEGER NOT NULL,  -- its head's offset on the heads topic
+    at           INTEGER NOT NULL,  -- its offset on the snapshot topic
     status       TEXT NOT NULL,     -- the conversation's status in it (`projections.status`)
+    events       INTEGER NOT NULL,  -- and what a listing shows of it
+    turns        INTEGER NOT NULL,
+    pending      INTEGER NOT NULL,
     listed       INTEGER NOT NULL,  -- its place in the read model's order (the higher, the more recent)
-    value        BLOB NOT NULL
+    value        BLOB               -- the snapshot; NULL: not fetched yet (unfilled)
 );
 -- A partition's rows listed from the index alone: the table's pages, which hold the
 -- snapshots' bytes and so grow with the conversations' history, are not read.
-CREATE INDEX IF NOT EXISTS snapshot_heads ON snapshot (partition, conversation, covered, source, status);
+CREATE INDEX IF NOT EXISTS snapshot_heads ON snapshot (partition, conversation, covered, source, at, status);
 -- Pages of the listing from the indexes alone: all statuses (or idle, nearly every row's),
 -- and the few rows of any other status (a partial index: idle rows cost it nothing).
-CREATE INDEX IF NOT EXISTS snapshot_listed ON snapshot (listed, partition, conversation, status);
-CREATE INDEX IF NOT EXISTS snapshot_listed_unsettled ON snapshot (status, listed, partition, conversation)
-    WHERE status != 'idle';
+CREATE INDEX IF NOT EXISTS snapshot_listed ON snapshot (listed, partition, conversation, status, events, turns,
+    pending);
+CREATE INDEX IF NOT EXISTS snapshot_listed_unsettled ON snapshot (status, listed, partition, conversation, events,
+    turns, pending) WHERE status != 'idle';
+-- The rows still to fill, by where their snapshots are (a partial index: empty once filled).
+CREATE INDEX IF NOT EXISTS snapshot_unfilled ON snapshot (partition, at, conversation) WHERE value IS NULL;
 CREATE TABLE IF NOT EXISTS checkpoint (
     partition        INTEGER PRIMARY KEY,
-    snapshots_to     INTEGER NOT NULL,
+    heads_to         INTEGER NOT NULL,
     watermark        INTEGER NOT NULL,
     watermark_source INTEGER NOT NULL
 );
 """
 
 
+_HEAD = "conversation, covered, status, at, events, turns, pending"
+
+
+def _head(row: Iterable[object]) -> Head:
+    """A `Head` from the columns `_HEAD` names, in its order."""
+    conversation, covered, status, at, events, turns, pending = row
+    return Head(conversation, covered, status, at, events, turns, pending)  # type: ignore[arg-type]
+
+
 @dataclass(frozen=True, slots=True)
 class Stored:
-    """A row: a conversation's snapshot, and what loading needs of it without decoding it."""
+    """A row: a conversation's snapshot head (what loading and listing need of it without
+    decoding it), where the head is on the heads topic, and the snapshot (None: unfilled)."""
 
-    conversation: str
+    head: Head
     partition: int
-    covered: int
     source: int
-    status: Status
-    value: bytes
+    value: bytes | None
+
+    @property
+    def conversation(self) -> str:
+        return self.head.conversation
+
+    @property
+    def covered(self) -> int:
+        return self.head.covered
+
+    @property
+    def status(self) -> Status:
+        return self.head.status
+
+
+def _columns(row: Stored, listed: int) -> tuple[object, ...]:
+    h = row.head
+    return (h.conversation, row.partition, h.covered, row.source, h.at, h.status, h.events, h.turns, h.pending,
+            listed, row.value)  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
+class Unfilled:
+    """A row whose snapshot is not fetched yet: it is at `at` on the snapshot topic."""
+
+    head: Head
 
 
 @dataclass(frozen=True, slots=True)
 class Checkpoint:
-    """Of one partition: its rows hold the snapshot covering most of every conversation
-    among the snapshot-topic records below `snapshots_to`, and `watermark` is the latest
-    watermark among them (written at `watermark_source`; -1: none)."""
+    """Of one partition: its rows hold the head covering most of every conversation among
+    the heads-topic records below `heads_to`, and `watermark` is the latest watermark among
+    them (written at `watermark_source` on the heads topic; -1: none)."""
 
-    snapshots_to: int
+    heads_to: int
     watermark: int
     watermark_source: int
 
@@ -139,35 +183,64 @@ class StateStore:
                 "SELECT coalesce(max(listed), 0) FROM snapshot WHERE listed BETWEEN 1 AND ?", (LISTED_BY_THE_STORE - 1,)
             ).fetchone()
             self._db.executemany(
-                "INSERT INTO snapshot (conversation, partition, covered, source, status, listed, value)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (conversation) DO UPDATE SET partition = excluded.partition,"
-                " covered = excluded.covered, source = excluded.source, status = excluded.status,"
-                " value = excluded.value",
-                (
-                    (r.conversation, r.partition, r.covered, r.source, r.status, place, r.value)
-                    for place, r in enumerate(rows, start=last + 1)
-                ),
+                "INSERT INTO snapshot (conversation, partition, covered, source, at, status, events, turns, pending,"
+                " listed, value) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (conversation) DO UPDATE SET"
+                " partition = excluded.partition, covered = excluded.covered, source = excluded.source,"
+                " at = excluded.at, status = excluded.status, events = excluded.events, turns = excluded.turns,"
+                " pending = excluded.pending, value = excluded.value",
+                (_columns(r, place) for place, r in enumerate(rows, start=last + 1)),
             )
         except BaseException:
             self._db.execute("ROLLBACK")
             raise
         self._db.execute("COMMIT")
 
-    def get(self, conversation: str, partition: int) -> bytes | None:
+    def get(self, conversation: str, partition: int) -> bytes | Unfilled | None:
+        """The conversation's snapshot (None: no row; `Unfilled`: not fetched yet)."""
         found = self._db.execute(
-            "SELECT value FROM snapshot WHERE conversation = ? AND partition = ?", (conversation, partition)
+            f"SELECT value, {_HEAD} FROM snapshot WHERE conversation = ? AND partition = ?", (conversation, partition)
         ).fetchone()
-        return None if found is None else bytes(found[0])
+        if found is None:
+            return None
+        return Unfilled(_head(found[1:])) if found[0] is None else bytes(found[0])
 
     def rows(self, partition: int, without_value: frozenset[str]) -> Iterator[Stored]:
         """The partition's rows; those whose status is in `without_value` without their bytes
-        (they stay on disk until a reload)."""
-        heads = self._db.execute(
-            "SELECT conversation, covered, source, status FROM snapshot WHERE partition = ?", (partition,)
+        (they stay on disk until a reload; so do those of unfilled rows: None)."""
+        heads = self._db.execute(f"SELECT source, {_HEAD} FROM snapshot WHERE partition = ?", (partition,)).fetchall()
+        for source, *head in heads:
+            row = Stored(_head(head), partition, source, None)
+            if row.status not in without_value and isinstance(value := self.get(row.conversation, partition), bytes):
+                row = Stored(row.head, partition, source, value)
+            yield row
+
+    def unfilled(self, partition: int, limit: int, after: int = -1) -> list[Head]:
+        """Up to `limit` of the partition's unfilled rows whose snapshots are past `after` on
+        the snapshot topic, in their order there."""
+        found = self._db.execute(
+            f"SELECT {_HEAD} FROM snapshot INDEXED BY snapshot_unfilled WHERE partition = ? AND value IS NULL"
+            " AND at > ? ORDER BY at LIMIT ?",
+            (partition, after, limit),
         ).fetchall()
-        for conversation, covered, source, status in heads:
-            value = b"" if status in without_value else self.get(conversation, partition)
-            yield Stored(conversation, partition, covered, source, status, value or b"")
+        return [_head(row) for row in found]
+
+    def fill(self, partition: int, snapshots: Iterable[tuple[Head, bytes]]) -> int:
+        """Give unfilled rows their snapshots: each only to the row still waiting for exactly
+        that one (a row put again since keeps its own). Returns how many were filled."""
+        self._db.execute("BEGIN")
+        try:
+            before = self._db.total_changes
+            self._db.executemany(
+                "UPDATE snapshot SET value = ? WHERE conversation = ? AND partition = ? AND at = ?"
+                " AND covered = ? AND value IS NULL",
+                ((value, h.conversation, partition, h.at, h.covered) for h, value in snapshots),
+            )
+            filled = self._db.total_changes - before
+        except BaseException:
+            self._db.execute("ROLLBACK")
+            raise
+        self._db.execute("COMMIT")
+        return filled
 
     def relist(self, places: Iterable[tuple[str, int | None]]) -> None:
         """Give these conversations (those with a row) these places in the listing; None: a
@@ -190,8 +263,8 @@ class StateStore:
 
     def listing(
         self, partitions: Collection[int], status: Status | None, before: int | None, contains: str
-    ) -> Iterator[tuple[int, str, Status]]:
-        """(place, conversation, status) of every row of `partitions`, highest place first,
+    ) -> Iterator[tuple[int, str, Status, int, int, int]]:
+        """(place, conversation, status, events, turns, pending) of every row of `partitions`, highest place first,
         below `before` (None: from the top), of `status` (None: any), whose id contains
         `contains`. (Rows of other partitions wait to be dropped or refilled: not listed.)"""
         if not partitions:
@@ -209,7 +282,8 @@ class StateStore:
         if contains:
             where.append("instr(conversation, ?) > 0")
             filters.append(contains)
-        query = f"SELECT listed, conversation, status FROM snapshot INDEXED BY {index} WHERE {' AND '.join(where)}"
+        query = f"SELECT listed, conversation, status, events, turns, pending FROM snapshot INDEXED BY {index}"
+        query += f" WHERE {' AND '.join(where)}"
         query += " ORDER BY listed DESC LIMIT ?"
         below = (1 << 62) if before is None else before
         while True:
@@ -232,16 +306,16 @@ class StateStore:
     def take_checkpoint(self, partition: int) -> Checkpoint | None:
         """The partition's checkpoint, removed: from now on its rows change without one."""
         found = self._db.execute(
-            "SELECT snapshots_to, watermark, watermark_source FROM checkpoint WHERE partition = ?", (partition,)
+            "SELECT heads_to, watermark, watermark_source FROM checkpoint WHERE partition = ?", (partition,)
         ).fetchone()
         self._db.execute("DELETE FROM checkpoint WHERE partition = ?", (partition,))
         return None if found is None else Checkpoint(*found)
 
     def write_checkpoint(self, partition: int, mark: Checkpoint) -> None:
         self._db.execute(
-            "INSERT OR REPLACE INTO checkpoint (partition, snapshots_to, watermark, watermark_source)"
+            "INSERT OR REPLACE INTO checkpoint (partition, heads_to, watermark, watermark_source)"
             " VALUES (?, ?, ?, ?)",
-            (partition, mark.snapshots_to, mark.watermark, mark.watermark_source),
+            (partition, mark.heads_to, mark.watermark, mark.watermark_source),
         )
 
     def __len__(self) -> int:

@@ -150,7 +150,7 @@ class Worker:
         self.fold_observers: list[FoldObserver] = []
         self.residency = Residency(
             log_, config.snapshots, config.eviction, self.clock.now_ms, self.partitions, self.states,
-            self.fold_observers,
+            self.fold_observers, config.max_value_bytes, self._snapshots_ignored,
         )  # fmt: skip
         self.snapshots, self.evictor = self.residency.snapshots, self.residency.evictor
         self.handover = Handover(
@@ -168,12 +168,19 @@ class Worker:
 
     def state_of(self, conversation_id: str) -> ConversationState | None:
         """The conversation as this worker has folded it (None: not on a partition it owns);
-        one out of memory is read from the local store, and left there."""
+        one out of memory is read from the local store, and left there (`NotLocal`: its
+        snapshot is still being fetched there)."""
         state = self.states.get(conversation_id)
         partition = self.log.partition_for(conversation_id)
         if state is None and partition is not None and partition in self.partitions:
             return self.residency.stored(conversation_id, partition)
         return state
+
+    @property
+    def states_local(self) -> bool:
+        """Every owned conversation's state is in memory or in the local store: none is
+        still being fetched (a partition taken over goes live on its snapshots' heads)."""
+        return self.residency.local
 
     @property
     def stored_listing(self) -> StateStore | None:
@@ -216,9 +223,7 @@ class Worker:
         if fresh:  # loading their snapshots is part of their replay (for the hooks: the GC held)
             self.pace.note(True)
         loaded = await self.residency.load(fresh)
-        ignored = sum(len(one.ignored) for one in loaded.values())
-        if ignored and self.metrics is not None:
-            self.metrics.on_snapshots_ignored(ignored)
+        self._snapshots_ignored(sum(len(one.ignored) for one in loaded.values()))
         # Nothing awaits from here to the return: the log seeks to the returned offsets before
         # the consumer loop runs again, so no record read from elsewhere is folded.
         for p, start in partitions.items():
@@ -241,6 +246,10 @@ class Worker:
         # from `starts`; folded now, they would move a position past records not folded yet.
         self._rebalances += 1
         return starts
+
+    def _snapshots_ignored(self, count: int) -> None:
+        if count and self.metrics is not None:
+            self.metrics.on_snapshots_ignored(count)
 
     def _start_from(self, p: int, start: PartitionStart, loaded: Loaded | None) -> None:
         part = self.partitions.add(p, self.checkpoint.assign(p, start))
@@ -363,8 +372,18 @@ class Worker:
 
     async def _consume(self, record: Record) -> None:
         part = self.partitions.get(record.partition)
-        if part is not None and part.reading:  # else revoked while this batch was in flight
-            self._fold(record, part)
+        if part is None or not part.reading:  # revoked while this batch was in flight
+            return
+        if record.key is not None and self.residency.fetching(record.partition):
+            in_snapshot = part.loaded is not None and part.loaded.covers(record)
+            if not in_snapshot and record.offset >= part.at.position:
+                # Its state may be a head only in the local store: fetched first (the
+                # partition's fold waits: its events must be folded in order).
+                rebalances = self._rebalances
+                await self.residency.bring(record.key.decode("utf-8", "replace"), record.partition, record.offset)
+                if self._rebalances != rebalances or not part.reading:
+                    return  # the batch predates an assignment: dropped (see `_step`)
+        self._fold(record, part)
 
     def _fold(self, record: Record, part: OwnedPartition) -> None:
         if record.offset < part.at.position:

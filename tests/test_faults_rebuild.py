@@ -82,6 +82,7 @@ async def test_a_worker_with_empty_state_rebuilds_equal_projections_and_repeats_
         await until(
             lambda: bool(second.partition_liveness())
             and all(second.partition_liveness().values())
+            and second.states_local
             and all(second.state_of(c) is not None for c in before),
             90,
             "the rebuild",

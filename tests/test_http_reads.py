@@ -15,6 +15,7 @@ from worker_harness import FAST, client_of, every_row, serving, until
 from turnstile.events import Event, TurnInterrupted, encode
 from turnstile.handlers.providers.scripted import ScriptedProvider
 from turnstile.projections import ConversationState, Status, apply_event, conversation_status, new_state
+from turnstile.projections.snapshot_head import head_of
 from turnstile.projections.state import ActiveTurn, PendingInput, TurnRecord
 from turnstile.streams.eviction import EvictionPolicy
 from turnstile.streams.file_log import FileLog
@@ -218,10 +219,10 @@ def _with_store(tmp_path: Path) -> WorkerConfig:
     return dataclasses.replace(FAST, eviction=EvictionPolicy(state_dir=tmp_path / "state"))
 
 
-def _stored(state: ConversationState, partition: int = 0) -> Stored:
-    """The row the snapshots would put in the local store for `state`."""
-    status = conversation_status(state)
-    return Stored(state.conversation_id, partition, state.events_applied - 1, 0, status, b"snapshot")
+def _stored(state: ConversationState, partition: int = 0, status: Status | None = None) -> Stored:
+    """The row the snapshots would put in the local store for `state` (with another status)."""
+    head = head_of(state, state.events_applied - 1, 0)
+    return Stored(dataclasses.replace(head, status=status or head.status), partition, 0, b"snapshot")
 
 
 class StoreOfNewStates(Worker):
@@ -348,7 +349,7 @@ async def test_conversations_moving_in_and_out_of_memory_are_listed_once_in_rece
     assert churn.walk(limit=51) == moved and churn.walk(limit=1) == moved
     assert errors == []
     # Those in memory are at the bottom of the store's listing: a page does not skip them first.
-    top = [conversation for _, conversation, _ in itertools.islice(churn.store.listing([0], None, None, ""), 499)]
+    top = [found[1] for found in itertools.islice(churn.store.listing([0], None, None, ""), 499)]
     assert top == [n for n in moved if n in names[:500] and n != "conv-020"]
 
 
@@ -425,8 +426,7 @@ async def test_a_partition_handed_over_and_assigned_back_lists_each_conversation
     store.drop_partitions([0])
     assert model.page().rows == []
     # Assigned back: c1 was paused by the other owner meanwhile, c2 is new; both wait in the store.
-    paused = _stored(new_state("c1"))
-    store.put([dataclasses.replace(paused, status="paused"), _stored(new_state("c2"))])
+    store.put([_stored(new_state("c1"), status="paused"), _stored(new_state("c2"))])
     model.stored(0, [("c1", "paused"), ("c2", "idle")])
     one_turn("c3")  # one in memory, listed after them
 

@@ -1,76 +1,113 @@
-"""Taking a partition over with a local store: its snapshots are read chunk by chunk and a
-settled conversation's goes straight into the store, so the load never holds every
-snapshot of the partition at once (a million conversations' would be gigabytes)."""
+"""Taking a partition over with a local store: a new owner reads the heads topic, not the
+snapshots. A settled conversation becomes an unfilled row of the store whatever the size of
+its state, and only the conversations with something to decide have their snapshots
+fetched (one point read each) before the partition goes live."""
 
 from __future__ import annotations
 
 import hashlib
-import tracemalloc
-from collections.abc import Iterator
 from pathlib import Path
 
 from builders import claim, completed, message, started
 
-from turnstile.projections import apply_event, new_state
-from turnstile.projections.snapshot import Snapshot, decode_snapshot, encode_snapshot
-from turnstile.streams.eviction import SETTLED
-from turnstile.streams.log import Record
-from turnstile.streams.snapshots import PartitionLoad
-from turnstile.streams.state_store import StateStore
+from turnstile.projections import ConversationState, apply_event, new_state
+from turnstile.projections.snapshot import encode_snapshot
+from turnstile.projections.snapshot_head import encode_head, head_of
+from turnstile.streams.file_log import FileLog
+from turnstile.streams.snapshots import Loaded, PartitionLoad
+from turnstile.streams.state_store import StateStore, Unfilled
 
-CONVERSATIONS = 3_000
-CHUNK = 200  # records per chunk, as a fetch hands them over
+CONVERSATIONS = 300
 
 
-def _snapshot(conversation: str, offset: int) -> bytes:
-    """A settled conversation with a ~6 KB transcript that does not deflate away."""
+def _state(conversation: str, pending: bool = False) -> ConversationState:
+    """A settled conversation with a ~6 KB transcript that does not deflate away; `pending`:
+    and a message waiting for its next turn."""
     text = "".join(hashlib.sha256(f"{conversation}/{i}".encode()).hexdigest() for i in range(100))
     state = new_state(conversation)
     m = message("m1", 1_000, text, conv=conversation)
     c = claim(["m1"], 1_001, 0, conv=conversation)
-    for event in (m, c, started(c, 1_002), completed(c, 1_003, reply=text)):
+    events = [m, c, started(c, 1_002), completed(c, 1_003, reply=text)]
+    for event in events + ([message("m2", 1_004, "more", conv=conversation)] if pending else []):
         assert apply_event(state, event) is None
-    return encode_snapshot(state, offset)
+    return state
 
 
-def _chunks() -> Iterator[list[Record]]:
-    """The partition's snapshot records, made one chunk at a time (as a fetch brings them)."""
-    for first in range(0, CONVERSATIONS, CHUNK):
-        yield [Record(0, n, f"conv-{n:05d}".encode(), _snapshot(f"conv-{n:05d}", 4 * n + 3))
-               for n in range(first, min(first + CHUNK, CONVERSATIONS))]  # fmt: skip
+async def _written(log: FileLog, states: list[ConversationState]) -> int:
+    """Each state's snapshot, then its head naming it, as the snapshot writer writes them;
+    returns the snapshots' bytes."""
+    total = 0
+    for n, state in enumerate(states):
+        value = encode_snapshot(state, 4 * n + 3)
+        _, at = await log.append(log.topics.snapshots, state.conversation_id, value, partition=0)
+        await log.append(log.topics.heads, state.conversation_id, encode_head(head_of(state, 4 * n + 3, at)), 0)
+        total += len(value)
+    return total
 
 
-def test_given_many_settled_snapshots_when_a_new_owner_loads_them_then_it_holds_a_chunk_not_all(
+async def _loaded(log: FileLog, store: StateStore, damaged: set[str] = frozenset()) -> tuple[Loaded, int, list[int]]:
+    """The partition loaded as a new owner does; also the heads' bytes read and the offsets
+    of the snapshots it wanted."""
+    load = PartitionLoad(log.topics.heads, 0, store)
+    read = 0
+    async for chunk in log.read_partitions(log.topics.heads, [0]):
+        read += sum(len(r.value or b"") for r in chunk)
+        load.add(chunk)
+    wanted = load.wanted()
+    found = await log.read_at(log.topics.snapshots, 0, wanted)
+    load.fetched({at: r for at, r in found.items() if (r.key or b"").decode() not in damaged})
+    return load.finish(), read, wanted
+
+
+async def test_given_settled_conversations_when_a_new_owner_loads_them_then_it_reads_their_heads_only(
     tmp_path: Path,
 ) -> None:
+    log = FileLog(tmp_path / "log", partitions=1)
+    snapshot_bytes = await _written(log, [_state(f"conv-{n:05d}") for n in range(CONVERSATIONS)])
     store = StateStore(tmp_path, "events")
-    load = PartitionLoad("snapshots", 0, store)
-    total = 0
-    tracemalloc.start()
     try:
-        for chunk in _chunks():
-            total += sum(len(r.value or b"") for r in chunk)
-            load.add(chunk)
-            del chunk
-        loaded = load.finish()
-        _, peak = tracemalloc.get_traced_memory()
+        loaded, head_bytes, wanted = await _loaded(log, store)
+        # Every conversation is listed as waiting in the store, none held in memory, no
+        # snapshot fetched...
+        assert len(loaded.stored) == CONVERSATIONS and not loaded.resident and not wanted
+        assert loaded.covered == {f"conv-{n:05d}": 4 * n + 3 for n in range(CONVERSATIONS)}
+        # ...and what it read is a small share of the snapshots' bytes: it grows with the
+        # conversations, not with their transcripts.
+        assert head_bytes * 20 < snapshot_bytes
+        row = store.get("conv-00007", 0)
+        assert isinstance(row, Unfilled) and row.head.covered == 31 and row.head.turns == 1
     finally:
-        tracemalloc.stop()
         store.close()
-    # Every conversation is listed as waiting in the store, none held in memory...
-    assert len(loaded.stored) == CONVERSATIONS and not loaded.resident
-    assert {status for _, status in loaded.stored} <= SETTLED
-    # ...and the load's peak is a few chunks, far below the snapshots' bytes (the chunk being
-    # made, the one being taken in, a head per conversation).
-    assert total > 10 * 1024 * 1024
-    assert peak < total / 4, f"peak {peak:,} B for {total:,} B of snapshots"
-    # What the store got is each conversation's snapshot, byte for byte.
-    reopened = StateStore(tmp_path, "events")
+
+
+async def test_given_conversations_with_something_to_decide_when_loaded_then_exactly_theirs_are_fetched(
+    tmp_path: Path,
+) -> None:
+    log = FileLog(tmp_path / "log", partitions=1)
+    states = [_state(f"conv-{n}", pending=n % 3 == 0) for n in range(12)]
+    await _written(log, states)
+    store = StateStore(tmp_path, "events")
     try:
-        for n in (0, CONVERSATIONS // 2, CONVERSATIONS - 1):
-            value = reopened.get(f"conv-{n:05d}", 0)
-            snapshot = decode_snapshot(value, f"conv-{n:05d}")
-            assert isinstance(snapshot, Snapshot) and snapshot.covered == 4 * n + 3
-            assert snapshot.state.conversation_id == f"conv-{n:05d}" and not snapshot.state.pending
+        loaded, _, wanted = await _loaded(log, store)
+        pending = {s.conversation_id: s for s in states if s.pending}
+        assert len(wanted) == len(pending) == 4
+        assert loaded.resident == pending  # decoded, equal to what was written
+        assert {c for c, _ in loaded.stored} == {s.conversation_id for s in states} - set(pending)
+        assert all(isinstance(store.get(c, 0), bytes) for c in pending)  # their rows are filled
     finally:
-        reopened.close()
+        store.close()
+
+
+async def test_given_a_head_whose_snapshot_is_unusable_when_loaded_then_that_conversation_is_folded_from_0(
+    tmp_path: Path,
+) -> None:
+    log = FileLog(tmp_path / "log", partitions=1)
+    await _written(log, [_state(f"conv-{n}", pending=True) for n in range(4)])
+    store = StateStore(tmp_path, "events")
+    try:
+        loaded, _, _ = await _loaded(log, store, damaged={"conv-2"})
+        assert loaded.ignored == ["conv-2"] and loaded.seek == 0
+        assert set(loaded.resident) == {"conv-0", "conv-1", "conv-3"}
+        assert store.get("conv-2", 0) is None  # no row: its state is the fold's
+    finally:
+        store.close()

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from turnstile.projections import Status
+from turnstile.projections.snapshot_head import Head
 from turnstile.streams.state_store import LISTED_BY_THE_STORE, StateStore, Stored
 
 
@@ -20,11 +21,11 @@ def store(tmp_path: Path) -> Iterator[StateStore]:
 
 
 def row(conversation: str, status: Status = "idle", partition: int = 0) -> Stored:
-    return Stored(conversation, partition, covered=3, source=7, status=status, value=b"state")
+    return Stored(Head(conversation, 3, status, 11, 4, 1, 0), partition, source=7, value=b"state")
 
 
 def walked(store: StateStore, status: Status | None = None, before: int | None = None, contains: str = "") -> list[str]:
-    return [conversation for _, conversation, _ in store.listing([0], status, before, contains)]
+    return [found[1] for found in store.listing([0], status, before, contains)]
 
 
 def test_given_rows_put_in_turn_when_walked_then_the_last_put_comes_first_below_the_read_models_places(
@@ -33,15 +34,17 @@ def test_given_rows_put_in_turn_when_walked_then_the_last_put_comes_first_below_
     store.put([row("a"), row("b")])
     store.put([row("c", "paused")])
     listed = list(store.listing([0], None, None, ""))
-    assert [c for _, c, _ in listed] == ["c", "b", "a"]
-    assert [s for _, _, s in listed] == ["paused", "idle", "idle"]
-    assert all(0 < place < LISTED_BY_THE_STORE for place, _, _ in listed)
+    assert [found[1] for found in listed] == ["c", "b", "a"]
+    assert [found[2] for found in listed] == ["paused", "idle", "idle"]
+    assert all(0 < found[0] < LISTED_BY_THE_STORE for found in listed)
+    # with what a listing shows of each, from its head
+    assert {found[3:] for found in listed} == {(4, 1, 0)}
 
 
 def test_given_a_row_put_again_when_walked_then_it_keeps_its_place_with_its_new_status(store: StateStore) -> None:
     store.put([row("a"), row("b")])
     store.put([row("a", "failed")])  # a new snapshot of a: its place in the listing is not its recency
-    assert list(store.listing([0], None, None, "")) == [(2, "b", "idle"), (1, "a", "failed")]
+    assert [found[:3] for found in store.listing([0], None, None, "")] == [(2, "b", "idle"), (1, "a", "failed")]
 
 
 def test_given_a_cursor_a_status_or_a_part_of_the_id_when_walked_then_exactly_the_rows_that_match(
@@ -76,8 +79,8 @@ def test_a_walk_over_more_rows_than_one_read_of_the_index_lists_every_row_once(s
 
 def test_only_the_rows_of_the_partitions_asked_for_are_listed(store: StateStore) -> None:
     store.put([row("a", partition=0), row("b", partition=1), row("c", partition=2)])
-    assert [c for _, c, _ in store.listing([0, 2], None, None, "")] == ["c", "a"]
-    assert [c for _, c, _ in store.listing([1], "idle", None, "b")] == ["b"]
+    assert [found[1] for found in store.listing([0, 2], None, None, "")] == ["c", "a"]
+    assert [found[1] for found in store.listing([1], "idle", None, "b")] == ["b"]
     assert list(store.listing([], None, None, "")) == []
 
 

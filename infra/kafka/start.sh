@@ -28,6 +28,7 @@ EVENTS_TOPIC="${TURNSTILE_EVENTS_TOPIC:-turnstile.events}"
 OUTCOMES_TOPIC="${TURNSTILE_OUTCOMES_TOPIC:-turnstile.outcomes}"
 DLQ_TOPIC="${TURNSTILE_DLQ_TOPIC:-turnstile.events.dlq}"
 SNAPSHOTS_TOPIC="${TURNSTILE_SNAPSHOTS_TOPIC:-turnstile.snapshots}"
+HEADS_TOPIC="${TURNSTILE_HEADS_TOPIC:-$SNAPSHOTS_TOPIC.heads}"
 DELTAS_TOPIC="${TURNSTILE_DELTAS_TOPIC:-turnstile.deltas}"
 PARTITIONS="${TURNSTILE_EVENT_PARTITIONS:-8}"
 BOOTSTRAP="127.0.0.1:$KAFKA_PORT"
@@ -129,26 +130,27 @@ topics() {  # topics <timeout-seconds> <TopicCommand args...>
   return $rc
 }
 
-# Create whichever of our five topics is missing.
+# Create whichever of our six topics is missing.
 #   $1 = fresh: empty cluster, skip the --list JVM;  check: --list first, create only missing ones
 #   $2 = time budget in seconds for each tool JVM
 ensure_topics() {
   local mode="$1" budget="$2" existing="" rc=0 i
-  local -a names=("$EVENTS_TOPIC" "$OUTCOMES_TOPIC" "$DLQ_TOPIC" "$DELTAS_TOPIC" "$SNAPSHOTS_TOPIC")
-  local -a parts=("$PARTITIONS" "$PARTITIONS" 1 "$PARTITIONS" "$PARTITIONS")
+  local -a names=("$EVENTS_TOPIC" "$OUTCOMES_TOPIC" "$DLQ_TOPIC" "$DELTAS_TOPIC" "$SNAPSHOTS_TOPIC" "$HEADS_TOPIC")
+  local -a parts=("$PARTITIONS" "$PARTITIONS" 1 "$PARTITIONS" "$PARTITIONS" "$PARTITIONS")
   # The events topic is the source of truth (every state is rebuilt from it) and dead letters
   # hold the only copy of refused bytes: neither may expire. Outcomes keep the broker default.
   # Reply deltas only serve live readers of a reply in progress: one hour. Snapshots are
-  # compacted (the latest per conversation, co-partitioned with the events), never expired.
+  # compacted (the latest per conversation, co-partitioned with the events), never expired;
+  # so are their heads (what each covers and where it is: what a new owner reads to go live).
   local -a configs=("retention.ms=-1" "retention.ms=604800000" "retention.ms=-1" "retention.ms=3600000"
-                    "cleanup.policy=compact")
+                    "cleanup.policy=compact" "cleanup.policy=compact")
   local -a pids=()
   if [[ "$mode" == check ]]; then
     existing="$(topics "$budget" --list)" || return 1
   fi
-  for i in 0 1 2 3 4; do
+  for i in 0 1 2 3 4 5; do
     grep -qxF -- "${names[$i]}" <<<"$existing" && continue
-    # TopicCommand creates one topic per run; the JVMs run in parallel (~2 s for five on
+    # TopicCommand creates one topic per run; the JVMs run in parallel (~2 s for six on
     # 2 cores, ~2.6 s one after the other). --if-not-exists: a concurrent creator is fine.
     topics "$budget" --create --if-not-exists --topic "${names[$i]}" \
         --partitions "${parts[$i]}" --replication-factor 1 --config "${configs[$i]}" >/dev/null &
@@ -159,7 +161,7 @@ ensure_topics() {
 }
 
 finish() {
-  log "topics: $EVENTS_TOPIC($PARTITIONS) $OUTCOMES_TOPIC($PARTITIONS) $DLQ_TOPIC(1) $DELTAS_TOPIC($PARTITIONS) $SNAPSHOTS_TOPIC($PARTITIONS, compacted); log: $LOGS/server.log"
+  log "topics: $EVENTS_TOPIC($PARTITIONS) $OUTCOMES_TOPIC($PARTITIONS) $DLQ_TOPIC(1) $DELTAS_TOPIC($PARTITIONS) $SNAPSHOTS_TOPIC($PARTITIONS, compacted) $HEADS_TOPIC($PARTITIONS, compacted); log: $LOGS/server.log"
   echo "kafka ready on $BOOTSTRAP ($(elapsed) s)"
   exit 0
 }

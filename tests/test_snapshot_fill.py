@@ -1,0 +1,117 @@
+"""The snapshots a new owner did not fetch to go live (`streams/snapshot_fill.py`): filled
+into the local store in the background, or brought by one point read when an event of the
+conversation comes first, or -- a snapshot not where its head says -- the conversation
+folded from its partition's events."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from builders import claim, completed, message, started
+from worker_harness import until
+
+from turnstile.events import Event, encode
+from turnstile.projections import ConversationState, apply_event, new_state
+from turnstile.projections.snapshot import encode_snapshot
+from turnstile.projections.snapshot_head import Head, encode_head, head_of
+from turnstile.streams.file_log import FileLog
+from turnstile.streams.snapshot_fill import SnapshotFill
+from turnstile.streams.state_store import StateStore, Stored, Unfilled
+
+
+def _events(conversation: str) -> list[Event]:
+    m = message("m1", 1_000, f"hello from {conversation}", conv=conversation)
+    c = claim(["m1"], 1_001, 0, conv=conversation)
+    return [m, c, started(c, 1_002), completed(c, 1_003, reply=f"hi {conversation}")]
+
+
+class Written:
+    """Conversations on a one-partition embedded log as a worker leaves them: their events,
+    then each one's snapshot and its head; in the store, their heads only (unfilled rows)."""
+
+    def __init__(self, tmp_path: Path) -> None:
+        self.log = FileLog(tmp_path / "log", partitions=1)
+        self.store = StateStore(tmp_path, "events")
+        self.states: dict[str, ConversationState] = {}
+        self.snapshots: dict[str, bytes] = {}
+        self.lost: list[str] = []
+
+    async def write(self, conversations: list[str]) -> None:
+        for conversation in conversations:
+            state = self.states[conversation] = new_state(conversation)
+            for event in _events(conversation):
+                _, covered = await self.log.append(self.log.topics.events, conversation, encode(event), 0)
+                assert apply_event(state, event) is None
+        for conversation, state in self.states.items():
+            covered = self.log.end_offset(0) - 1
+            value = self.snapshots[conversation] = encode_snapshot(state, covered)
+            _, at = await self.log.append(self.log.topics.snapshots, conversation, value, 0)
+            head = head_of(state, covered, at)
+            _, source = await self.log.append(self.log.topics.heads, conversation, encode_head(head), 0)
+            self.store.put([Stored(head, 0, source, None)])
+
+    def fill(self, window: int = 2_000) -> SnapshotFill:
+        async def lost(conversation: str, partition: int) -> None:
+            self.lost.append(conversation)
+
+        return SnapshotFill(self.log, self.store, None, lost, window)
+
+
+async def test_given_unfilled_rows_when_the_background_pass_runs_then_each_gets_exactly_its_snapshot(
+    tmp_path: Path,
+) -> None:
+    written = Written(tmp_path)
+    await written.write([f"c-{n:03d}" for n in range(40)])
+    # (a window of 7 rows: the pass reads on through several, and chunks that span two)
+    fill = written.fill(window=7)
+    try:
+        fill.start([0])
+        assert fill.unfilled(0) and not fill.done
+        await until(lambda: fill.done)
+        assert {c: written.store.get(c, 0) for c in written.states} == written.snapshots
+        assert fill.filled == 40 and not written.lost and not fill.unfilled(0)
+    finally:
+        await fill.close()
+        written.store.close()
+
+
+async def test_given_an_unfilled_row_when_an_event_of_it_comes_first_then_one_point_read_fills_it(
+    tmp_path: Path,
+) -> None:
+    written = Written(tmp_path)
+    await written.write(["a", "b"])
+    fill = written.fill()  # (no background pass started)
+    try:
+        assert await fill.bring("b", 0, written.log.end_offset(0)) is None
+        assert written.store.get("b", 0) == written.snapshots["b"]
+        assert isinstance(written.store.get("a", 0), Unfilled)
+        assert fill.brought == 1
+    finally:
+        await fill.close()
+        written.store.close()
+
+
+async def test_given_a_head_naming_a_snapshot_that_is_not_there_when_needed_then_it_is_folded_from_the_log(
+    tmp_path: Path,
+) -> None:
+    written = Written(tmp_path)
+    await written.write(["a", "b", "c"])
+    # b's head names the record of c's snapshot (as one compacted away would leave it)
+    row = written.store.get("b", 0)
+    c_row = written.store.get("c", 0)
+    assert isinstance(row, Unfilled) and isinstance(c_row, Unfilled)
+    moved = Head(**{**{f: getattr(row.head, f) for f in Head.__slots__}, "at": c_row.head.at})
+    written.store.put([Stored(moved, 0, 1, None)])
+    fill = written.fill()
+    try:
+        fill.start([0])
+        await until(lambda: fill.done)
+        # The pass filled the others and reported b lost; brought, b is the fold of its events
+        assert written.lost == ["b"]
+        assert written.store.get("a", 0) == written.snapshots["a"]
+        state = await fill.bring("b", 0, written.log.end_offset(0))
+        assert state == written.states["b"] and fill.rebuilt == 1
+        assert written.store.get("b", 0) is None  # its row is gone: the worker holds the state
+    finally:
+        await fill.close()
+        written.store.close()
