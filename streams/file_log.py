@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import fcntl
 import os
 from collections.abc import AsyncGenerator, AsyncIterator, Mapping
@@ -311,10 +312,12 @@ class FileLog:
 
     async def read_at(self, topic: str, partition: int, offsets: list[int]) -> dict[int, Record]:
         wanted, out = set(offsets), dict[int, Record]()
-        async for chunk in self.read_partitions(topic, [partition], {partition: min(wanted, default=0)}):
-            out.update((r.offset, r) for r in chunk if r.offset in wanted)
-            if len(out) == len(wanted):
-                break
+        records = self.read_partitions(topic, [partition], {partition: min(wanted, default=0)})
+        async with contextlib.aclosing(records):
+            async for chunk in records:
+                out.update((r.offset, r) for r in chunk if r.offset in wanted)
+                if len(out) == len(wanted):
+                    break
         return out
 
     def read_all(self, topic: str, partition: int | None = None) -> list[Record]:

@@ -80,7 +80,7 @@ class Residency:
         self.evictor = Evictor(eviction, self.store, now_ms) if self.store is not None else None
         self.fill = None
         if self.snapshots is not None and self.store is not None:  # (a store is falsy while empty)
-            self.fill = SnapshotFill(log_, self.store, max_value_bytes, self._lost)
+            self.fill = SnapshotFill(log_, self.store, max_value_bytes, self._lost, self._install)
         self._ignored = ignored
         self._requested: set[asyncio.Task[None]] = set()  # brought because a read asked
         self._done: dict[int, int] = {}  # the offsets the last checkpoint committed
@@ -123,19 +123,23 @@ class Residency:
     async def bring(self, conversation: str, partition: int, position: int) -> None:
         """Before an event of an owned conversation out of memory is folded: its state is
         made local (`SnapshotFill.bring`; a state folded from the log comes into memory)."""
-        if self.fill is None or conversation in self.states:
+        part = self.partitions.get(partition)
+        if self.fill is not None and part is not None and conversation not in self.states:
+            await self.fill.bring(conversation, partition, position, part)
+
+    def _install(self, conversation: str, partition: int, state: ConversationState, upto: int, token: object) -> None:
+        """A state folded from the log (its snapshot lost), if the partition is still the
+        assignment the bring began in (`token`) and nothing brought it meanwhile."""
+        if self.partitions.get(partition) is not token or conversation in self.states:
             return
-        state = await self.fill.bring(conversation, partition, position)
-        if state is not None and partition in self.partitions and conversation not in self.states:
-            if self.snapshots is not None:
-                self.snapshots.ignored += 1
-            self._ignored(1)
-            self.states[conversation] = state
-            self.partitions.place(conversation, partition)
-            for observer in self.observers:
-                observer.restored(state)
-            if self.snapshots is not None:  # not in the store any more: it must be snapshotted again
-                self.snapshots.changed(partition, conversation, position - 1)
+        if self.snapshots is not None:
+            self.snapshots.ignored += 1
+            self.snapshots.changed(partition, conversation, upto - 1)  # its row is stale: snapshot it again
+        self._ignored(1)
+        self.states[conversation] = state
+        self.partitions.place(conversation, partition)
+        for observer in self.observers:
+            observer.restored(state)
 
     def state_for(self, conversation: str, partition: int) -> ConversationState:
         """The conversation's state to fold an event of it into: in memory, back from the
@@ -226,6 +230,8 @@ class Residency:
 
     def forget(self, partition: int, part: OwnedPartition) -> None:
         """The partition was handed over: its conversations leave memory for good."""
+        if self.fill is not None:
+            self.fill.forget(partition)
         for conversation in part.conversations:
             self.states.pop(conversation, None)
         for observer in self.observers:

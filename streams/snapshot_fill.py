@@ -20,6 +20,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Iterable
+from typing import TypeVar
 
 from turnstile.events import DecodeError, decode
 from turnstile.projections import ConversationState, apply_event, new_state
@@ -43,16 +44,22 @@ class SnapshotFill:
         store: StateStore,
         max_value_bytes: int | None,
         lost: Callable[[str, int], Awaitable[None]],
+        install: Callable[[str, int, ConversationState, int, object], None],
         window: int = WINDOW,
     ) -> None:
         """`lost(conversation, partition)`: called once the background pass has read past the
-        snapshot a row's head names without finding it (the caller brings the conversation,
-        folded from the log)."""
-        self.log, self.store, self._lost, self._window = log_, store, lost, window
+        snapshot a row's head names without finding it (the caller `bring`s it).
+        `install(conversation, partition, state, upto, token)`: a state folded from the log
+        (its events below `upto`) for the caller to hold in memory -- if the partition is
+        still the assignment `token` named when the bring began. It is called from the task
+        that folded it, so a waiter that is cancelled cannot drop it; the row stays (unfilled)
+        until the state's next snapshot replaces it."""
+        self.log, self.store, self._lost, self._install = log_, store, lost, install
         self._max_value_bytes = max_value_bytes  # the fold's own limit: a record over it was never applied
+        self._window = window
         self._unfilled: set[int] = set()  # partitions that may have unfilled rows
         self._task: asyncio.Task[None] | None = None
-        self._bringing: dict[str, asyncio.Task[ConversationState | None]] = {}
+        self._bringing: dict[str, tuple[int, asyncio.Task[None]]] = {}
         self.filled = 0  # rows filled by the background pass
         self.brought = 0  # by point reads
         self.rebuilt = 0  # folded from the log: their snapshots were lost
@@ -62,9 +69,9 @@ class SnapshotFill:
         self._unfilled = {p for p in partitions if self.store.unfilled(p, 1)}
         if self._task is not None:
             self._task.cancel()
-        self._task = asyncio.create_task(self._fill_all(sorted(self._unfilled)), name="snapshot-fill") if (
-            self._unfilled
-        ) else None  # fmt: skip
+        self._task = None
+        if self._unfilled:
+            self._task = asyncio.create_task(self._fill_all(sorted(self._unfilled)), name="snapshot-fill")
 
     def unfilled(self, partition: int) -> bool:
         """Some rows of the partition may still be unfilled."""
@@ -75,8 +82,15 @@ class SnapshotFill:
         """The background pass has ended (or none is needed)."""
         return self._task is None or self._task.done()
 
+    def forget(self, partition: int) -> None:
+        """The partition was handed over: the brings of its conversations stop."""
+        for conversation, (p, task) in list(self._bringing.items()):
+            if p == partition:
+                task.cancel()
+                del self._bringing[conversation]
+
     async def close(self) -> None:
-        tasks = [t for t in (self._task, *self._bringing.values()) if t is not None]
+        tasks = [t for t in (self._task, *(task for _p, task in self._bringing.values())) if t is not None]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -85,16 +99,18 @@ class SnapshotFill:
     # -- the background pass ---------------------------------------------------------------------
     async def _fill_all(self, partitions: list[int]) -> None:
         for p in partitions:
-            try:
-                await self._fill(p)
-            except Exception as exc:  # the broker away: what is left comes by point reads
-                log.warning("filling the snapshots of partition %d stopped: %r", p, exc)
-                continue
-            after = -1
-            while lost := self.store.unfilled(p, self._window, after):
-                for head in lost:
-                    await self._lost(head.conversation, p)
-                after = lost[-1].at
+            while True:
+                try:
+                    await self._fill(p)
+                    after = -1
+                    while lost := self.store.unfilled(p, self._window, after):
+                        for head in lost:
+                            await self._lost(head.conversation, p)
+                        after = lost[-1].at
+                    break
+                except Exception as exc:  # the broker away: tried again (events meanwhile bring their own)
+                    log.warning("filling the snapshots of partition %d stopped (trying again): %r", p, exc)
+                    await asyncio.sleep(RETRY_S)
             if not self.store.unfilled(p, 1):
                 self._unfilled.discard(p)
         log.info("snapshots filled: %d in the background, %d by point reads, %d folded from the log",
@@ -121,42 +137,46 @@ class SnapshotFill:
                 await asyncio.sleep(0)
 
     # -- one conversation, now ----------------------------------------------------------------
-    async def bring(self, conversation: str, partition: int, position: int) -> ConversationState | None:
+    async def bring(self, conversation: str, partition: int, position: int, token: object) -> None:
         """Make an owned conversation's state local before an event of it at `position` is
-        folded: its row filled (None), or, its snapshot lost, its state folded from the
-        partition's events below `position` (to be held in memory; its row is gone)."""
-        task = self._bringing.get(conversation)
-        if task is None:
-            task = asyncio.create_task(self._bring(conversation, partition, position))
-            self._bringing[conversation] = task
-            task.add_done_callback(lambda _t: self._bringing.pop(conversation, None))
-        return await asyncio.shield(task)
+        folded: its row filled, or, its snapshot lost, its state folded from the partition's
+        events below `position` and handed to `install` with `token`."""
+        if not isinstance(self.store.get(conversation, partition), Unfilled):
+            return  # filled, or no row (a new conversation): nothing to wait for
+        found = self._bringing.get(conversation)
+        if found is None:
+            task = asyncio.create_task(self._bring(conversation, partition, position, token))
+            self._bringing[conversation] = (partition, task)
+            task.add_done_callback(lambda t: self._done_bringing(conversation, t))
+        else:
+            task = found[1]
+        await asyncio.shield(task)
 
-    async def _bring(self, conversation: str, partition: int, position: int) -> ConversationState | None:
+    def _done_bringing(self, conversation: str, task: asyncio.Task[None]) -> None:
+        if (found := self._bringing.get(conversation)) is not None and found[1] is task:
+            del self._bringing[conversation]
+
+    async def _bring(self, conversation: str, partition: int, position: int, token: object) -> None:
         row = self.store.get(conversation, partition)
         if not isinstance(row, Unfilled):
-            return None  # filled meanwhile, or no row (a new conversation)
+            return  # filled meanwhile
         head = row.head
-        while True:
-            try:
-                found = await self.log.read_at(self.log.topics.snapshots, partition, [head.at])
-                break
-            except Exception as exc:
-                log.warning("fetching the snapshot of %r failed (trying again): %r", conversation, exc)
-                await asyncio.sleep(RETRY_S)
+        found = await _retried(f"the snapshot of {conversation!r}",
+                               lambda: self.log.read_at(self.log.topics.snapshots, partition, [head.at]))  # fmt: skip
         if self.store.fill(partition, _matching(list(found.values()), {head.at: head})):
             self.brought += 1
-            return None
+            return
         if self.store.get(conversation, partition) != row:
-            return None  # filled, put again or dropped (the partition handed over) meanwhile
+            return  # filled, put again or dropped (the partition handed over) meanwhile
         log.warning("the snapshot of %r (partition %d) is not where its head says (@%d): folding it from the log",
                     conversation, partition, head.at)  # fmt: skip
         # Up to the fold's position -- and at least through what the head covers: the fold
         # skips the events a head covers (`Loaded.folded_already`), lost snapshot or not.
-        state = await self._folded(conversation, partition, max(position, head.covered + 1))
-        self.store.forget([conversation])
-        self.rebuilt += 1
-        return state
+        upto = max(position, head.covered + 1)
+        state = await _retried(f"the events of {conversation!r}", lambda: self._folded(conversation, partition, upto))
+        if self.store.get(conversation, partition) == row:
+            self.rebuilt += 1
+            self._install(conversation, partition, state, upto, token)
 
     async def _folded(self, conversation: str, partition: int, position: int) -> ConversationState:
         """The conversation's state from its partition's events below `position`, as the
@@ -172,6 +192,19 @@ class SnapshotFill:
                     if event is not None and not isinstance(event, DecodeError):
                         apply_event(state, event)
         return state
+
+
+_T = TypeVar("_T")
+
+
+async def _retried(what: str, read: Callable[[], Awaitable[_T]]) -> _T:
+    """`read()` until it succeeds (a broker away): what waits for it cannot go on without it."""
+    while True:
+        try:
+            return await read()
+        except Exception as exc:
+            log.warning("reading %s failed (trying again): %r", what, exc)
+            await asyncio.sleep(RETRY_S)
 
 
 def _matching(records: list[Record], heads: dict[int, Head]) -> list[tuple[Head, bytes]]:

@@ -405,12 +405,14 @@ class Snapshotter:
             await asyncio.sleep(0)
         read = 0
         try:
-            async for chunk in self.log.read_partitions(topic, partitions, starts):
-                loads[chunk[0].partition].add(chunk)
-                read += len(chunk) if chunk[0].partition in marks else 0
-                # One fetch brings a chunk of every partition, taken in here back to back
-                # (≈ 45 ms each at 2,500 records): the loop runs between them.
-                await asyncio.sleep(0)
+            records = self.log.read_partitions(topic, partitions, starts)
+            async with contextlib.aclosing(records):
+                async for chunk in records:
+                    loads[chunk[0].partition].add(chunk)
+                    read += len(chunk) if chunk[0].partition in marks else 0
+                    # One fetch brings a chunk of every partition, taken in here back to back
+                    # (≈ 45 ms each at 2,500 records): the loop runs between them.
+                    await asyncio.sleep(0)
             for p, load in loads.items():  # the states of the conversations with something to decide
                 if wanted := load.wanted():
                     load.fetched(await self.log.read_at(self.log.topics.snapshots, p, wanted))
@@ -489,7 +491,10 @@ class Snapshotter:
         to `offset`): it is due a snapshot as if that event had just been folded."""
         part = self._partitions.get(partition)
         if part is not None and conversation not in part.dirty:
+            last = next(reversed(part.dirty.values()), None)
             part.dirty[conversation] = _Dirty(offset, offset, 1, self._now_ms())
+            if last is not None and last.first > offset:  # folded on meanwhile: keep the order by first
+                part.dirty = dict(sorted(part.dirty.items(), key=lambda item: item[1].first))
 
     def forgotten(self, partition: int, conversations: set[str]) -> None:
         pass  # their partitions' changes were dropped at the handover (`handed_over`)

@@ -64,7 +64,8 @@ CREATE TABLE IF NOT EXISTS snapshot (
 );
 -- A partition's rows listed from the index alone: the table's pages, which hold the
 -- snapshots' bytes and so grow with the conversations' history, are not read.
-CREATE INDEX IF NOT EXISTS snapshot_heads ON snapshot (partition, conversation, covered, source, at, status);
+CREATE INDEX IF NOT EXISTS snapshot_heads ON snapshot (partition, conversation, covered, source, at, status, events,
+    turns, pending);
 -- Pages of the listing from the indexes alone: all statuses (or idle, nearly every row's),
 -- and the few rows of any other status (a partial index: idle rows cost it nothing).
 CREATE INDEX IF NOT EXISTS snapshot_listed ON snapshot (listed, partition, conversation, status, events, turns,

@@ -35,6 +35,7 @@ class Written:
         self.states: dict[str, ConversationState] = {}
         self.snapshots: dict[str, bytes] = {}
         self.lost: list[str] = []
+        self.installed: dict[str, tuple[ConversationState, int]] = {}
 
     async def write(self, conversations: list[str]) -> None:
         for conversation in conversations:
@@ -54,7 +55,11 @@ class Written:
         async def lost(conversation: str, partition: int) -> None:
             self.lost.append(conversation)
 
-        return SnapshotFill(self.log, self.store, None, lost, window)
+        def install(conversation: str, partition: int, state: ConversationState, upto: int, token: object) -> None:
+            assert token == "assignment"
+            self.installed[conversation] = (state, upto)
+
+        return SnapshotFill(self.log, self.store, None, lost, install, window)
 
 
 async def test_given_unfilled_rows_when_the_background_pass_runs_then_each_gets_exactly_its_snapshot(
@@ -82,7 +87,7 @@ async def test_given_an_unfilled_row_when_an_event_of_it_comes_first_then_one_po
     await written.write(["a", "b"])
     fill = written.fill()  # (no background pass started)
     try:
-        assert await fill.bring("b", 0, written.log.end_offset(0)) is None
+        await fill.bring("b", 0, written.log.end_offset(0), "assignment")
         assert written.store.get("b", 0) == written.snapshots["b"]
         assert isinstance(written.store.get("a", 0), Unfilled)
         assert fill.brought == 1
@@ -109,9 +114,11 @@ async def test_given_a_head_naming_a_snapshot_that_is_not_there_when_needed_then
         # The pass filled the others and reported b lost; brought, b is the fold of its events
         assert written.lost == ["b"]
         assert written.store.get("a", 0) == written.snapshots["a"]
-        state = await fill.bring("b", 0, written.log.end_offset(0))
-        assert state == written.states["b"] and fill.rebuilt == 1
-        assert written.store.get("b", 0) is None  # its row is gone: the worker holds the state
+        end = written.log.end_offset(0)
+        await fill.bring("b", 0, end, "assignment")
+        assert written.installed == {"b": (written.states["b"], end)} and fill.rebuilt == 1
+        # its row stays, unfilled, until the state's next snapshot replaces it
+        assert isinstance(written.store.get("b", 0), Unfilled)
     finally:
         await fill.close()
         written.store.close()
