@@ -164,17 +164,18 @@ class PartitionLoad:
         self.read_to = records[-1].offset + 1
         # With a store, only the snapshots' heads are read: a settled conversation stays out
         # of memory, so its state -- which grows with its transcript -- is not decoded at all.
+        touched: dict[str, None] = {}
         self.watermark, self.watermark_source = _scan(
             self.topic, self.partition, records, self.found, self.watermark, self.watermark_source,
-            heads=self.store is not None,
+            heads=self.store is not None, touched=touched,
         )  # fmt: skip
         if self.store is not None:
-            self.store.put(self._settled_in(records))
+            self.store.put(self._settled_in(touched))
 
-    def _settled_in(self, records: list[Record]) -> Iterator[Stored]:
-        """The unfilled rows of the conversations these records settled, each once; their
+    def _settled_in(self, conversations: Iterable[str]) -> Iterator[Stored]:
+        """The unfilled rows of these conversations that are settled, each once; their
         heads leave `found` (what the seek needs of them stays)."""
-        for key in {(r.key or b"").decode("utf-8", "replace") for r in records}:
+        for key in conversations:
             entry = self.found.get(key)
             if entry is not None and entry.fresh and entry.head is not None and entry.status in SETTLED:
                 yield Stored(entry.head, self.partition, entry.source, None)
@@ -271,10 +272,12 @@ def _scan(
     watermark_source: int = -1,
     only: str | None = None,
     heads: bool = False,
+    touched: dict[str, None] | None = None,
 ) -> tuple[int, int]:
     """Into `found`, per conversation (or only `only`) its snapshot covering most; returns
     the latest watermark (else `watermark`) and its offset in the topic. `heads`: the
-    records are the heads topic's (`projections/snapshot_head.py`), not snapshots."""
+    records are the heads topic's (`projections/snapshot_head.py`), not snapshots.
+    `touched`: gets the conversations whose entries these records changed."""
     for record in records:
         key = (record.key or b"").decode("utf-8", "replace")
         if key == WATERMARK_KEY:
@@ -287,7 +290,9 @@ def _scan(
             continue
         if only is not None and key != only:
             continue
-        entry = found.setdefault(key, _Found())
+        entry = found.get(key)
+        if entry is None:
+            entry = found[key] = _Found()
         snapshot = decode_head(record.value, key) if heads else decode_snapshot(record.value, key)
         if isinstance(snapshot, SnapshotError):
             log.warning(
@@ -296,6 +301,8 @@ def _scan(
             entry.broken = True
         elif snapshot.covered >= entry.covered:
             entry.covered, entry.source, entry.fresh = snapshot.covered, record.offset, True
+            if touched is not None:
+                touched[key] = None
             if isinstance(snapshot, Head):
                 entry.head, entry.status, entry.state, entry.value = snapshot, snapshot.status, None, None
             else:
