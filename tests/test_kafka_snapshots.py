@@ -92,7 +92,9 @@ async def test_a_rebalance_while_snapshots_are_written_loses_nothing(
     try:
         records = await read_topic(kafka_bootstrap, fresh_topics.events)
         deadline = asyncio.get_running_loop().time() + 60
-        while not ((progress := last.replay_progress()).partitions == 8 and progress.replaying == 0):
+        # (live, and the settled conversations' snapshots fetched into its store)
+        while not ((progress := last.replay_progress()).partitions == 8 and progress.replaying == 0
+                   and last.states_local):
             assert asyncio.get_running_loop().time() < deadline, "the last worker did not catch up"
             await asyncio.sleep(0.1)
         assert last.snapshots is not None and sum(last.snapshots.seeks.values()) > 0  # not from offset 0

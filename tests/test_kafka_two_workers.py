@@ -120,7 +120,10 @@ async def test_a_worker_restarted_in_the_same_group_rebuilds_state_from_offset_z
     stop = asyncio.Event()
     task = asyncio.create_task(second.run(stop))
     try:
-        while not ((live := second.partition_liveness()) and all(live.values()) and all(map(second.state_of, before))):
+        while not (
+            (live := second.partition_liveness()) and all(live.values()) and second.states_local
+            and all(map(second.state_of, before))
+        ):
             assert asyncio.get_running_loop().time() < deadline + 60
             await asyncio.sleep(0.1)
         await asyncio.sleep(0.5)

@@ -134,7 +134,10 @@ async def test_a_restarted_worker_rebuilds_the_same_state_and_repeats_nothing(tm
     count_before = len(events_of(log))
     async with running(FileLog(tmp_path), ScriptedProvider()) as second:
         live = second.partition_liveness
-        await until(lambda: bool(live()) and all(live().values()) and all(second.state_of(c) for c in before))
+        await until(
+            lambda: bool(live()) and all(live().values()) and second.states_local
+            and all(second.state_of(c) for c in before)
+        )
         await asyncio.sleep(0.3)
         # in memory, or (settled, from its snapshot) in the local store
         assert {c: second.state_of(c) for c in before} == before
