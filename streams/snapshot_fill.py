@@ -141,7 +141,7 @@ class SnapshotFill:
         """Make an owned conversation's state local before an event of it at `position` is
         folded: its row filled, or, its snapshot lost, its state folded from the partition's
         events below `position` and handed to `install` with `token`."""
-        if not isinstance(self.store.get(conversation, partition), Unfilled):
+        if not self.store.waiting(conversation, partition):
             return  # filled, or no row (a new conversation): nothing to wait for
         found = self._bringing.get(conversation)
         if found is None:

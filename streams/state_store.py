@@ -211,6 +211,13 @@ class StateStore:
             return None
         return Unfilled(_head(found[1:])) if found[0] is None else bytes(found[0])
 
+    def waiting(self, conversation: str, partition: int) -> bool:
+        """The conversation's row is unfilled (its snapshot's bytes are not read to say so)."""
+        found = self._db.execute(
+            "SELECT value IS NULL FROM snapshot WHERE conversation = ? AND partition = ?", (conversation, partition)
+        ).fetchone()
+        return found is not None and bool(found[0])
+
     def rows(self, partition: int, without_value: frozenset[str]) -> Iterator[Stored]:
         """The partition's rows; those whose status is in `without_value` without their bytes
         (they stay on disk until a reload; so do those of unfilled rows: None)."""

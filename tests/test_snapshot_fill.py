@@ -70,10 +70,12 @@ async def test_given_unfilled_rows_when_the_background_pass_runs_then_each_gets_
     # (a window of 7 rows: the pass reads on through several, and chunks that span two)
     fill = written.fill(window=7)
     try:
+        assert written.store.waiting("c-000", 0) and not written.store.waiting("c-999", 0)  # (no such row)
         fill.start([0])
         assert fill.unfilled(0) and not fill.done
         await until(lambda: fill.done)
         assert {c: written.store.get(c, 0) for c in written.states} == written.snapshots
+        assert not any(written.store.waiting(c, 0) for c in written.states)
         assert fill.filled == 40 and not written.lost and not fill.unfilled(0)
     finally:
         await fill.close()
