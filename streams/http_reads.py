@@ -3,8 +3,9 @@
 From the worker's read model (`streams.read_model`) for the conversations it owns: no log
 read at all. For a conversation on a partition it does not own (or with no worker beside
 the port), from its newest snapshot plus the tail of its one partition after it
-(`PartitionReads.tail`): the read grows with what happened since the snapshot, not with
-the partition's history. A turn older than the snapshot (its timeline is not in a
+(`PartitionReads.tail`): the heads partition says where that snapshot is (one read of it),
+and the read grows with what happened since the snapshot, not with the partition's
+history. A turn older than the snapshot (its timeline is not in a
 snapshot) is read from the whole partition (`PartitionReads.whole`). Both reads are
 bounded: past `max_records` records they are refused before they start and the client is
 told to ask the partition's owner. A partition still replaying is a 503 with Retry-After:
@@ -18,9 +19,10 @@ import logging
 from dataclasses import dataclass
 from typing import Protocol
 
+from turnstile.projections.snapshot import SnapshotError, decode_snapshot
 from turnstile.streams.log import LogReader, ReadTooLarge, Record, Topics
 from turnstile.streams.read_model import Fetching, NotOwned, ReadModel, Replaying
-from turnstile.streams.snapshots import Start, start_of
+from turnstile.streams.snapshots import Start, head_start, start_of
 from turnstile.streams.views import ConversationView, TurnView, build_view
 
 log = logging.getLogger(__name__)
@@ -65,14 +67,38 @@ class PartitionReads:
 
     async def tail(self, conversation: str) -> Tail:
         partition = await self.reader.partition_of(conversation, READ_TIMEOUT_S)
-        try:  # compacted: about one record per conversation of the partition, plus watermarks
-            snapshots = await self.reader.tail(self.topics.snapshots, partition, 0, timeout_s=READ_TIMEOUT_S)
-        except Exception as exc:  # no snapshot topic (snapshots off), or it is away: read it all
-            log.warning("no snapshots of partition %d for %r, reading it whole: %r", partition, conversation, exc)
-            snapshots = []
-        start = start_of(conversation, self.topics.snapshots, partition, snapshots)
+        start = await self._from_heads(conversation, partition)
+        if start is None:  # no heads (snapshots written before them): the snapshot partition
+            try:  # compacted: about one record per conversation of the partition, plus watermarks
+                snapshots = await self.reader.tail(self.topics.snapshots, partition, 0, timeout_s=READ_TIMEOUT_S)
+            except Exception as exc:  # no snapshot topic (snapshots off), or it is away: read it all
+                log.warning("no snapshots of partition %d for %r, reading it whole: %r", partition, conversation, exc)
+                snapshots = []
+            start = start_of(conversation, self.topics.snapshots, partition, snapshots)
         records = await self.reader.tail(self.topics.events, partition, start.offset, self.max_records, READ_TIMEOUT_S)
         return Tail(partition, start, records)
+
+    async def _from_heads(self, conversation: str, partition: int) -> Start | None:
+        """The conversation's start from the heads partition (≈ 100 B a conversation, whatever
+        its history) and one read of the snapshot its head names; None when the partition has
+        no heads."""
+        try:
+            heads = await self.reader.tail(self.topics.heads, partition, 0, timeout_s=READ_TIMEOUT_S)
+        except Exception as exc:  # no heads topic, or it is away
+            log.warning("no snapshot heads of partition %d for %r: %r", partition, conversation, exc)
+            return None
+        if not heads:
+            return None
+        head, offset = head_start(conversation, self.topics.heads, partition, heads)
+        if head is None:
+            return Start(None, offset)
+        found = await self.reader.span(self.topics.snapshots, partition, head.at, head.at + 1, READ_TIMEOUT_S)
+        snapshot = decode_snapshot(found[0].value, conversation) if found else SnapshotError("not on the topic")
+        if isinstance(snapshot, SnapshotError) or snapshot.covered != head.covered:
+            log.warning("the snapshot of %r its head names (partition %d @%d) is unusable: reading it whole",
+                        conversation, partition, head.at)  # fmt: skip
+            return Start(None, 0)
+        return Start(snapshot.state, offset)
 
 
 @dataclass(frozen=True, slots=True)

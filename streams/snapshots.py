@@ -263,6 +263,18 @@ def start_of(conversation: str, topic: str, partition: int, records: list[Record
     return Start(entry.state, _reads_from(entry, watermark, watermark_source))
 
 
+def head_start(conversation: str, topic: str, partition: int, records: list[Record]) -> tuple[Head | None, int]:
+    """From the records of the conversation's partition of the heads topic, by the rule of
+    `PartitionLoad`: its head covering most (None: none, or none that decodes) and where its
+    events must be read from (past what that head's snapshot covers)."""
+    found: dict[str, _Found] = {}
+    watermark, watermark_source = _scan(topic, partition, records, found, only=conversation, heads=True)
+    entry = found.get(conversation)
+    if entry is None:
+        return None, watermark  # the watermark vouches: it has no event below it
+    return entry.head, _reads_from(entry, watermark, watermark_source)
+
+
 def _scan(
     topic: str,
     partition: int,

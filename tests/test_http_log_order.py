@@ -21,7 +21,9 @@ from worker_harness import client_of, until
 from turnstile.events import MessageReceived, decode
 from turnstile.handlers.claim import DebouncePolicy
 from turnstile.handlers.providers.scripted import ScriptedProvider
-from turnstile.projections.snapshot import WATERMARK_KEY, encode_watermark
+from turnstile.projections import apply_event, new_state
+from turnstile.projections.snapshot import WATERMARK_KEY, encode_snapshot, encode_watermark
+from turnstile.projections.snapshot_head import Head, encode_head, head_of
 from turnstile.streams import http_reads
 from turnstile.streams.http_api import HttpServer, build_app
 from turnstile.streams.kafka_log import KafkaLog
@@ -168,6 +170,35 @@ async def test_a_snapshot_that_does_not_decode_is_read_around(kafka_bootstrap: s
         await log.stop()
     # Then k1's view is its fold from the log, the broken snapshot ignored.
     assert [p["content"] for p in found["pending"]] == ["question 0", "question 1"]
+
+
+async def test_a_head_names_the_snapshot_a_port_reads_and_one_not_there_is_read_around(
+    kafka_bootstrap: str,  # noqa: F811
+    fresh_topics: Topics,  # noqa: F811
+) -> None:
+    # Given k1 with two events and a snapshot covering the first, named by its head; and k3,
+    # on the same partition, whose head names a record that is not its snapshot (k1's):
+    log = KafkaLog(kafka_bootstrap, f"w-{uuid.uuid4().hex[:8]}", fresh_topics)
+    await log.start_producer()
+    try:
+        partition = await log.reader().partition_of("k1")
+        k3 = next(c for c in (f"k3-{i}" for i in range(1000)) if partition_for(c, 8) == partition)
+        first = message_event("k1", "question 0", 1_000, "m0")
+        for event in (first, message_event("k1", "question 1", 1_001, "m1"), message_event(k3, "q", 1_002, "m2")):
+            await publish(log, event)
+        state = new_state("k1")
+        assert apply_event(state, first) is None
+        _, at = await log.append(fresh_topics.snapshots, "k1", encode_snapshot(state, 0), partition)
+        await log.append(fresh_topics.heads, "k1", encode_head(head_of(state, 0, at)), partition)
+        await log.append(fresh_topics.heads, k3, encode_head(Head(k3, 2, "debouncing", at, 1, 0, 1)), partition)
+        reads = conversation_reader(log)
+        # When they are read: k1 from its snapshot and the events after it; k3 from offset 0
+        k1 = await reads.tail("k1")
+        assert k1.start == Start(state, 1) and [r.offset for r in k1.records] == [1, 2]
+        assert k1.view("k1").state.events_applied == 2
+        assert (await reads.tail(k3)).start == Start(None, 0)
+    finally:
+        await log.stop()
 
 
 async def test_without_a_snapshot_topic_the_tail_is_the_whole_partition_within_the_read_bound(
