@@ -210,22 +210,32 @@ class PartitionLoad:
                 if entry.state is None and entry.covered >= 0 and entry.status not in SETTLED:
                     _decode_row(self.topic, partition, key, entry)
         watermark, watermark_source = self.watermark, self.watermark_source
-        seek = min([watermark, *(_reads_from(entry, watermark, watermark_source) for entry in found.values())])
-        ignored = [key for key, entry in found.items() if entry.covered < 0]
+        seek, ignored = watermark, []
+        for key, entry in found.items():
+            if entry.covered < 0:
+                ignored.append(key)
+            seek = min(seek, _reads_from(entry, watermark, watermark_source))
         if ignored:
             log.warning("%d conversation(s) of partition %d have no usable snapshot: replaying it from 0",
                         len(ignored), partition)  # fmt: skip
-        usable = {key: entry for key, entry in found.items() if entry.covered >= 0}
-        covered = {key: entry.covered for key, entry in usable.items()}
+        # Only those the events read from `seek` on can hold an event a snapshot covers.
+        covered = {key: entry.covered for key, entry in found.items() if entry.covered >= seek}
         if store is None:
-            states = {key: entry.state for key, entry in usable.items() if entry.state is not None}
+            states = {key: e.state for key, e in found.items() if e.covered >= 0 and e.state is not None}
             return Loaded(seek, covered, states, [], ignored, watermark, watermark_source)
         # A stored row of a conversation folded from 0 would be an older state than the
         # fold's: it goes.
         store.forget(ignored)
-        store.put(Stored(e.head, partition, e.source, e.value) for e in usable.values() if e.fresh and e.head)
-        resident = {key: e.state for key, e in usable.items() if e.state is not None and e.status not in SETTLED}
-        stored = [(key, e.status) for key, e in usable.items() if e.status in SETTLED]
+        store.put(Stored(e.head, partition, e.source, e.value) for e in found.values()
+                  if e.covered >= 0 and e.fresh and e.head)  # fmt: skip
+        resident, stored = {}, []
+        for key, e in found.items():
+            if e.covered < 0:
+                continue
+            if e.status in SETTLED:
+                stored.append((key, e.status))
+            elif e.state is not None:
+                resident[key] = e.state
         return Loaded(seek, covered, resident, stored, ignored, watermark, watermark_source)
 
 
