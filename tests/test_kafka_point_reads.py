@@ -6,36 +6,23 @@ record; one reader serves reads of other partitions and topics in turn."""
 
 from __future__ import annotations
 
-import uuid
-from collections.abc import AsyncIterator
-
 import pytest
 from kafka_fixtures import kafka_bootstrap  # noqa: F401  (fixtures)
-from test_kafka_append_batch import new_topic
+from test_kafka_append_batch import log, new_topic  # noqa: F401  (`log`: a fixture)
 
 from turnstile.streams.kafka_log import KafkaLog
-from turnstile.streams.log import Topics
 
 pytestmark = pytest.mark.kafka
 
 
-@pytest.fixture
-async def log(kafka_bootstrap: str) -> AsyncIterator[KafkaLog]:  # noqa: F811
-    suffix = uuid.uuid4().hex[:8]
-    log = KafkaLog(kafka_bootstrap, f"g-{suffix}", Topics(f"t-{suffix}.events", f"t-{suffix}.out", f"t-{suffix}.dlq"))
-    await log.start_producer()
-    yield log
-    await log.stop()
-
-
-async def _filled(log: KafkaLog, topic: str, partition: int, count: int) -> None:
+async def _filled(to: KafkaLog, topic: str, partition: int, count: int) -> None:
     for n in range(count):
-        await log.append(topic, f"key-{partition}-{n}", f"value {partition}/{n}".encode(), partition)
+        await to.append(topic, f"key-{partition}-{n}", f"value {partition}/{n}".encode(), partition)
 
 
 async def test_a_point_read_gets_exactly_the_records_at_the_offsets_asked(
     kafka_bootstrap: str,  # noqa: F811
-    log: KafkaLog,
+    log: KafkaLog,  # noqa: F811
 ) -> None:
     topic = await new_topic(kafka_bootstrap)
     await _filled(log, topic, 3, 50)
@@ -51,7 +38,7 @@ async def test_a_point_read_gets_exactly_the_records_at_the_offsets_asked(
 
 async def test_one_reader_serves_other_partitions_and_topics_in_turn(
     kafka_bootstrap: str,  # noqa: F811
-    log: KafkaLog,
+    log: KafkaLog,  # noqa: F811
 ) -> None:
     first, second = await new_topic(kafka_bootstrap), await new_topic(kafka_bootstrap)
     await _filled(log, first, 0, 5)
