@@ -646,14 +646,18 @@ class Snapshotter:
             if watermark is None:
                 continue
             value = encode_watermark(watermark)
-            # On the snapshot topic too, for readers of one conversation (`start_of`).
-            (on_heads_at,), _ = await asyncio.gather(
-                self._sent(topics.heads, p, [(WATERMARK_KEY, value)]),
-                self._sent(topics.snapshots, p, [(WATERMARK_KEY, value)]),
-            )
+            # On the snapshot topic (what a worker without a store loads, and readers of one
+            # conversation, `start_of`), and on the heads topic only from a worker with a
+            # store: one without loaded the snapshot topic, where conversations snapshotted
+            # before heads existed have no head, so it cannot vouch that all have one.
+            topics_for = [topics.snapshots] + ([topics.heads] if self.store is not None else [])
+            acks = await asyncio.gather(*(self._sent(t, p, [(WATERMARK_KEY, value)]) for t in topics_for))
+            landed_at = [ack for (ack,) in acks]
             part = self._partitions.get(p)
-            if part is not None and on_heads_at is not None:
-                part.watermark = max(part.watermark, watermark)
+            if part is None or None in landed_at:
+                continue  # tried again at a later checkpoint
+            part.watermark = max(part.watermark, watermark)
+            if self.store is not None and (on_heads_at := landed_at[1]) is not None:
                 part.landed(on_heads_at)
                 part.latest_watermark = max(part.latest_watermark, (watermark, on_heads_at))
 

@@ -14,6 +14,7 @@ from turnstile.projections.snapshot import WATERMARK_KEY, decode_snapshot, decod
 from turnstile.streams.file_log import FileLog
 from turnstile.streams.log import Acknowledged, Record
 from turnstile.streams.snapshots import SnapshotPolicy, Snapshotter
+from turnstile.streams.state_store import StateStore
 
 
 async def test_a_capture_stops_at_its_time_bound_and_the_next_ones_go_on_where_it_stopped(tmp_path: Path) -> None:
@@ -136,3 +137,25 @@ async def test_conversations_in_use_at_the_front_do_not_use_up_a_capture_bound_t
     await snapshots.drain()
     on_topic = {r.key.decode() for r in log.read_all(log.topics.snapshots) if r.key and r.key != WATERMARK_KEY.encode()}
     assert on_topic == set(quiet)
+
+
+async def test_only_a_worker_that_loaded_the_heads_vouches_for_them_with_a_watermark(tmp_path: Path) -> None:
+    """A worker without a local store loads the snapshot topic, where a conversation
+    snapshotted before heads existed has no head: its watermark goes to the snapshot topic
+    only, or a new owner reading the heads would skip that conversation's events."""
+    for with_store in (False, True):
+        log = FileLog(tmp_path / str(with_store), partitions=1)
+        store = StateStore(tmp_path / f"store-{with_store}", "events") if with_store else None
+        snapshots = Snapshotter(log, SnapshotPolicy(idle_ms=0), lambda: 0, store)
+        await snapshots.load([0])
+        state = new_state("a")
+        event = message("m0", 10, conv="a")
+        assert apply_event(state, event) is None
+        snapshots.folded(Record(0, 0, b"a", b""), event, state, None)
+        snapshots.checkpoint({0: 1}, {0: 1}, 0, {"a": state}.get, lambda _c: True)
+        await snapshots.drain()
+        heads = [r.key for r in log.read_all(log.topics.heads)]
+        assert _watermarks(log) == [1]  # on the snapshot topic either way, and a head for a
+        assert heads == ([b"a", WATERMARK_KEY.encode()] if with_store else [b"a"])
+        if store is not None:
+            store.close()
