@@ -80,24 +80,26 @@ class PartitionReads:
 
     async def _from_heads(self, conversation: str, partition: int) -> Start | None:
         """The conversation's start from the heads partition (≈ 100 B a conversation, whatever
-        its history) and one read of the snapshot its head names; None when the partition has
-        no heads."""
+        its history) and one read of the snapshot its head names; None (read the snapshot
+        partition instead) when the heads cannot say: no heads watermark, or the snapshot is
+        not where its head says."""
         try:
             heads = await self.reader.tail(self.topics.heads, partition, 0, timeout_s=READ_TIMEOUT_S)
+            found = head_start(conversation, self.topics.heads, partition, heads)
+            if found is None:
+                return None
+            head, offset = found
+            if head is None:
+                return Start(None, offset)
+            named = await self.reader.span(self.topics.snapshots, partition, head.at, head.at + 1, READ_TIMEOUT_S)
         except Exception as exc:  # no heads topic, or it is away
             log.warning("no snapshot heads of partition %d for %r: %r", partition, conversation, exc)
             return None
-        if not heads:
-            return None
-        head, offset = head_start(conversation, self.topics.heads, partition, heads)
-        if head is None:
-            return Start(None, offset)
-        found = await self.reader.span(self.topics.snapshots, partition, head.at, head.at + 1, READ_TIMEOUT_S)
-        snapshot = decode_snapshot(found[0].value, conversation) if found else SnapshotError("not on the topic")
+        snapshot = decode_snapshot(named[0].value, conversation) if named else SnapshotError("not on the topic")
         if isinstance(snapshot, SnapshotError) or snapshot.covered != head.covered:
-            log.warning("the snapshot of %r its head names (partition %d @%d) is unusable: reading it whole",
+            log.warning("the snapshot of %r its head names (partition %d @%d) is unusable: reading the snapshots",
                         conversation, partition, head.at)  # fmt: skip
-            return Start(None, 0)
+            return None
         return Start(snapshot.state, offset)
 
 

@@ -127,19 +127,25 @@ class Residency:
         if self.fill is not None and part is not None and conversation not in self.states:
             await self.fill.bring(conversation, partition, position, part)
 
-    def _install(self, conversation: str, partition: int, state: ConversationState, upto: int, token: object) -> None:
+    def _install(self, conversation: str, partition: int, state: ConversationState, upto: int, token: object) -> bool:
         """A state folded from the log (its snapshot lost), if the partition is still the
         assignment the bring began in (`token`) and nothing brought it meanwhile."""
-        if self.partitions.get(partition) is not token or conversation in self.states:
-            return
+        part = self.partitions.get(partition)
+        if part is None or part is not token or conversation in self.states:
+            return False
         if self.snapshots is not None:
             self.snapshots.ignored += 1
-            self.snapshots.changed(partition, conversation, upto - 1)  # its row is stale: snapshot it again
+            # Its row is stale: snapshot it again. Due as of the fold's position at most
+            # (the background pass may fold it ahead of a partition still replaying): the
+            # changes are kept in the order of their first offsets, and the watermark is
+            # the first's.
+            self.snapshots.changed(partition, conversation, min(upto, part.at.position) - 1, upto - 1)
         self._ignored(1)
         self.states[conversation] = state
         self.partitions.place(conversation, partition)
         for observer in self.observers:
             observer.restored(state)
+        return True
 
     def state_for(self, conversation: str, partition: int) -> ConversationState:
         """The conversation's state to fold an event of it into: in memory, back from the

@@ -44,14 +44,15 @@ class SnapshotFill:
         store: StateStore,
         max_value_bytes: int | None,
         lost: Callable[[str, int], Awaitable[None]],
-        install: Callable[[str, int, ConversationState, int, object], None],
+        install: Callable[[str, int, ConversationState, int, object], bool],
         window: int = WINDOW,
     ) -> None:
         """`lost(conversation, partition)`: called once the background pass has read past the
         snapshot a row's head names without finding it (the caller `bring`s it).
         `install(conversation, partition, state, upto, token)`: a state folded from the log
         (its events below `upto`) for the caller to hold in memory -- if the partition is
-        still the assignment `token` named when the bring began. It is called from the task
+        still the assignment `token` named when the bring began (returns whether it took
+        it). It is called from the task
         that folded it, so a waiter that is cancelled cannot drop it; the row stays (unfilled)
         until the state's next snapshot replaces it."""
         self.log, self.store, self._lost, self._install = log_, store, lost, install
@@ -150,7 +151,14 @@ class SnapshotFill:
             task.add_done_callback(lambda t: self._done_bringing(conversation, t))
         else:
             task = found[1]
-        await asyncio.shield(task)
+        try:
+            await asyncio.shield(task)
+        except asyncio.CancelledError:
+            current = asyncio.current_task()
+            if current is not None and current.cancelling():
+                raise  # the waiter itself is cancelled
+            # The bring was stopped (`forget`: its partition handed over): the caller finds
+            # the rebalance and drops what it was about to fold.
 
     def _done_bringing(self, conversation: str, task: asyncio.Task[None]) -> None:
         if (found := self._bringing.get(conversation)) is not None and found[1] is task:
@@ -174,9 +182,9 @@ class SnapshotFill:
         # skips the events a head covers (`Loaded.folded_already`), lost snapshot or not.
         upto = max(position, head.covered + 1)
         state = await _retried(f"the events of {conversation!r}", lambda: self._folded(conversation, partition, upto))
-        if self.store.get(conversation, partition) == row:
+        still = self.store.get(conversation, partition) == row  # not filled, put again or dropped meanwhile
+        if still and self._install(conversation, partition, state, upto, token):
             self.rebuilt += 1
-            self._install(conversation, partition, state, upto, token)
 
     async def _folded(self, conversation: str, partition: int, position: int) -> ConversationState:
         """The conversation's state from its partition's events below `position`, as the

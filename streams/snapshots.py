@@ -273,12 +273,16 @@ def start_of(conversation: str, topic: str, partition: int, records: list[Record
     return Start(entry.state, _reads_from(entry, watermark, watermark_source))
 
 
-def head_start(conversation: str, topic: str, partition: int, records: list[Record]) -> tuple[Head | None, int]:
+def head_start(conversation: str, topic: str, partition: int, records: list[Record]) -> tuple[Head | None, int] | None:
     """From the records of the conversation's partition of the heads topic, by the rule of
     `PartitionLoad`: its head covering most (None: none, or none that decodes) and where its
-    events must be read from (past what that head's snapshot covers)."""
+    events must be read from (past what that head's snapshot covers). None when the heads
+    have no watermark: nothing vouches that a conversation without a head has no snapshot
+    (one written before heads existed, or by a worker without a local store)."""
     found: dict[str, _Found] = {}
     watermark, watermark_source = _scan(topic, partition, records, found, only=conversation, heads=True)
+    if watermark_source < 0:
+        return None
     entry = found.get(conversation)
     if entry is None:
         return None, watermark  # the watermark vouches: it has no event below it
@@ -515,14 +519,15 @@ class Snapshotter:
         else:
             dirty.last, dirty.events, dirty.last_ms = record.offset, dirty.events + 1, self._now_ms()
 
-    def changed(self, partition: int, conversation: str, offset: int) -> None:
+    def changed(self, partition: int, conversation: str, first: int, last: int) -> None:
         """The conversation's state was made outside the fold (folded again from the log up
-        to `offset`): it is due a snapshot as if that event had just been folded."""
+        to `last`): it is due a snapshot as if it had changed at `first` (at most the fold's
+        position: what the fold appends later must sort after it)."""
         part = self._partitions.get(partition)
         if part is not None and conversation not in part.dirty:
-            last = next(reversed(part.dirty.values()), None)
-            part.dirty[conversation] = _Dirty(offset, offset, 1, self._now_ms())
-            if last is not None and last.first > offset:  # folded on meanwhile: keep the order by first
+            latest = next(reversed(part.dirty.values()), None)
+            part.dirty[conversation] = _Dirty(first, last, 1, self._now_ms())
+            if latest is not None and latest.first > first:  # folded on meanwhile: keep the order by first
                 part.dirty = dict(sorted(part.dirty.items(), key=lambda item: item[1].first))
 
     def forgotten(self, partition: int, conversations: set[str]) -> None:

@@ -43,7 +43,7 @@ from turnstile.projections import STATUSES, Status
 from turnstile.projections.snapshot_head import Head
 
 # The file is a cache: one of another layout is emptied, not migrated.
-_LAYOUT = 6
+_LAYOUT = 7
 # The places below this are the store's own, given to rows as they are first put; the read
 # model numbers its places from here up (well inside JSON's exact integers: a page cursor).
 LISTED_BY_THE_STORE = 1 << 40

@@ -192,11 +192,20 @@ async def test_a_head_names_the_snapshot_a_port_reads_and_one_not_there_is_read_
         await log.append(fresh_topics.heads, "k1", encode_head(head_of(state, 0, at)), partition)
         await log.append(fresh_topics.heads, k3, encode_head(Head(k3, 2, "debouncing", at, 1, 0, 1)), partition)
         reads = conversation_reader(log)
-        # When they are read: k1 from its snapshot and the events after it; k3 from offset 0
+        others = [c for c in (f"k4-{i}" for i in range(1000)) if partition_for(c, 8) == partition]
+        # Without a watermark on the heads, a conversation without a head may have a snapshot
+        # older than the heads: its start is the snapshot partition's (none here: offset 0)
+        assert (await reads.tail(others[0])).start == Start(None, 0)
+        # With one (every conversation with an event below 1 has a head):
+        await log.append(fresh_topics.heads, WATERMARK_KEY, encode_watermark(1), partition)
+        # When they are read: k1 from its snapshot and the events after it; k3, whose head
+        # names a record that is not its snapshot, as the snapshot partition has it (from 0);
+        # one with no head and no event, from the watermark
         k1 = await reads.tail("k1")
         assert k1.start == Start(state, 1) and [r.offset for r in k1.records] == [1, 2]
         assert k1.view("k1").state.events_applied == 2
         assert (await reads.tail(k3)).start == Start(None, 0)
+        assert (await reads.tail(others[0])).start == Start(None, 1)
     finally:
         await log.stop()
 

@@ -5,6 +5,7 @@ folded from its partition's events."""
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 from builders import claim, completed, message, started
@@ -15,6 +16,7 @@ from turnstile.projections import ConversationState, apply_event, new_state
 from turnstile.projections.snapshot import encode_snapshot
 from turnstile.projections.snapshot_head import Head, encode_head, head_of
 from turnstile.streams.file_log import FileLog
+from turnstile.streams.log import Record
 from turnstile.streams.snapshot_fill import SnapshotFill
 from turnstile.streams.state_store import StateStore, Stored, Unfilled
 
@@ -55,9 +57,10 @@ class Written:
         async def lost(conversation: str, partition: int) -> None:
             self.lost.append(conversation)
 
-        def install(conversation: str, partition: int, state: ConversationState, upto: int, token: object) -> None:
+        def install(conversation: str, partition: int, state: ConversationState, upto: int, token: object) -> bool:
             assert token == "assignment"
             self.installed[conversation] = (state, upto)
+            return True
 
         return SnapshotFill(self.log, self.store, None, lost, install, window)
 
@@ -122,5 +125,35 @@ async def test_given_a_head_naming_a_snapshot_that_is_not_there_when_needed_then
         # its row stays, unfilled, until the state's next snapshot replaces it
         assert isinstance(written.store.get("b", 0), Unfilled)
     finally:
+        await fill.close()
+        written.store.close()
+
+
+async def test_given_a_bring_in_flight_when_its_partition_is_handed_over_then_its_waiter_goes_on(
+    tmp_path: Path,
+) -> None:
+    written = Written(tmp_path)
+    await written.write(["a"])
+    entered, gate = asyncio.Event(), asyncio.Event()
+    read_at = written.log.read_at
+
+    async def held(topic: str, partition: int, offsets: list[int]) -> dict[int, Record]:
+        entered.set()
+        await gate.wait()
+        return await read_at(topic, partition, offsets)
+
+    written.log.read_at = held  # type: ignore[method-assign]
+    fill = written.fill()
+    try:
+        # An event of a waits for its snapshot's point read...
+        waiter = asyncio.create_task(fill.bring("a", 0, written.log.end_offset(0), "assignment"))
+        await entered.wait()
+        # ...when the partition moves away: the bring stops, and the waiter (the worker's
+        # consumer loop) returns instead of being cancelled with it
+        fill.forget(0)
+        await waiter
+        assert isinstance(written.store.get("a", 0), Unfilled) and not written.installed
+    finally:
+        gate.set()
         await fill.close()
         written.store.close()
