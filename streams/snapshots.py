@@ -265,12 +265,8 @@ def start_of(conversation: str, topic: str, partition: int, records: list[Record
     """From the records of the conversation's partition of the snapshot topic, by the rule of
     `PartitionLoad`: its snapshot covering most, and where its events must be read from.
     Only its own snapshots are decoded."""
-    found: dict[str, _Found] = {}
-    watermark, watermark_source = _scan(topic, partition, records, found, only=conversation)
-    entry = found.get(conversation)
-    if entry is None:
-        return Start(None, watermark)  # the watermark vouches: it has no event below it
-    return Start(entry.state, _reads_from(entry, watermark, watermark_source))
+    entry, offset, _vouched = _one(conversation, topic, partition, records, heads=False)
+    return Start(entry.state if entry is not None else None, offset)
 
 
 def head_start(conversation: str, topic: str, partition: int, records: list[Record]) -> tuple[Head | None, int] | None:
@@ -279,14 +275,23 @@ def head_start(conversation: str, topic: str, partition: int, records: list[Reco
     events must be read from (past what that head's snapshot covers). None when the heads
     have no watermark: nothing vouches that a conversation without a head has no snapshot
     (one written before heads existed, or by a worker without a local store)."""
-    found: dict[str, _Found] = {}
-    watermark, watermark_source = _scan(topic, partition, records, found, only=conversation, heads=True)
-    if watermark_source < 0:
+    entry, offset, vouched = _one(conversation, topic, partition, records, heads=True)
+    if not vouched:
         return None
+    return entry.head if entry is not None else None, offset
+
+
+def _one(
+    conversation: str, topic: str, partition: int, records: list[Record], heads: bool
+) -> tuple[_Found | None, int, bool]:
+    """Of one conversation: what it has on the topic (None: nothing), where its events must be
+    read from, and whether a watermark was found."""
+    found: dict[str, _Found] = {}
+    watermark, watermark_source = _scan(topic, partition, records, found, only=conversation, heads=heads)
     entry = found.get(conversation)
     if entry is None:
-        return None, watermark  # the watermark vouches: it has no event below it
-    return entry.head, _reads_from(entry, watermark, watermark_source)
+        return None, watermark, watermark_source >= 0  # the watermark vouches: it has no event below it
+    return entry, _reads_from(entry, watermark, watermark_source), watermark_source >= 0
 
 
 def _scan(

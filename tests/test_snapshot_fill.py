@@ -6,6 +6,8 @@ folded from its partition's events."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 from builders import claim, completed, message, started
@@ -53,7 +55,9 @@ class Written:
             _, source = await self.log.append(self.log.topics.heads, conversation, encode_head(head), 0)
             self.store.put([Stored(head, 0, source, None)])
 
-    def fill(self, window: int = 2_000) -> SnapshotFill:
+    @contextlib.asynccontextmanager
+    async def filling(self, window: int = 2_000) -> AsyncIterator[SnapshotFill]:
+        """A `SnapshotFill` of the store (closed after, with the store)."""
         async def lost(conversation: str, partition: int) -> None:
             self.lost.append(conversation)
 
@@ -62,7 +66,12 @@ class Written:
             self.installed[conversation] = (state, upto)
             return True
 
-        return SnapshotFill(self.log, self.store, None, lost, install, window)
+        fill = SnapshotFill(self.log, self.store, None, lost, install, window)
+        try:
+            yield fill
+        finally:
+            await fill.close()
+            self.store.close()
 
 
 async def test_given_unfilled_rows_when_the_background_pass_runs_then_each_gets_exactly_its_snapshot(
@@ -71,8 +80,7 @@ async def test_given_unfilled_rows_when_the_background_pass_runs_then_each_gets_
     written = Written(tmp_path)
     await written.write([f"c-{n:03d}" for n in range(40)])
     # (a window of 7 rows: the pass reads on through several, and chunks that span two)
-    fill = written.fill(window=7)
-    try:
+    async with written.filling(window=7) as fill:
         assert written.store.waiting("c-000", 0) and not written.store.waiting("c-999", 0)  # (no such row)
         fill.start([0])
         assert fill.unfilled(0) and not fill.done
@@ -80,9 +88,6 @@ async def test_given_unfilled_rows_when_the_background_pass_runs_then_each_gets_
         assert {c: written.store.get(c, 0) for c in written.states} == written.snapshots
         assert not any(written.store.waiting(c, 0) for c in written.states)
         assert fill.filled == 40 and not written.lost and not fill.unfilled(0)
-    finally:
-        await fill.close()
-        written.store.close()
 
 
 async def test_given_an_unfilled_row_when_an_event_of_it_comes_first_then_one_point_read_fills_it(
@@ -90,15 +95,11 @@ async def test_given_an_unfilled_row_when_an_event_of_it_comes_first_then_one_po
 ) -> None:
     written = Written(tmp_path)
     await written.write(["a", "b"])
-    fill = written.fill()  # (no background pass started)
-    try:
+    async with written.filling() as fill:  # (no background pass started)
         await fill.bring("b", 0, written.log.end_offset(0), "assignment")
         assert written.store.get("b", 0) == written.snapshots["b"]
         assert isinstance(written.store.get("a", 0), Unfilled)
         assert fill.brought == 1
-    finally:
-        await fill.close()
-        written.store.close()
 
 
 async def test_given_a_head_naming_a_snapshot_that_is_not_there_when_needed_then_it_is_folded_from_the_log(
@@ -112,8 +113,7 @@ async def test_given_a_head_naming_a_snapshot_that_is_not_there_when_needed_then
     assert isinstance(row, Unfilled) and isinstance(c_row, Unfilled)
     moved = Head(**{**{f: getattr(row.head, f) for f in Head.__slots__}, "at": c_row.head.at})
     written.store.put([Stored(moved, 0, 1, None)])
-    fill = written.fill()
-    try:
+    async with written.filling() as fill:
         fill.start([0])
         await until(lambda: fill.done)
         # The pass filled the others and reported b lost; brought, b is the fold of its events
@@ -124,9 +124,6 @@ async def test_given_a_head_naming_a_snapshot_that_is_not_there_when_needed_then
         assert written.installed == {"b": (written.states["b"], end)} and fill.rebuilt == 1
         # its row stays, unfilled, until the state's next snapshot replaces it
         assert isinstance(written.store.get("b", 0), Unfilled)
-    finally:
-        await fill.close()
-        written.store.close()
 
 
 async def test_given_a_bring_in_flight_when_its_partition_is_handed_over_then_its_waiter_goes_on(
@@ -143,8 +140,7 @@ async def test_given_a_bring_in_flight_when_its_partition_is_handed_over_then_it
         return await read_at(topic, partition, offsets)
 
     written.log.read_at = held  # type: ignore[method-assign]
-    fill = written.fill()
-    try:
+    async with written.filling() as fill:
         # An event of a waits for its snapshot's point read...
         waiter = asyncio.create_task(fill.bring("a", 0, written.log.end_offset(0), "assignment"))
         await entered.wait()
@@ -153,7 +149,3 @@ async def test_given_a_bring_in_flight_when_its_partition_is_handed_over_then_it
         fill.forget(0)
         await waiter
         assert isinstance(written.store.get("a", 0), Unfilled) and not written.installed
-    finally:
-        gate.set()
-        await fill.close()
-        written.store.close()
