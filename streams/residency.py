@@ -54,6 +54,10 @@ class FoldObserver(Protocol):
         ...
 
 
+class Closed(Exception):
+    """The worker stopped while an assignment was loading its snapshots: it takes nothing."""
+
+
 class Residency:
     def __init__(
         self,
@@ -84,11 +88,29 @@ class Residency:
         self._ignored = ignored
         self._requested: set[asyncio.Task[None]] = set()  # brought because a read asked
         self._done: dict[int, int] = {}  # the offsets the last checkpoint committed
+        # An assignment's load in flight (it runs in the log's rebalance callback, which may
+        # outlast the worker's loop): a stop cancels it before it closes the store.
+        self._loading: asyncio.Task[dict[int, Loaded]] | None = None
+        self._closed = False
         self.observers.extend(o for o in (self.snapshots, self.evictor) if o is not None)
 
     async def load(self, partitions: list[int]) -> dict[int, Loaded]:
-        """The snapshots of newly assigned partitions (none without snapshots)."""
-        return await self.snapshots.load(partitions) if self.snapshots is not None else {}
+        """The snapshots of newly assigned partitions (none without snapshots). `Closed`: the
+        worker stopped meanwhile (the load was cancelled, the store closed)."""
+        if self._closed:
+            raise Closed("the worker has stopped")
+        if self.snapshots is None:
+            return {}
+        self._loading = asyncio.ensure_future(self.snapshots.load(partitions))
+        try:
+            return await self._loading
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if self._closed and (task is None or not task.cancelling()):
+                raise Closed("the worker stopped while the assignment loaded its snapshots") from None
+            raise
+        finally:
+            self._loading = None
 
     def restore(self, partition: int, part: OwnedPartition, loaded: Loaded | None) -> None:
         """A new partition's conversations from their snapshots; it is read from after them."""
@@ -245,6 +267,10 @@ class Residency:
 
     async def close(self, clean: bool, done: dict[int, int], now_ms: int, owes_nothing: Callable[[str], bool]) -> None:
         """On stop; `done`: what the last commit committed (empty when the stop was not clean)."""
+        self._closed = True
+        if self._loading is not None:
+            self._loading.cancel()
+            await asyncio.gather(self._loading, return_exceptions=True)
         for task in self._requested:
             task.cancel()
         await asyncio.gather(*self._requested, return_exceptions=True)

@@ -142,6 +142,11 @@ class Checkpoint:
     watermark_source: int
 
 
+class StoreClosed(RuntimeError):
+    """The store was used after the worker's stop closed it (it is never opened again: a
+    late writer would leave a file, or a temporary folder, that nothing removes)."""
+
+
 class StateStore:
     """Snapshots by conversation id in `directory`/`name`.sqlite; a temporary folder (removed
     on close) when no directory is given."""
@@ -164,6 +169,8 @@ class StateStore:
     @property
     def _db(self) -> sqlite3.Connection:
         """Opened on first use: a worker made but never run leaves no file behind."""
+        if self._closed:
+            raise StoreClosed(f"the local store {self._name!r} is closed: the worker has stopped")
         if self._connection is None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self._connection = sqlite3.connect(self.path, isolation_level=None)
@@ -338,7 +345,7 @@ class StateStore:
 
     @property
     def closed(self) -> bool:
-        """Closed by the worker's stop (a read after it would open it again)."""
+        """Closed by the worker's stop (a use after it raises `StoreClosed`)."""
         return self._closed
 
     def close(self) -> None:

@@ -54,7 +54,7 @@ from turnstile.streams.partitions import OwnedPartition, Partitions, ReplayProgr
 from turnstile.streams.refusals import Refusals
 from turnstile.streams.replay_pace import YIELD_AFTER_S, ReplayHooks, ReplayPace
 from turnstile.streams.reply_deltas import DeltaPublisher
-from turnstile.streams.residency import FoldObserver, Residency
+from turnstile.streams.residency import Closed, FoldObserver, Residency
 from turnstile.streams.runner_slot import RunnerSlot
 from turnstile.streams.runtime import Clock, Ids, RandomIds, SystemClock
 from turnstile.streams.snapshots import Loaded, SnapshotPolicy
@@ -222,7 +222,13 @@ class Worker:
         fresh = [p for p in partitions if (part := self.partitions.get(p)) is None or not part.suspended]
         if fresh:  # loading their snapshots is part of their replay (for the hooks: the GC held)
             self.pace.note(True)
-        loaded = await self.residency.load(fresh)
+        try:
+            loaded = await self.residency.load(fresh)
+        except Closed:
+            # A stop closed the local store while the log's rebalance loaded: the worker
+            # takes nothing (its loop has ended; the log stops next).
+            log.info("stopped while assigned partitions %s loaded their snapshots: not taken", sorted(partitions))
+            return {}
         self._snapshots_ignored(sum(len(one.ignored) for one in loaded.values()))
         # Nothing awaits from here to the return: the log seeks to the returned offsets before
         # the consumer loop runs again, so no record read from elsewhere is folded.

@@ -13,6 +13,7 @@ import shutil
 from collections import Counter
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import orjson
 import pytest
@@ -27,11 +28,13 @@ from turnstile.projections import ConversationState
 from turnstile.projections.audit import Auditor
 from turnstile.streams.eviction import EvictionPolicy
 from turnstile.streams.file_log import FileLog
+from turnstile.streams.log import PartitionStart
 from turnstile.streams.metrics import Metrics
 from turnstile.streams.publisher import message_event, publish
 from turnstile.streams.read_model import WorkerReadModel
 from turnstile.streams.runtime import SystemClock
 from turnstile.streams.snapshots import SnapshotPolicy
+from turnstile.streams.state_store import StoreClosed
 from turnstile.streams.views import ConversationView, state_json
 from turnstile.streams.worker import Worker, WorkerConfig
 
@@ -430,3 +433,59 @@ async def test_after_a_restart_every_conversation_still_lists_every_turn_it_had(
                 )  # fmt: skip
                 assert turn["iterations"] is None and turn["claimed_at"] is None
             assert rows[conversation] == len(listed)
+
+
+class LateAssignment(FileLog):
+    """The embedded log assigning as Kafka's group does: later than `start`, from a task of
+    its own (the test plays it), whose read of the heads waits for `gate`."""
+
+    def __init__(self, directory: Path) -> None:
+        super().__init__(directory, partitions=PARTITIONS)
+        self.listener: Any = None
+        self.reading_heads, self.gate = asyncio.Event(), asyncio.Event()
+
+    async def start(self, listener: Any) -> None:
+        self.listener = listener
+        await super().start(_NothingYet())
+
+    async def read_partitions(self, topic: str, partitions: list[int], starts=None):  # type: ignore[no-untyped-def]
+        if topic == self.topics.heads:
+            self.reading_heads.set()
+            await self.gate.wait()
+        async for chunk in super().read_partitions(topic, partitions, starts):
+            yield chunk
+
+
+class _NothingYet:
+    async def on_assigned(self, partitions: dict[int, PartitionStart]) -> dict[int, int]:
+        return {}
+
+    async def on_revoked(self, partitions: set[int]) -> None:
+        return None
+
+
+async def test_a_stop_while_an_assignment_loads_its_heads_takes_nothing_and_leaves_the_store_closed(
+    tmp_path: Path,
+) -> None:
+    log = LateAssignment(tmp_path / "log")
+    await _publish(log, [message_event(f"c{n}", "hi", NOW(), f"m{n}") for n in range(4)])
+    config = dataclasses.replace(EAGER, eviction=EvictionPolicy(state_dir=tmp_path / "state"))
+    worker = Worker(log, ScriptedProvider(), config)
+    stop = asyncio.Event()
+    run = asyncio.create_task(worker.run(stop))
+    await until(lambda: log.listener is not None)
+    # The group assigns both partitions; the load of their heads is under way...
+    assignment = asyncio.create_task(log.listener.on_assigned({p: PartitionStart(2, 0) for p in range(PARTITIONS)}))
+    await log.reading_heads.wait()
+    # ...when the worker is stopped: its loop ends and it closes its local store.
+    stop.set()
+    await run
+    log.gate.set()
+    # The assignment ends without an error (a failed one would make the stop fail) and takes
+    # nothing: no partition, and the closed store is not written (or opened) again.
+    assert await assignment == {}
+    assert worker.partition_liveness() == {}
+    store = worker.stored_listing
+    assert store is not None and store.closed
+    with pytest.raises(StoreClosed):
+        len(store)
