@@ -36,7 +36,7 @@ from turnstile.handlers.budget import TurnBudget
 from turnstile.handlers.claim import DebouncePolicy, DoubleText, DoubleTextPolicy
 from turnstile.handlers.pricing import ModelPrice, PriceTable, parse_price
 from turnstile.streams.cli_errors import CONFIG, NO_INPUT, USAGE, CliError, broker_url, http_address
-from turnstile.streams.eviction import EvictionPolicy
+from turnstile.streams.eviction import DEFAULT_IDLE_MS, EvictionPolicy
 from turnstile.streams.log import Topics
 from turnstile.streams.worker import WorkerConfig
 
@@ -152,7 +152,7 @@ class DoubleTextConfig(_Strict):
 class EvictionConfig(_Strict):
     """When an idle conversation leaves memory for the local store (`streams/eviction.py`)."""
 
-    idle_s: NonNegativeFloat = _EVICTION.idle_ms / 1000 if _EVICTION.idle_ms is not None else 600.0
+    idle_s: NonNegativeFloat = DEFAULT_IDLE_MS / 1000
     max_resident: int | None = Field(_EVICTION.max_resident, ge=1)  # None: no bound but idle time
 
     def policy(self, state_dir: Path | None) -> EvictionPolicy:

@@ -26,12 +26,16 @@ from turnstile.streams.state_store import StateStore, Unfilled
 log = logging.getLogger(__name__)
 
 
+# How long a conversation stays in memory with nothing under way, by default: ten minutes.
+DEFAULT_IDLE_MS = 600_000
+
+
 @dataclass(frozen=True, slots=True)
 class EvictionPolicy:
     """None turns a rule off; both off (or `enabled=False`) keeps every conversation in memory."""
 
     enabled: bool = True
-    idle_ms: int | None = 600_000
+    idle_ms: int | None = DEFAULT_IDLE_MS
     max_resident: int | None = None
     # The local store's folder (one SQLite file per events topic); None: a temporary folder.
     state_dir: Path | None = None
