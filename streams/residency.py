@@ -13,6 +13,7 @@ from typing import Protocol
 
 from turnstile.events import Event
 from turnstile.projections import ConversationState, Status, conversation_status, new_state
+from turnstile.projections.snapshot_head import Head
 from turnstile.streams.eviction import EvictionPolicy, Evictor, NotLocal, settled
 from turnstile.streams.heap import release_freed_memory
 from turnstile.streams.log import EventLog, Record
@@ -185,10 +186,12 @@ class Residency:
         self.partitions.place(conversation, partition)
         return state
 
-    async def _lost(self, conversation: str, partition: int) -> None:
+    async def _lost(self, partition: int, heads: list[Head]) -> None:
+        """Rows whose snapshots are lost: those not in memory are folded from the log."""
         part = self.partitions.get(partition)
-        if part is not None:
-            await self.bring(conversation, partition, part.at.position)
+        if self.fill is not None and part is not None:
+            away = [h for h in heads if h.conversation not in self.states]
+            await self.fill.rebuild(partition, away, part.at.position, part)
 
     @property
     def local(self) -> bool:

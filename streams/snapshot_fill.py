@@ -11,16 +11,22 @@ needed only when an event of it comes, or a read asks for it. So:
   (the fold of its partition waits meanwhile, a round trip, not the background pass);
 - a snapshot that is not where its head says (compacted away after a writer died between
   a snapshot and its head, or damaged) is not guessed at: the conversation is folded from
-  its partition's events, as a full replay would (`bring` returns that state).
+  its partition's events, as a full replay would (`bring` returns that state). The
+  background pass folds all the lost rows of a window in one read of the partition.
+
+A read that fails (the broker away) is tried again, at growing intervals up to
+`RETRY_MAX_S`: what waits for it cannot go on without it, and a partition handed over
+meanwhile stops it (`forget`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
-from collections.abc import Awaitable, Callable, Iterable
-from typing import TypeVar
+from collections.abc import Awaitable, Callable, Coroutine, Iterable
+from typing import Any, TypeVar
 
 from turnstile.events import DecodeError, decode
 from turnstile.projections import ConversationState, apply_event, new_state
@@ -33,8 +39,10 @@ log = logging.getLogger(__name__)
 
 # Unfilled rows held per partition while the background pass reads its snapshots.
 WINDOW = 2_000
-# Between tries of a point read that failed (the broker away): the fold waits meanwhile.
+# Between tries of a read that failed (the broker away), doubling up to the most: the fold
+# waits meanwhile, and a warning is logged at each try.
 RETRY_S = 0.5
+RETRY_MAX_S = 30.0
 
 
 class SnapshotFill:
@@ -43,12 +51,12 @@ class SnapshotFill:
         log_: EventLog,
         store: StateStore,
         max_value_bytes: int | None,
-        lost: Callable[[str, int], Awaitable[None]],
+        lost: Callable[[int, list[Head]], Awaitable[None]],
         install: Callable[[str, int, ConversationState, int, object], bool],
         window: int = WINDOW,
     ) -> None:
-        """`lost(conversation, partition)`: called once the background pass has read past the
-        snapshot a row's head names without finding it (the caller `bring`s it).
+        """`lost(partition, heads)`: the background pass has read past the snapshots these
+        rows' heads name without finding them (the caller `rebuild`s those it does not hold).
         `install(conversation, partition, state, upto, token)`: a state folded from the log
         (its events below `upto`) for the caller to hold in memory -- if the partition is
         still the assignment `token` named when the bring began (returns whether it took
@@ -100,22 +108,19 @@ class SnapshotFill:
     # -- the background pass ---------------------------------------------------------------------
     async def _fill_all(self, partitions: list[int]) -> None:
         for p in partitions:
-            while True:
-                try:
-                    await self._fill(p)
-                    after = -1
-                    while lost := self.store.unfilled(p, self._window, after):
-                        for head in lost:
-                            await self._lost(head.conversation, p)
-                        after = lost[-1].at
-                    break
-                except Exception as exc:  # the broker away: tried again (events meanwhile bring their own)
-                    log.warning("filling the snapshots of partition %d stopped (trying again): %r", p, exc)
-                    await asyncio.sleep(RETRY_S)
+            # The broker away: tried again from the first unfilled row (events meanwhile bring their own).
+            await retried(f"the snapshots of partition {p}", functools.partial(self._fill_partition, p))
             if not self.store.unfilled(p, 1):
                 self._unfilled.discard(p)
         log.info("snapshots filled: %d in the background, %d by point reads, %d folded from the log",
                  self.filled, self.brought, self.rebuilt)  # fmt: skip
+
+    async def _fill_partition(self, partition: int) -> None:
+        await self._fill(partition)
+        after = -1
+        while lost := self.store.unfilled(partition, self._window, after):
+            await self._lost(partition, lost)
+            after = lost[-1].at
 
     async def _fill(self, partition: int) -> None:
         window = {h.at: h for h in self.store.unfilled(partition, self._window)}
@@ -146,73 +151,116 @@ class SnapshotFill:
             return  # filled, or no row (a new conversation): nothing to wait for
         found = self._bringing.get(conversation)
         if found is None:
-            task = asyncio.create_task(self._bring(conversation, partition, position, token))
-            self._bringing[conversation] = (partition, task)
-            task.add_done_callback(lambda t: self._done_bringing(conversation, t))
+            task = self._started(partition, [conversation], self._bring(conversation, partition, position, token))
         else:
-            task = found[1]
-        try:
-            await asyncio.shield(task)
-        except asyncio.CancelledError:
-            current = asyncio.current_task()
-            if current is not None and current.cancelling():
-                raise  # the waiter itself is cancelled
-            # The bring was stopped (`forget`: its partition handed over): the caller finds
-            # the rebalance and drops what it was about to fold.
+            task = found[1]  # brought already, alone or with the lost rows of its window
+        await _waited(task)
 
-    def _done_bringing(self, conversation: str, task: asyncio.Task[None]) -> None:
-        if (found := self._bringing.get(conversation)) is not None and found[1] is task:
-            del self._bringing[conversation]
+    async def rebuild(self, partition: int, heads: list[Head], position: int, token: object) -> None:
+        """Fold these conversations, whose snapshots are lost, from one read of the partition's
+        events below `position` (at least through what each head covers), and hand each state
+        to `install` with `token`; those being brought already are left to their bring."""
+        rows = [h for h in heads if h.conversation not in self._bringing]
+        if rows:
+            await _waited(self._started(partition, [h.conversation for h in rows],
+                                        self._rebuilt(partition, rows, position, token)))  # fmt: skip
+
+    def _started(self, partition: int, conversations: list[str], work: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
+        """`work` as the bring of each of `conversations`: an event of one of them waits for it."""
+        task = asyncio.create_task(work)
+        for conversation in conversations:
+            self._bringing[conversation] = (partition, task)
+        task.add_done_callback(lambda t: self._done_bringing(conversations, t))
+        return task
+
+    def _done_bringing(self, conversations: list[str], task: asyncio.Task[None]) -> None:
+        for conversation in conversations:
+            if (found := self._bringing.get(conversation)) is not None and found[1] is task:
+                del self._bringing[conversation]
 
     async def _bring(self, conversation: str, partition: int, position: int, token: object) -> None:
         row = self.store.get(conversation, partition)
         if not isinstance(row, Unfilled):
             return  # filled meanwhile
         head = row.head
-        found = await _retried(f"the snapshot of {conversation!r}",
+        found = await retried(f"the snapshot of {conversation!r}",
                                lambda: self.log.read_at(self.log.topics.snapshots, partition, [head.at]))  # fmt: skip
         if self.store.fill(partition, _matching(list(found.values()), {head.at: head})):
             self.brought += 1
             return
         if self.store.get(conversation, partition) != row:
             return  # filled, put again or dropped (the partition handed over) meanwhile
-        log.warning("the snapshot of %r (partition %d) is not where its head says (@%d): folding it from the log",
-                    conversation, partition, head.at)  # fmt: skip
-        # Up to the fold's position -- and at least through what the head covers: the fold
-        # skips the events a head covers (`Loaded.folded_already`), lost snapshot or not.
-        upto = max(position, head.covered + 1)
-        state = await _retried(f"the events of {conversation!r}", lambda: self._folded(conversation, partition, upto))
-        still = self.store.get(conversation, partition) == row  # not filled, put again or dropped meanwhile
-        if still and self._install(conversation, partition, state, upto, token):
-            self.rebuilt += 1
+        await self._rebuilt(partition, [head], position, token)
 
-    async def _folded(self, conversation: str, partition: int, position: int) -> ConversationState:
-        """The conversation's state from its partition's events below `position`, as the
-        worker's fold made it (the same size limit; refused events change nothing)."""
-        state, key = new_state(conversation), conversation.encode()
+    async def _rebuilt(self, partition: int, heads: list[Head], position: int, token: object) -> None:
+        log.warning("the snapshots of %d conversations of partition %d (%s) are not where their heads say: "
+                    "folding them from the log", len(heads), partition, _named(heads))  # fmt: skip
+        # Up to the fold's position -- and at least through what each head covers: the fold
+        # skips the events a head covers (`Loaded.folded_already`), lost snapshot or not.
+        upto = {h.conversation: max(position, h.covered + 1) for h in heads}
+        states = await retried(f"the events of partition {partition}", lambda: self._folded(partition, upto))
+        for head in heads:
+            conversation = head.conversation
+            still = self.store.get(conversation, partition) == Unfilled(head)  # not filled, put again or dropped
+            if still and self._install(conversation, partition, states[conversation], upto[conversation], token):
+                self.rebuilt += 1
+
+    async def _folded(self, partition: int, upto: dict[str, int]) -> dict[str, ConversationState]:
+        """Each conversation's state from its partition's events below its offset in `upto`,
+        as the worker's fold made it (the same size limit; refused events change nothing):
+        one read of the partition for all of them."""
+        states = {conversation: new_state(conversation) for conversation in upto}
+        keys = {conversation.encode(): conversation for conversation in upto}
+        end = max(upto.values())
         records = self.log.read_partitions(self.log.topics.events, [partition], {partition: 0})
         async with contextlib.aclosing(records):
             async for chunk in records:
                 for record in chunk:
-                    if record.offset >= position:
-                        return state
-                    event = decode(record.value, self._max_value_bytes) if record.key == key else None
-                    if event is not None and not isinstance(event, DecodeError):
-                        apply_event(state, event)
-        return state
+                    if record.offset >= end:
+                        return states
+                    conversation = keys.get(record.key) if record.key is not None else None
+                    if conversation is None or record.offset >= upto[conversation]:
+                        continue
+                    event = decode(record.value, self._max_value_bytes)
+                    if not isinstance(event, DecodeError):
+                        apply_event(states[conversation], event)
+                await asyncio.sleep(0)  # a long partition: the loop runs between chunks
+        return states
 
 
 _T = TypeVar("_T")
 
 
-async def _retried(what: str, read: Callable[[], Awaitable[_T]]) -> _T:
-    """`read()` until it succeeds (a broker away): what waits for it cannot go on without it."""
+async def retried(
+    what: str, read: Callable[[], Awaitable[_T]], sleep: Callable[[float], Awaitable[None]] = asyncio.sleep
+) -> _T:
+    """`read()` until it succeeds (a broker away): what waits for it cannot go on without it.
+    The intervals double up to `RETRY_MAX_S`; a cancellation (a partition handed over, a
+    stop) ends it."""
+    wait_s = RETRY_S
     while True:
         try:
             return await read()
         except Exception as exc:
-            log.warning("reading %s failed (trying again): %r", what, exc)
-            await asyncio.sleep(RETRY_S)
+            log.warning("reading %s failed (trying again in %.1f s): %r", what, wait_s, exc)
+            await sleep(wait_s)
+            wait_s = min(RETRY_MAX_S, wait_s * 2)
+
+
+async def _waited(task: asyncio.Task[None]) -> None:
+    """Until the bring `task` ends; one stopped (`forget`: its partition handed over) ends the
+    wait too: the caller finds the rebalance and drops what it was about to fold."""
+    try:
+        await asyncio.shield(task)
+    except asyncio.CancelledError:
+        current = asyncio.current_task()
+        if current is not None and current.cancelling():
+            raise  # the waiter itself is cancelled
+
+
+def _named(heads: list[Head], most: int = 3) -> str:
+    names = ", ".join(repr(h.conversation) for h in heads[:most])
+    return names + (f" and {len(heads) - most} more" if len(heads) > most else "")
 
 
 def _matching(records: list[Record], heads: dict[int, Head]) -> list[tuple[Head, bytes]]:

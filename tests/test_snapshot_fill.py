@@ -19,7 +19,7 @@ from turnstile.projections.snapshot import encode_snapshot
 from turnstile.projections.snapshot_head import Head, encode_head, head_of
 from turnstile.streams.file_log import FileLog
 from turnstile.streams.log import Record
-from turnstile.streams.snapshot_fill import SnapshotFill
+from turnstile.streams.snapshot_fill import RETRY_MAX_S, RETRY_S, SnapshotFill, retried
 from turnstile.streams.state_store import StateStore, Stored, Unfilled
 
 
@@ -58,8 +58,8 @@ class Written:
     @contextlib.asynccontextmanager
     async def filling(self, window: int = 2_000) -> AsyncIterator[SnapshotFill]:
         """A `SnapshotFill` of the store (closed after, with the store)."""
-        async def lost(conversation: str, partition: int) -> None:
-            self.lost.append(conversation)
+        async def lost(partition: int, heads: list[Head]) -> None:
+            self.lost += [h.conversation for h in heads]
 
         def install(conversation: str, partition: int, state: ConversationState, upto: int, token: object) -> bool:
             assert token == "assignment"
@@ -149,3 +149,49 @@ async def test_given_a_bring_in_flight_when_its_partition_is_handed_over_then_it
         fill.forget(0)
         await waiter
         assert isinstance(written.store.get("a", 0), Unfilled) and not written.installed
+
+
+async def test_given_lost_snapshots_when_rebuilt_then_one_read_of_the_partition_folds_them_all(
+    tmp_path: Path,
+) -> None:
+    written = Written(tmp_path)
+    await written.write(["a", "b", "c", "d"])
+    events_read: list[str] = []
+    read_partitions = written.log.read_partitions
+
+    def counted(topic: str, partitions: list[int], starts: dict[int, int] | None = None) -> AsyncIterator[list[Record]]:
+        events_read.append(topic)
+        return read_partitions(topic, partitions, starts)
+
+    written.log.read_partitions = counted  # type: ignore[method-assign]
+    lost = [row.head for c in ("a", "b", "c") if isinstance(row := written.store.get(c, 0), Unfilled)]
+    end = written.log.end_offset(0)
+    async with written.filling() as fill:
+        # An event of b comes while the three are being folded: it waits for that fold...
+        rebuilding = asyncio.create_task(fill.rebuild(0, lost, end, "assignment"))
+        await asyncio.sleep(0)
+        await fill.bring("b", 0, end, "assignment")
+        await rebuilding
+        # ...which read the events partition once, for all three, each as its own events fold it
+        assert events_read == [written.log.topics.events]
+        assert written.installed == {c: (written.states[c], end) for c in ("a", "b", "c")}
+        assert fill.rebuilt == 3 and isinstance(written.store.get("d", 0), Unfilled)
+
+
+async def test_given_a_read_that_keeps_failing_when_retried_then_the_waits_double_up_to_the_most() -> None:
+    waits: list[float] = []
+    tries = 0
+
+    async def sleep(seconds: float) -> None:
+        waits.append(seconds)
+
+    async def read() -> str:
+        nonlocal tries
+        tries += 1
+        if tries <= 9:
+            raise ConnectionError("the broker is away")
+        return "the snapshot"
+
+    assert await retried("a snapshot", read, sleep) == "the snapshot"
+    assert waits == [RETRY_S * 2**n for n in range(6)] + [RETRY_MAX_S] * 3
+    assert waits[5] < RETRY_MAX_S < 2 * waits[5]

@@ -230,7 +230,7 @@ async def test_a_corrupt_snapshot_is_ignored_counted_and_its_conversation_replay
         assert snapshots is not None and snapshots.ignored == len(corrupted)
         assert b"turnstile_snapshots_ignored_total %.1f" % len(corrupted) in metrics.exposition()
         assert_holds(second.worker, _log_states(log))
-    assert "is not where its head says" in caplog.text
+    assert "are not where their heads say" in caplog.text
 
 
 class BreakingLog(FileLog):
