@@ -51,8 +51,8 @@ class NotLocal(LookupError):
     """The conversation's snapshot is not in the local store yet: only its head is (an
     unfilled row), and the snapshot is on its way (`streams/snapshot_fill.py`)."""
 
-    def __init__(self, conversation: str, partition: int) -> None:
-        super().__init__(f"the state of {conversation!r} (partition {partition}) is still being fetched")
+    def __init__(self, conversation: str, partition: int, why: str = "is still being fetched") -> None:
+        super().__init__(f"the state of {conversation!r} (partition {partition}) {why}")
         self.conversation, self.partition = conversation, partition
 
 

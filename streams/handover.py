@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 
 from turnstile.projections import ConversationState
 from turnstile.streams.checkpoint import Checkpoint
@@ -39,11 +39,12 @@ class Handover:
         refusals: Refusals,
         snapshots: Snapshotter | None,
         grace_s: float,
-        fold: Callable[[Record, OwnedPartition], None],
+        fold: Callable[[Record, OwnedPartition], Awaitable[None]],
         forget: Callable[[int, OwnedPartition], None],
         due: Callable[[Iterable[str]], None],
     ) -> None:
-        """`fold`: the worker's fold of one record of an owned partition; `forget`: drop what
+        """`fold`: the worker's fold of one record of an owned partition (its conversation's
+        state made local first); `forget`: drop what
         the worker holds of a partition's conversations (their states, prompts, observers);
         `due`: conversations to decide for at the next step. `grace_s`: how long the steps in
         progress may take at a revoke (see `WorkerConfig.revoke_grace_s`)."""
@@ -100,7 +101,7 @@ class Handover:
                 for p, end in ends.items():
                     part = self.partitions[p]
                     for record in await reader.span(self.log.topics.events, p, part.at.position, end):
-                        self._fold(record, part)
+                        await self._fold(record, part)
         except Exception as exc:  # cut off at the grace like the call itself (did not start)
             log.warning("revoke: the read-back of started calls failed: %r", exc)
 

@@ -200,7 +200,10 @@ class Residency:
 
     def stored(self, conversation: str, partition: int) -> ConversationState | None:
         """An owned conversation out of memory, read from the local store and left there.
-        `NotLocal` when its snapshot is not fetched yet: it is fetched now, for the next ask."""
+        `NotLocal` when its snapshot is not fetched yet: it is fetched now, for the next ask;
+        also while the worker stops (its store closed: the next owner answers)."""
+        if self._closed:
+            raise NotLocal(conversation, partition, "is not here: the worker is stopping")
         try:
             return self.evictor.reload(conversation, partition) if self.evictor is not None else None
         except NotLocal:

@@ -39,10 +39,10 @@ log = logging.getLogger(__name__)
 
 # Unfilled rows held per partition while the background pass reads its snapshots.
 WINDOW = 2_000
-# Between tries of a read that failed (the broker away), doubling up to the most: the fold
-# waits meanwhile, and a warning is logged at each try.
+# Between tries of a read that failed (the broker away), doubling up to the most: a warning
+# is logged at each try, and the fold may be waiting (so the most stays a few seconds).
 RETRY_S = 0.5
-RETRY_MAX_S = 30.0
+RETRY_MAX_S = 5.0
 
 
 class SnapshotFill:
@@ -161,9 +161,12 @@ class SnapshotFill:
         events below `position` (at least through what each head covers), and hand each state
         to `install` with `token`; those being brought already are left to their bring."""
         rows = [h for h in heads if h.conversation not in self._bringing]
+        tasks = {self._bringing[h.conversation][1] for h in heads if h.conversation in self._bringing}
         if rows:
-            await _waited(self._started(partition, [h.conversation for h in rows],
-                                        self._rebuilt(partition, rows, position, token)))  # fmt: skip
+            folding = self._rebuilt(partition, rows, position, token)
+            tasks.add(self._started(partition, [h.conversation for h in rows], folding))
+        for task in tasks:  # (the pass is done only once every one of them is local)
+            await _waited(task)
 
     def _started(self, partition: int, conversations: list[str], work: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
         """`work` as the bring of each of `conversations`: an event of one of them waits for it."""

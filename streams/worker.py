@@ -142,6 +142,7 @@ class Worker:
         # Bumped by every rebalance callback: a batch polled before one is stale.
         self._rebalances = 0
         self.draining = False  # set once stop is asked: no new claims from then on
+        self._stopped = False  # set once the loop has ended: a rebalance after it changes nothing
         # Refusals (double text, resumes of no paused turn) owed and not yet folded back.
         self.refusals = Refusals(self.config.double_text, self._write_refusal, self._retry_soon, self._due)
         # Per conversation, its history rendered as prompt messages, kept across its turns
@@ -155,7 +156,8 @@ class Worker:
         self.snapshots, self.evictor = self.residency.snapshots, self.residency.evictor
         self.handover = Handover(
             log_, self.partitions, self.runners, self.states, self.checkpoint, self.refusals, self.snapshots,
-            config.revoke_grace_s, self._fold, self._forget, lambda conversations: self._dirty.update(conversations),
+            config.revoke_grace_s, self._read_back_now, self._forget,
+            lambda conversations: self._dirty.update(conversations),
         )  # fmt: skip
 
     # -- what others may ask -----------------------------------------------------------
@@ -217,6 +219,8 @@ class Worker:
         position) and its suspended turns go on once it is live again; a partition that
         moved away drops its turns (at rest at a step boundary) and its state; a new one is
         replayed from offset 0 (or from its snapshots)."""
+        if self._stopped:
+            return {}  # the log's rebalance outlived the worker's loop: nothing is taken
         self._rebalances += 1
         await self.handover.hand_over(self.handover.moved(partitions))
         fresh = [p for p in partitions if (part := self.partitions.get(p)) is None or not part.suspended]
@@ -274,7 +278,8 @@ class Worker:
         wait at their next step boundary (`Handover.revoke`). Whether a partition really
         moves is known only at the assignment that follows, so nothing is dropped here."""
         self._rebalances += 1
-        await self.handover.revoke(partitions)
+        if not self._stopped:  # (after the loop: its turns are cancelled, its store closes)
+            await self.handover.revoke(partitions)
 
     def _forget(self, partition: int, part: OwnedPartition) -> None:
         """A partition handed over: what this worker holds of its conversations goes."""
@@ -295,6 +300,7 @@ class Worker:
             await self._drain()
             stopped_cleanly = True
         finally:
+            self._stopped = True
             tasks = [r.task for r in self.runners.values() if r.task is not None] + self.refusals.writers()
             for task in tasks:
                 task.cancel()
@@ -380,16 +386,26 @@ class Worker:
         part = self.partitions.get(record.partition)
         if part is None or not part.reading:  # revoked while this batch was in flight
             return
+        rebalances = self._rebalances
+        await self._made_local(record, part)
+        if self._rebalances != rebalances or not part.reading:
+            return  # the batch predates an assignment: dropped (see `_step`)
+        self._fold(record, part)
+
+    async def _read_back_now(self, record: Record, part: OwnedPartition) -> None:
+        """A record a revoke reads back itself (`Handover`): folded as the consumer would."""
+        await self._made_local(record, part)
+        if self.partitions.get(record.partition) is part:
+            self._fold(record, part)
+
+    async def _made_local(self, record: Record, part: OwnedPartition) -> None:
+        """Before `record` is folded: while its partition's snapshots are being fetched, its
+        conversation's state may be a head only in the local store, so it is fetched first
+        (the partition's fold waits: its events must be folded in order)."""
         if record.key is not None and self.residency.fetching(record.partition):
             in_snapshot = part.loaded is not None and part.loaded.covers(record)
             if not in_snapshot and record.offset >= part.at.position:
-                # Its state may be a head only in the local store: fetched first (the
-                # partition's fold waits: its events must be folded in order).
-                rebalances = self._rebalances
                 await self.residency.bring(record.key.decode("utf-8", "replace"), record.partition, record.offset)
-                if self._rebalances != rebalances or not part.reading:
-                    return  # the batch predates an assignment: dropped (see `_step`)
-        self._fold(record, part)
 
     def _fold(self, record: Record, part: OwnedPartition) -> None:
         if record.offset < part.at.position:

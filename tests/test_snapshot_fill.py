@@ -193,5 +193,34 @@ async def test_given_a_read_that_keeps_failing_when_retried_then_the_waits_doubl
         return "the snapshot"
 
     assert await retried("a snapshot", read, sleep) == "the snapshot"
-    assert waits == [RETRY_S * 2**n for n in range(6)] + [RETRY_MAX_S] * 3
-    assert waits[5] < RETRY_MAX_S < 2 * waits[5]
+    assert waits == [RETRY_S * 2**n for n in range(4)] + [RETRY_MAX_S] * 5
+    assert waits[3] < RETRY_MAX_S < 2 * waits[3]
+
+
+async def test_given_a_lost_row_being_brought_when_the_pass_rebuilds_it_then_it_waits_for_that_bring(
+    tmp_path: Path,
+) -> None:
+    written = Written(tmp_path)
+    await written.write(["a", "b"])
+    gate = asyncio.Event()
+
+    async def held(topic: str, partition: int, offsets: list[int]) -> dict[int, Record]:
+        await gate.wait()
+        return {}  # b's snapshot is not where its head says
+
+    written.log.read_at = held  # type: ignore[method-assign]
+    b = written.store.get("b", 0)
+    assert isinstance(b, Unfilled)
+    end = written.log.end_offset(0)
+    async with written.filling() as fill:
+        bringing = asyncio.create_task(fill.bring("b", 0, end, "assignment"))  # an event of b came first
+        await asyncio.sleep(0)
+        rebuilding = asyncio.create_task(fill.rebuild(0, [b.head], end, "assignment"))
+        await asyncio.sleep(0)
+        # The pass does not count b as local while its bring is still under way...
+        assert not rebuilding.done()
+        gate.set()
+        await rebuilding
+        # ...and once it is, b is the fold of its events
+        assert written.installed == {"b": (written.states["b"], end)} and fill.rebuilt == 1
+        await bringing

@@ -489,3 +489,23 @@ async def test_a_stop_while_an_assignment_loads_its_heads_takes_nothing_and_leav
     assert store is not None and store.closed
     with pytest.raises(StoreClosed):
         len(store)
+
+
+async def test_a_revoke_and_an_assignment_after_the_stop_change_nothing_and_do_not_fail(tmp_path: Path) -> None:
+    log = LateAssignment(tmp_path / "log")
+    log.gate.set()
+    await _publish(log, [message_event(f"c{n}", "hi", NOW(), f"m{n}") for n in range(4)])
+    config = dataclasses.replace(EAGER, eviction=EvictionPolicy(state_dir=tmp_path / "state"))
+    worker = Worker(log, ScriptedProvider(), config)
+    stop = asyncio.Event()
+    run = asyncio.create_task(worker.run(stop))
+    await until(lambda: log.listener is not None)
+    ends = {p: PartitionStart(log.end_offset(p), 0) for p in range(PARTITIONS)}
+    assert set(await log.listener.on_assigned(ends)) == set(range(PARTITIONS))
+    await log.listener.on_revoked(set(range(PARTITIONS)))
+    stop.set()
+    await run
+    # The group's next rebalance comes after the loop ended (the log stops after the worker):
+    # neither its revoke nor its assignment touches the closed store, and neither fails.
+    await log.listener.on_revoked(set(range(PARTITIONS)))
+    assert await log.listener.on_assigned({}) == {}
