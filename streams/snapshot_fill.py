@@ -69,6 +69,7 @@ class SnapshotFill:
         self._unfilled: set[int] = set()  # partitions that may have unfilled rows
         self._task: asyncio.Task[None] | None = None
         self._bringing: dict[str, tuple[int, asyncio.Task[None]]] = {}
+        self._stopped: set[asyncio.Task[None]] = set()  # brings `forget` cancelled, until they end
         self.filled = 0  # rows filled by the background pass
         self.brought = 0  # by point reads
         self.rebuilt = 0  # folded from the log: their snapshots were lost
@@ -96,10 +97,15 @@ class SnapshotFill:
         for conversation, (p, task) in list(self._bringing.items()):
             if p == partition:
                 task.cancel()
+                self._stopped.add(task)
+                task.add_done_callback(self._stopped.discard)
                 del self._bringing[conversation]
 
     async def close(self) -> None:
-        tasks = [t for t in (self._task, *(task for _p, task in self._bringing.values())) if t is not None]
+        """Stops the pass and every bring, and waits for them (and for those `forget` stopped)
+        to end: none reads or writes after the store closes."""
+        bringing = (task for _p, task in self._bringing.values())
+        tasks = {t for t in (self._task, *bringing, *self._stopped) if t is not None}
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
