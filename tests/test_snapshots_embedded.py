@@ -464,16 +464,24 @@ class _NothingYet:
         return None
 
 
-async def test_a_stop_while_an_assignment_loads_its_heads_takes_nothing_and_leaves_the_store_closed(
-    tmp_path: Path,
-) -> None:
-    log = LateAssignment(tmp_path / "log")
+async def _started_with_a_store(
+    log: LateAssignment, state_dir: Path
+) -> tuple[Worker, asyncio.Event, asyncio.Task[None]]:
+    """A worker with a local store running on `log` (a few messages on it), not assigned yet."""
     await _publish(log, [message_event(f"c{n}", "hi", NOW(), f"m{n}") for n in range(4)])
-    config = dataclasses.replace(EAGER, eviction=EvictionPolicy(state_dir=tmp_path / "state"))
+    config = dataclasses.replace(EAGER, eviction=EvictionPolicy(state_dir=state_dir))
     worker = Worker(log, ScriptedProvider(), config)
     stop = asyncio.Event()
     run = asyncio.create_task(worker.run(stop))
     await until(lambda: log.listener is not None)
+    return worker, stop, run
+
+
+async def test_a_stop_while_an_assignment_loads_its_heads_takes_nothing_and_leaves_the_store_closed(
+    tmp_path: Path,
+) -> None:
+    log = LateAssignment(tmp_path / "log")
+    worker, stop, run = await _started_with_a_store(log, tmp_path / "state")
     # The group assigns both partitions; the load of their heads is under way...
     assignment = asyncio.create_task(log.listener.on_assigned({p: PartitionStart(2, 0) for p in range(PARTITIONS)}))
     await log.reading_heads.wait()
@@ -494,12 +502,7 @@ async def test_a_stop_while_an_assignment_loads_its_heads_takes_nothing_and_leav
 async def test_a_revoke_and_an_assignment_after_the_stop_change_nothing_and_do_not_fail(tmp_path: Path) -> None:
     log = LateAssignment(tmp_path / "log")
     log.gate.set()
-    await _publish(log, [message_event(f"c{n}", "hi", NOW(), f"m{n}") for n in range(4)])
-    config = dataclasses.replace(EAGER, eviction=EvictionPolicy(state_dir=tmp_path / "state"))
-    worker = Worker(log, ScriptedProvider(), config)
-    stop = asyncio.Event()
-    run = asyncio.create_task(worker.run(stop))
-    await until(lambda: log.listener is not None)
+    _worker, stop, run = await _started_with_a_store(log, tmp_path / "state")
     ends = {p: PartitionStart(log.end_offset(p), 0) for p in range(PARTITIONS)}
     assert set(await log.listener.on_assigned(ends)) == set(range(PARTITIONS))
     await log.listener.on_revoked(set(range(PARTITIONS)))
