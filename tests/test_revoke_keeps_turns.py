@@ -25,13 +25,14 @@ from turnstile.events import (
     TurnCompleted,
     Usage,
 )
-from turnstile.handlers.provider import ModelReply, ModelRequest
-from turnstile.handlers.providers.scripted import Scripted, ScriptedProvider
+from turnstile.handlers.provider import ModelReply, ModelRequest, ReplyStream
+from turnstile.handlers.providers.scripted import Scripted, ScriptedProvider, echo_reply
 from turnstile.handlers.tools import Tool, ToolRegistry
 from turnstile.streams.file_log import FileLog
-from turnstile.streams.log import PartitionStart
+from turnstile.streams.log import PartitionStart, Record
 from turnstile.streams.publisher import message_event, publish
 from turnstile.streams.runtime import SystemClock
+from turnstile.streams.snapshots import SnapshotPolicy
 from turnstile.streams.worker import Worker, WorkerConfig
 
 NOW = SystemClock().now_ms
@@ -184,3 +185,57 @@ async def test_a_revoke_reads_back_a_started_call_itself_so_the_call_runs_in_it(
         await assign(log, worker, log.end_offset(0))
         await until(lambda: "TurnCompleted" in types(log), 20)
     assert "AttemptFailed" not in types(log) and transfers.runs == 1
+
+
+class NewOwnerLog(StalledConsumer):
+    """A new owner's log whose background pass of snapshots never gets its read (a row stays
+    unfilled: its conversation's state is a head only, in the local store)."""
+
+    async def read_partitions(self, topic: str, partitions: list[int], starts=None):  # type: ignore[no-untyped-def]
+        if topic == self.topics.snapshots:
+            await asyncio.Event().wait()
+        async for chunk in super().read_partitions(topic, partitions, starts):
+            yield chunk
+
+    async def read_at(self, topic: str, partition: int, offsets: list[int]) -> dict[int, Record]:
+        return {r.offset: r for r in self.read_all(topic, partition) if r.offset in offsets}  # point reads still work
+
+
+async def test_a_revoke_reading_back_an_event_of_a_conversation_not_fetched_yet_brings_it_first(tmp_path) -> None:
+    transfers = Transfers()
+    config = dataclasses.replace(config_for(transfers), snapshots=SnapshotPolicy(idle_ms=0))
+    # An earlier owner answered c0 and left its snapshot and head on the log.
+    first = FileLog(tmp_path, partitions=1)
+    async with running(first, ScriptedProvider(), config):
+        await publish(first, message_event("c0", "hello", NOW() - 60_000, "m1"))
+        await until(lambda: any(r.key == b"c0" for r in first.read_all(first.topics.heads)), 20)
+    log = NewOwnerLog(tmp_path, partitions=1)
+
+    class Provider(ScriptedProvider):
+        async def complete(self, request: ModelRequest, stream: ReplyStream | None = None) -> ModelReply:
+            if request.messages[-1].content == "pay bob":
+                # From here the consumer reads nothing (a rebalance begins), and c0 speaks
+                # again before c1's call is started: its event is in what the revoke reads back.
+                log.stalled = True
+                await publish(log, message_event("c0", "one more thing", NOW() - 60_000, "m2"))
+            return await super().complete(request, stream)
+
+    def answer(request: ModelRequest) -> Scripted:  # c1 pays bob; c0 is answered in words
+        return script(request) if request.messages[-1].content == "pay bob" else Scripted(echo_reply(request))
+
+    async with running(log, Provider(answer), config) as worker:
+        await until(lambda: worker.partition_liveness() == {0: True}, 20)
+        await publish(log, message_event("c1", "pay bob", NOW() - 60_000, "m1"))
+        await until(lambda: "ToolCallStarted" in types(log), 20)
+        revoking = asyncio.create_task(worker.on_revoked({0}))
+        await asyncio.wait_for(transfers.inside.wait(), 20)  # read back through c0's event
+        transfers.release.set()
+        await asyncio.wait_for(revoking, 10)
+        log.stalled = False
+        await assign(log, worker, log.end_offset(0))
+        # c0's message was folded onto its history (its state brought from the snapshot topic
+        # first), not passed over: the partition stayed, and c0 is answered in full
+        await until(lambda: len(getattr(worker.state_of("c0"), "turns", ())) == 2, 20)
+        state = worker.state_of("c0")
+        assert state is not None and not state.pending
+        assert [h.content for h in state.history if h.role == "user"] == ["hello", "one more thing"]
