@@ -90,15 +90,16 @@ class Residency:
         self._requested: set[asyncio.Task[None]] = set()  # brought because a read asked
         self._done: dict[int, int] = {}  # the offsets the last checkpoint committed
         # An assignment's load in flight (it runs in the log's rebalance callback, which may
-        # outlast the worker's loop): a stop cancels it before it closes the store.
+        # outlast the worker's loop): a stop cancels it (`stop_loading`) before it closes the store.
         self._loading: asyncio.Task[dict[int, Loaded]] | None = None
+        self._stopping = False
         self._closed = False
         self.observers.extend(o for o in (self.snapshots, self.evictor) if o is not None)
 
     async def load(self, partitions: list[int]) -> dict[int, Loaded]:
         """The snapshots of newly assigned partitions (none without snapshots). `Closed`: the
         worker stopped meanwhile (the load was cancelled, the store closed)."""
-        if self._closed:
+        if self._stopping:
             raise Closed("the worker has stopped")
         if self.snapshots is None:
             return {}
@@ -107,11 +108,17 @@ class Residency:
             return await self._loading
         except asyncio.CancelledError:
             task = asyncio.current_task()
-            if self._closed and (task is None or not task.cancelling()):
+            if self._stopping and (task is None or not task.cancelling()):
                 raise Closed("the worker stopped while the assignment loaded its snapshots") from None
             raise
         finally:
             self._loading = None
+
+    def stop_loading(self) -> None:
+        """The worker stops: an assignment's load in flight, and any after, end in `Closed`."""
+        self._stopping = True
+        if self._loading is not None:
+            self._loading.cancel()
 
     def restore(self, partition: int, part: OwnedPartition, loaded: Loaded | None) -> None:
         """A new partition's conversations from their snapshots; it is read from after them."""
@@ -273,9 +280,9 @@ class Residency:
 
     async def close(self, clean: bool, done: dict[int, int], now_ms: int, owes_nothing: Callable[[str], bool]) -> None:
         """On stop; `done`: what the last commit committed (empty when the stop was not clean)."""
+        self.stop_loading()
         self._closed = True
         if self._loading is not None:
-            self._loading.cancel()
             await asyncio.gather(self._loading, return_exceptions=True)
         for task in self._requested:
             task.cancel()

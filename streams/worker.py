@@ -143,6 +143,9 @@ class Worker:
         self._rebalances = 0
         self.draining = False  # set once stop is asked: no new claims from then on
         self._stopped = False  # set once the loop has ended: a rebalance after it changes nothing
+        # Held by each rebalance callback (they run in the log's own task, beside the loop): a
+        # stop lets the one in progress end before it closes what the callback uses.
+        self._rebalancing = asyncio.Lock()
         # Refusals (double text, resumes of no paused turn) owed and not yet folded back.
         self.refusals = Refusals(self.config.double_text, self._write_refusal, self._retry_soon, self._due)
         # Per conversation, its history rendered as prompt messages, kept across its turns
@@ -219,8 +222,12 @@ class Worker:
         position) and its suspended turns go on once it is live again; a partition that
         moved away drops its turns (at rest at a step boundary) and its state; a new one is
         replayed from offset 0 (or from its snapshots)."""
-        if self._stopped:
-            return {}  # the log's rebalance outlived the worker's loop: nothing is taken
+        async with self._rebalancing:
+            if self._stopped:
+                return {}  # the log's rebalance outlived the worker's loop: nothing is taken
+            return await self._take(partitions)
+
+    async def _take(self, partitions: dict[int, PartitionStart]) -> dict[int, int]:
         self._rebalances += 1
         await self.handover.hand_over(self.handover.moved(partitions))
         fresh = [p for p in partitions if (part := self.partitions.get(p)) is None or not part.suspended]
@@ -278,8 +285,9 @@ class Worker:
         wait at their next step boundary (`Handover.revoke`). Whether a partition really
         moves is known only at the assignment that follows, so nothing is dropped here."""
         self._rebalances += 1
-        if not self._stopped:  # (after the loop: its turns are cancelled, its store closes)
-            await self.handover.revoke(partitions)
+        async with self._rebalancing:
+            if not self._stopped:  # (after the loop: its turns are cancelled, its store closes)
+                await self.handover.revoke(partitions)
 
     def _forget(self, partition: int, part: OwnedPartition) -> None:
         """A partition handed over: what this worker holds of its conversations goes."""
@@ -301,6 +309,9 @@ class Worker:
             stopped_cleanly = True
         finally:
             self._stopped = True
+            self.residency.stop_loading()  # an assignment loading its snapshots takes nothing
+            async with self._rebalancing:
+                pass  # a revoke in progress ends first: its steps finish, its commit goes through
             tasks = [r.task for r in self.runners.values() if r.task is not None] + self.refusals.writers()
             for task in tasks:
                 task.cancel()

@@ -239,3 +239,23 @@ async def test_a_revoke_reading_back_an_event_of_a_conversation_not_fetched_yet_
         state = worker.state_of("c0")
         assert state is not None and not state.pending
         assert [h.content for h in state.history if h.role == "user"] == ["hello", "one more thing"]
+
+
+async def test_a_stop_during_a_revoke_lets_the_revoke_finish_its_step_and_commit_first(tmp_path) -> None:
+    log, transfers = FileLog(tmp_path, partitions=1), Transfers()
+    worker = Worker(log, ScriptedProvider(script), config_for(transfers))
+    stop = asyncio.Event()
+    run = asyncio.create_task(worker.run(stop))
+    revoking = await revoke_mid_transfer(log, worker, transfers)
+    # SIGTERM while the group rebalances: the loop ends (no drain grace here)...
+    stop.set()
+    await until(lambda: worker.draining)
+    # ...and the transfer in progress still finishes and is recorded: the stop waits for the
+    # revoke (before, it cancelled the turn mid-call and closed the checkpoint under it)
+    transfers.release.set()
+    await asyncio.wait_for(revoking, 10)
+    await asyncio.wait_for(run, 10)
+    assert types(log)[-1] == "ToolCallFinished" and transfers.runs == 1
+    # committed through what the revoke read back (the call's start), not through its finish,
+    # which no one read: the next owner folds it
+    assert log.committed_offsets() == {0: log.end_offset(0) - 1}
