@@ -29,7 +29,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from bench.common import Section, fmt, percentile
 from bench.kafka import PARTITIONS, Broker
-from bench.replay import fill
+from bench.replay import conversation_name, fill
 from turnstile.handlers.providers.scripted import ScriptedProvider
 from turnstile.streams.kafka_log import KafkaLog
 from turnstile.streams.log import Topics
@@ -73,7 +73,7 @@ async def _at(broker: Broker, events: int) -> dict[str, list[float] | float]:
     topics = Topics(filled.topic, f"{prefix}.out", f"{prefix}.dlq", f"{prefix}.deltas")
     group = f"{prefix}-reads"
     await _commit_at_end(broker.bootstrap, topics.events, group)
-    conversations = [f"conv-{c:07d}" for c in range(filled.conversations)]
+    conversations = [conversation_name(c) for c in range(filled.conversations)]
     log = KafkaLog(broker.bootstrap, group, topics)
     worker = Worker(log, ScriptedProvider(), WorkerConfig(), replay_hooks=WorkerGc())
     service = Service(worker, http=("127.0.0.1", 0))

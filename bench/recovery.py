@@ -44,7 +44,7 @@ from typing import Any
 
 from bench.common import Section, percentile
 from bench.kafka import Broker
-from bench.replay import fill
+from bench.replay import conversation_name, fill
 from turnstile.handlers.providers.scripted import ScriptedProvider
 from turnstile.streams.eviction import EvictionPolicy
 from turnstile.streams.kafka_log import KafkaLog
@@ -147,7 +147,7 @@ async def _pass(
         if active:
             now = SystemClock().now_ms()
             for i in range(active):
-                await publish(worker.log, message_event(f"conv-{i:07d}", "one more question", now, f"active-{i}"))
+                await publish(worker.log, message_event(conversation_name(i), "one more question", now, f"active-{i}"))
             # the active ones folded, and (with eviction) every settled one out of memory
             while sum(1 for s in worker.states.values() if s.pending) < active or (
                 worker.evictor is not None and len(worker.states) > active
