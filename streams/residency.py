@@ -98,7 +98,7 @@ class Residency:
 
     async def load(self, partitions: list[int]) -> dict[int, Loaded]:
         """The snapshots of newly assigned partitions (none without snapshots). `Closed`: the
-        worker stopped meanwhile (the load was cancelled, the store closed)."""
+        worker is stopping (`stop_loading` cancelled the load, or came before it)."""
         if self._stopping:
             raise Closed("the worker has stopped")
         if self.snapshots is None:

@@ -102,6 +102,10 @@ class WorkerConfig:
     eviction: EvictionPolicy = EvictionPolicy()
 
 
+# What a revoke takes beyond its grace: its effects' flush (`REVOKE_FLUSH_S`), its commit and
+# its snapshots drained (`snapshots.DRAIN_S`), with room; a stop waits that long for one.
+REVOKE_TAIL_S = 15.0
+
 # A worker that rebuilds every partition from offset 0, as before snapshots (benchmarks of the replay).
 FROM_THE_LOG = WorkerConfig(snapshots=SnapshotPolicy(enabled=False))
 
@@ -310,8 +314,7 @@ class Worker:
         finally:
             self._stopped = True
             self.residency.stop_loading()  # an assignment loading its snapshots takes nothing
-            async with self._rebalancing:
-                pass  # a revoke in progress ends first: its steps finish, its commit goes through
+            cancelled = await self._rebalance_ended()
             tasks = [r.task for r in self.runners.values() if r.task is not None] + self.refusals.writers()
             for task in tasks:
                 task.cancel()
@@ -321,6 +324,24 @@ class Worker:
             if self.replies is not None:
                 await self.replies.aclose()
             await self.log.stop()
+            if cancelled:
+                raise asyncio.CancelledError
+
+    async def _rebalance_ended(self) -> bool:
+        """On stop, before anything closes: a revoke in progress ends first (its steps finish,
+        its commit goes through), for as long as a revoke may take. A broker that is away can
+        hold its flush and commit for ever: past that bound, or on a second stop (the task
+        cancelled again), the stop goes on without it. Returns whether it was cancelled."""
+        try:
+            async with asyncio.timeout(self.config.revoke_grace_s + REVOKE_TAIL_S):
+                async with self._rebalancing:
+                    return False
+        except TimeoutError:
+            log.warning("stopping: a rebalance in progress did not end in time; closing without it")
+        except asyncio.CancelledError:
+            log.warning("stopping: cancelled while a rebalance was in progress; closing without it")
+            return True
+        return False
 
     async def _step(self) -> None:
         """One turn of the consumer loop: fold what arrived, decide, commit when due."""

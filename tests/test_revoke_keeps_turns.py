@@ -13,6 +13,7 @@ import asyncio
 import dataclasses
 from collections.abc import Mapping
 
+import pytest
 from loop_harness import Transfer
 from worker_harness import FAST, events_of, running, until
 
@@ -252,6 +253,7 @@ async def test_a_stop_during_a_revoke_lets_the_revoke_finish_its_step_and_commit
     await until(lambda: worker.draining)
     # ...and the transfer in progress still finishes and is recorded: the stop waits for the
     # revoke (before, it cancelled the turn mid-call and closed the checkpoint under it)
+    assert not run.done()
     transfers.release.set()
     await asyncio.wait_for(revoking, 10)
     await asyncio.wait_for(run, 10)
@@ -259,3 +261,23 @@ async def test_a_stop_during_a_revoke_lets_the_revoke_finish_its_step_and_commit
     # committed through what the revoke read back (the call's start), not through its finish,
     # which no one read: the next owner folds it
     assert log.committed_offsets() == {0: log.end_offset(0) - 1}
+
+
+async def test_a_second_stop_during_a_revoke_closes_at_once_and_still_lets_go_of_everything(tmp_path) -> None:
+    log, transfers = FileLog(tmp_path, partitions=1), Transfers()
+    worker = Worker(log, ScriptedProvider(script), config_for(transfers))
+    stop = asyncio.Event()
+    run = asyncio.create_task(worker.run(stop))
+    revoking = await revoke_mid_transfer(log, worker, transfers)
+    stop.set()
+    await until(lambda: worker.draining)
+    assert not run.done()  # waiting for the revoke...
+    run.cancel()  # ...when a second signal comes: the stop waits no more
+    with pytest.raises(asyncio.CancelledError):
+        await asyncio.wait_for(run, 10)
+    # and it still closed what it holds: the local store, and the log (another owner may open it)
+    store = worker.stored_listing
+    assert store is not None and store.closed
+    FileLog(tmp_path, partitions=1).own()
+    transfers.release.set()
+    await asyncio.wait_for(revoking, 10)
