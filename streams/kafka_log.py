@@ -101,7 +101,11 @@ class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]
         # A stopping consumer still finishes a rebalance in flight: the worker, closed by
         # then, is not told of partitions it will never read (nor loads their snapshots).
         if not self.owner.stopping:
+            started = asyncio.get_running_loop().time()
             await self._guarded("assignment", self._assigned(assigned))
+            took_s = asyncio.get_running_loop().time() - started
+            if (warning := slow_assignment(took_s, self.owner.session_timeout_ms, len(assigned))) is not None:
+                log.warning("%s", warning)
 
     async def _assigned(self, assigned: set[TopicPartition]) -> None:
         # Called with nothing too: the listener learns that what it held moved away.
@@ -131,6 +135,21 @@ class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]
     def _failed(self, what: str, exc: BaseException) -> None:
         log.error("the worker's %s failed: the worker stops", what, exc_info=exc)
         self.failure = self.failure or (what, exc)
+
+
+def slow_assignment(took_s: float, session_timeout_ms: int, partitions: int) -> str | None:
+    """What to tell the operator when taking partitions outlasted the session timeout: the
+    consumer (aiokafka) sends no heartbeat while its assignment callback runs -- here, the
+    load of the partitions' snapshot heads (`streams/snapshots.py`), which grows with the
+    conversations taken over -- so the group has dropped the member and rebalances again."""
+    if took_s * 1000 <= session_timeout_ms:
+        return None
+    return (
+        f"taking {partitions} partitions took {took_s:.1f} s, longer than the group's session timeout "
+        f"({session_timeout_ms / 1000:.0f} s): no heartbeat is sent meanwhile, so the group dropped this worker "
+        "and will assign its partitions again. Give the workers a session timeout above the time a new owner "
+        "takes to load (about 20 µs per conversation it takes over): --session-timeout-s / session_timeout_s"
+    )
 
 
 # What a rebalance allows a member beyond its session timeout to rejoin: a revoke's grace
@@ -219,6 +238,7 @@ class KafkaLog:
         self._listener: _Listener | None = None
         self._failure_raised = False
         self.stopping = False  # from `stop` on, rebalances are no longer the listener's business
+        self.session_timeout_ms = membership.session_timeout_ms
         self.bootstrap = bootstrap
         # topic -> its `max.message.bytes`, read at start for the topics effects go to.
         self.max_message_bytes: dict[str, int] = {}

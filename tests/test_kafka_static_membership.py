@@ -9,7 +9,7 @@ import uuid
 import pytest
 from kafka_fixtures import fresh_topics, kafka_bootstrap  # noqa: F401  (fixtures)
 
-from turnstile.streams.kafka_log import KafkaLog, Membership, RebalanceFailed
+from turnstile.streams.kafka_log import KafkaLog, Membership, RebalanceFailed, slow_assignment
 from turnstile.streams.log import PartitionStart, Topics
 from turnstile.streams.worker import WorkerConfig
 
@@ -170,3 +170,47 @@ async def test_an_assignment_that_failed_after_the_last_poll_fails_the_stop(
     await asyncio.wait_for(listener.tried.wait(), 60)
     with pytest.raises(RebalanceFailed, match=r"\(assignment\) failed"):
         await broken.stop()
+
+
+def test_given_an_assignment_within_the_session_timeout_then_nothing_is_said_and_past_it_the_fix_is_named():
+    assert slow_assignment(9.9, 10_000, 8) is None
+    warning = slow_assignment(22.7, 10_000, 8)
+    assert warning is not None
+    assert "took 22.7 s, longer than the group's session timeout (10 s)" in warning
+    assert "--session-timeout-s" in warning
+
+
+class SlowToLoad(Seen):
+    """A worker whose first assignment outlasts the session timeout, as a new owner's load of
+    a million conversations' heads does (≈ 22 s)."""
+
+    def __init__(self, load_s: float) -> None:
+        super().__init__()
+        self.load_s = load_s
+        self.assignments = 0
+
+    async def on_assigned(self, partitions: dict[int, PartitionStart]) -> dict[int, int]:
+        self.assignments += 1
+        if self.assignments == 1:
+            await asyncio.sleep(self.load_s)  # the load (a stand-in: what matters is how long)
+        return await super().on_assigned(partitions)
+
+
+async def test_an_assignment_that_outlasts_the_session_timeout_costs_the_member_its_place_and_says_why(
+    kafka_bootstrap: str,  # noqa: F811
+    fresh_topics: Topics,  # noqa: F811
+    caplog: pytest.LogCaptureFixture,
+):
+    # aiokafka sends no heartbeat while the assignment callback runs: past the session
+    # timeout the group drops the member, and it must join and be assigned again.
+    log = KafkaLog(kafka_bootstrap, f"g-{uuid.uuid4().hex[:8]}", fresh_topics, membership=Membership(None, 6_000))
+    seen, stop = SlowToLoad(load_s=9.0), asyncio.Event()
+    await log.start(seen)
+    task = asyncio.create_task(polling(log, stop))
+    try:
+        await until(lambda: seen.assignments >= 2 and len(seen.assigned) == 8)
+    finally:
+        stop.set()
+        await task
+        await log.stop()
+    assert "longer than the group's session timeout (6 s)" in caplog.text
