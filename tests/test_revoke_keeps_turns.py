@@ -242,17 +242,25 @@ async def test_a_revoke_reading_back_an_event_of_a_conversation_not_fetched_yet_
         assert [h.content for h in state.history if h.role == "user"] == ["hello", "one more thing"]
 
 
-async def test_a_stop_during_a_revoke_lets_the_revoke_finish_its_step_and_commit_first(tmp_path) -> None:
-    log, transfers = FileLog(tmp_path, partitions=1), Transfers()
+async def stopped_mid_revoke(
+    log: FileLog, transfers: Transfers
+) -> tuple[Worker, asyncio.Task[None], asyncio.Task[None]]:
+    """A worker revoking while its transfer is inside its body, stopped (SIGTERM while the
+    group rebalances): its loop has ended (no drain grace here). Returns it, its run and
+    the revoke."""
     worker = Worker(log, ScriptedProvider(script), config_for(transfers))
-    stop = asyncio.Event()
-    run = asyncio.create_task(worker.run(stop))
+    run = asyncio.create_task(worker.run(stop := asyncio.Event()))
     revoking = await revoke_mid_transfer(log, worker, transfers)
-    # SIGTERM while the group rebalances: the loop ends (no drain grace here)...
     stop.set()
     await until(lambda: worker.draining)
-    # ...and the transfer in progress still finishes and is recorded: the stop waits for the
-    # revoke (before, it cancelled the turn mid-call and closed the checkpoint under it)
+    return worker, run, revoking
+
+
+async def test_a_stop_during_a_revoke_lets_the_revoke_finish_its_step_and_commit_first(tmp_path) -> None:
+    log, transfers = FileLog(tmp_path, partitions=1), Transfers()
+    _worker, run, revoking = await stopped_mid_revoke(log, transfers)
+    # The transfer in progress still finishes and is recorded: the stop waits for the revoke
+    # (before, it cancelled the turn mid-call and closed the checkpoint under it)
     assert not run.done()
     transfers.release.set()
     await asyncio.wait_for(revoking, 10)
@@ -265,12 +273,7 @@ async def test_a_stop_during_a_revoke_lets_the_revoke_finish_its_step_and_commit
 
 async def test_a_second_stop_during_a_revoke_closes_at_once_and_still_lets_go_of_everything(tmp_path) -> None:
     log, transfers = FileLog(tmp_path, partitions=1), Transfers()
-    worker = Worker(log, ScriptedProvider(script), config_for(transfers))
-    stop = asyncio.Event()
-    run = asyncio.create_task(worker.run(stop))
-    revoking = await revoke_mid_transfer(log, worker, transfers)
-    stop.set()
-    await until(lambda: worker.draining)
+    worker, run, revoking = await stopped_mid_revoke(log, transfers)
     assert not run.done()  # waiting for the revoke...
     run.cancel()  # ...when a second signal comes: the stop waits no more
     with pytest.raises(asyncio.CancelledError):
