@@ -102,10 +102,29 @@ class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]
         # then, is not told of partitions it will never read (nor loads their snapshots).
         if not self.owner.stopping:
             started = asyncio.get_running_loop().time()
-            await self._guarded("assignment", self._assigned(assigned))
+            beating = asyncio.create_task(self._heartbeats(), name="heartbeats during the assignment")
+            try:
+                await self._guarded("assignment", self._assigned(assigned))
+            finally:
+                beating.cancel()
+                await asyncio.gather(beating, return_exceptions=True)
             took_s = asyncio.get_running_loop().time() - started
-            if (warning := slow_assignment(took_s, self.owner.session_timeout_ms, len(assigned))) is not None:
+            if (warning := slow_assignment(took_s, self.owner.rebalance_timeout_ms, len(assigned))) is not None:
                 log.warning("%s", warning)
+
+    async def _heartbeats(self) -> None:
+        """Heartbeats while the worker takes its partitions. aiokafka starts its heartbeat task
+        only once the join -- this callback included -- is done, so a callback longer than the
+        session timeout (a new owner's load of its snapshot heads: ≈ 22 s at a million
+        conversations) would get the member dropped and its partitions assigned again, for ever
+        if every load outlasts it. The Java consumer heartbeats from a thread of its own
+        (KIP-62); here the coordinator's own heartbeat request is sent on its interval (a
+        private method of aiokafka, pinned at 0.14.0: `tests/test_kafka_static_membership.py`
+        fails if it stops keeping the member)."""
+        coordinator: Any = self.owner.consumer._coordinator
+        while True:
+            await asyncio.sleep(self.owner.heartbeat_interval_ms / 1000)
+            await coordinator._do_heartbeat()  # its errors set the coordinator's flags (a rejoin)
 
     async def _assigned(self, assigned: set[TopicPartition]) -> None:
         # Called with nothing too: the listener learns that what it held moved away.
@@ -137,18 +156,19 @@ class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]
         self.failure = self.failure or (what, exc)
 
 
-def slow_assignment(took_s: float, session_timeout_ms: int, partitions: int) -> str | None:
-    """What to tell the operator when taking partitions outlasted the session timeout: the
-    consumer (aiokafka) sends no heartbeat while its assignment callback runs -- here, the
-    load of the partitions' snapshot heads (`streams/snapshots.py`), which grows with the
-    conversations taken over -- so the group has dropped the member and rebalances again."""
-    if took_s * 1000 <= session_timeout_ms:
+def slow_assignment(took_s: float, rebalance_timeout_ms: int, partitions: int) -> str | None:
+    """What to tell the operator when taking partitions outlasted the group's rebalance
+    timeout: the member heartbeats meanwhile (`_Listener._heartbeats`), but it cannot rejoin
+    a rebalance that another member starts until its assignment is done -- the load of the
+    partitions' snapshot heads (`streams/snapshots.py`), which grows with the conversations
+    taken over -- and past that timeout the group drops it and moves its partitions."""
+    if took_s * 1000 <= rebalance_timeout_ms:
         return None
     return (
-        f"taking {partitions} partitions took {took_s:.1f} s, longer than the group's session timeout "
-        f"({session_timeout_ms / 1000:.0f} s): no heartbeat is sent meanwhile, so the group dropped this worker "
-        "and will assign its partitions again. Give the workers a session timeout above the time a new owner "
-        "takes to load (about 20 µs per conversation it takes over): --session-timeout-s / session_timeout_s"
+        f"taking {partitions} partitions took {took_s:.1f} s, longer than the group's rebalance timeout "
+        f"({rebalance_timeout_ms / 1000:.0f} s): a rebalance meanwhile would have dropped this worker from the "
+        "group. Give the workers a session timeout that keeps the rebalance timeout (the session + 10 s) above "
+        "the time a new owner takes to load (about 20 µs per conversation it takes over): --session-timeout-s"
     )
 
 
@@ -238,7 +258,8 @@ class KafkaLog:
         self._listener: _Listener | None = None
         self._failure_raised = False
         self.stopping = False  # from `stop` on, rebalances are no longer the listener's business
-        self.session_timeout_ms = membership.session_timeout_ms
+        self.rebalance_timeout_ms = membership.rebalance_timeout_ms
+        self.heartbeat_interval_ms = membership.heartbeat_interval_ms
         self.bootstrap = bootstrap
         # topic -> its `max.message.bytes`, read at start for the topics effects go to.
         self.max_message_bytes: dict[str, int] = {}

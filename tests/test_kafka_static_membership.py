@@ -7,6 +7,7 @@ import asyncio
 import uuid
 
 import pytest
+from aiokafka import TopicPartition
 from kafka_fixtures import fresh_topics, kafka_bootstrap  # noqa: F401  (fixtures)
 
 from turnstile.streams.kafka_log import KafkaLog, Membership, RebalanceFailed, slow_assignment
@@ -172,11 +173,11 @@ async def test_an_assignment_that_failed_after_the_last_poll_fails_the_stop(
         await broken.stop()
 
 
-def test_given_an_assignment_within_the_session_timeout_then_nothing_is_said_and_past_it_the_fix_is_named():
-    assert slow_assignment(9.9, 10_000, 8) is None
-    warning = slow_assignment(22.7, 10_000, 8)
+def test_given_an_assignment_within_the_rebalance_timeout_then_nothing_is_said_and_past_it_the_fix_is_named():
+    assert slow_assignment(19.9, 20_000, 8) is None
+    warning = slow_assignment(22.7, 20_000, 8)
     assert warning is not None
-    assert "took 22.7 s, longer than the group's session timeout (10 s)" in warning
+    assert "took 22.7 s, longer than the group's rebalance timeout (20 s)" in warning
     assert "--session-timeout-s" in warning
 
 
@@ -196,21 +197,22 @@ class SlowToLoad(Seen):
         return await super().on_assigned(partitions)
 
 
-async def test_an_assignment_that_outlasts_the_session_timeout_costs_the_member_its_place_and_says_why(
+async def test_an_assignment_that_outlasts_the_session_timeout_keeps_the_member_in_the_group(
     kafka_bootstrap: str,  # noqa: F811
     fresh_topics: Topics,  # noqa: F811
-    caplog: pytest.LogCaptureFixture,
 ):
-    # aiokafka sends no heartbeat while the assignment callback runs: past the session
-    # timeout the group drops the member, and it must join and be assigned again.
+    # aiokafka sends no heartbeat of its own while the assignment callback runs; the Kafka
+    # log does (`_Listener._heartbeats`). Without them the group drops the member at the
+    # session timeout, and a commit right after the load is refused.
     log = KafkaLog(kafka_bootstrap, f"g-{uuid.uuid4().hex[:8]}", fresh_topics, membership=Membership(None, 6_000))
     seen, stop = SlowToLoad(load_s=9.0), asyncio.Event()
     await log.start(seen)
     task = asyncio.create_task(polling(log, stop))
     try:
-        await until(lambda: seen.assignments >= 2 and len(seen.assigned) == 8)
+        await until(lambda: len(seen.assigned) == 8)
+        await log.consumer.commit({TopicPartition(fresh_topics.events, p): 0 for p in range(8)})
+        assert seen.assignments == 1
     finally:
         stop.set()
         await task
         await log.stop()
-    assert "longer than the group's session timeout (6 s)" in caplog.text
