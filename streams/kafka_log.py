@@ -108,8 +108,10 @@ class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]
             finally:
                 beating.cancel()
                 await asyncio.gather(beating, return_exceptions=True)
+            if not beating.cancelled() and (failed := beating.exception()) is not None:
+                log.warning("the heartbeats during the assignment stopped: %r", failed)
             took_s = asyncio.get_running_loop().time() - started
-            if (warning := slow_assignment(took_s, self.owner.rebalance_timeout_ms, len(assigned))) is not None:
+            if (warning := slow_assignment(took_s, self.owner.session_timeout_ms, len(assigned))) is not None:
                 log.warning("%s", warning)
 
     async def _heartbeats(self) -> None:
@@ -124,7 +126,10 @@ class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]
         coordinator: Any = self.owner.consumer._coordinator
         while True:
             await asyncio.sleep(self.owner.heartbeat_interval_ms / 1000)
-            await coordinator._do_heartbeat()  # its errors set the coordinator's flags (a rejoin)
+            await coordinator.ensure_coordinator_known()  # (it may have moved: as aiokafka's own routine)
+            # Errors set the coordinator's flags (a rejoin once the callback is done); an
+            # authorization or unexpected one ends these heartbeats (logged by the caller).
+            await coordinator._do_heartbeat()
 
     async def _assigned(self, assigned: set[TopicPartition]) -> None:
         # Called with nothing too: the listener learns that what it held moved away.
@@ -156,19 +161,21 @@ class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]
         self.failure = self.failure or (what, exc)
 
 
-def slow_assignment(took_s: float, rebalance_timeout_ms: int, partitions: int) -> str | None:
-    """What to tell the operator when taking partitions outlasted the group's rebalance
-    timeout: the member heartbeats meanwhile (`_Listener._heartbeats`), but it cannot rejoin
-    a rebalance that another member starts until its assignment is done -- the load of the
-    partitions' snapshot heads (`streams/snapshots.py`), which grows with the conversations
-    taken over -- and past that timeout the group drops it and moves its partitions."""
-    if took_s * 1000 <= rebalance_timeout_ms:
+def slow_assignment(took_s: float, session_timeout_ms: int, partitions: int) -> str | None:
+    """What to tell the operator when taking partitions outlasted the session timeout. The
+    member heartbeats meanwhile (`_Listener._heartbeats`), but it cannot rejoin a rebalance
+    that another member starts until its assignment is done -- the load of the partitions'
+    snapshot heads (`streams/snapshots.py`), which grows with the conversations taken over --
+    and the group waits for it only the rebalance timeout, the session timeout plus the room
+    a revoke takes (`REVOKE_ROOM_MS`): past the session timeout, such a rebalance may drop it
+    and move its partitions, and the other members wait meanwhile."""
+    if took_s * 1000 <= session_timeout_ms:
         return None
     return (
-        f"taking {partitions} partitions took {took_s:.1f} s, longer than the group's rebalance timeout "
-        f"({rebalance_timeout_ms / 1000:.0f} s): a rebalance meanwhile would have dropped this worker from the "
-        "group. Give the workers a session timeout that keeps the rebalance timeout (the session + 10 s) above "
-        "the time a new owner takes to load (about 20 µs per conversation it takes over): --session-timeout-s"
+        f"taking {partitions} partitions took {took_s:.1f} s, longer than the group's session timeout "
+        f"({session_timeout_ms / 1000:.0f} s): a rebalance started meanwhile may drop this worker from the "
+        "group, and holds the others until it is done. Give the workers a session timeout above the time a new "
+        "owner takes to load (about 20 µs per conversation it takes over): --session-timeout-s"
     )
 
 
@@ -258,7 +265,7 @@ class KafkaLog:
         self._listener: _Listener | None = None
         self._failure_raised = False
         self.stopping = False  # from `stop` on, rebalances are no longer the listener's business
-        self.rebalance_timeout_ms = membership.rebalance_timeout_ms
+        self.session_timeout_ms = membership.session_timeout_ms
         self.heartbeat_interval_ms = membership.heartbeat_interval_ms
         self.bootstrap = bootstrap
         # topic -> its `max.message.bytes`, read at start for the topics effects go to.
