@@ -26,7 +26,7 @@ from turnstile.events import DecodeError, Event, TurnClaimed, TurnCompleted, dec
 from turnstile.handlers.providers.scripted import ScriptedProvider
 from turnstile.projections import ConversationState
 from turnstile.projections.audit import Auditor
-from turnstile.streams.eviction import EvictionPolicy
+from turnstile.streams.eviction import EvictionPolicy, NotLocal
 from turnstile.streams.file_log import FileLog
 from turnstile.streams.log import PartitionStart
 from turnstile.streams.metrics import Metrics
@@ -512,3 +512,19 @@ async def test_a_revoke_and_an_assignment_after_the_stop_change_nothing_and_do_n
     # neither its revoke nor its assignment touches the closed store, and neither fails.
     await log.listener.on_revoked(set(range(PARTITIONS)))
     assert await log.listener.on_assigned({}) == {}
+
+
+async def test_a_read_of_a_stored_conversation_once_the_worker_stopped_is_refused_as_not_here(tmp_path: Path) -> None:
+    config = dataclasses.replace(EAGER, eviction=EvictionPolicy(idle_ms=0))
+    log = FileLog(tmp_path, partitions=PARTITIONS)
+    async with running(log, ScriptedProvider(), config) as worker:
+        evictor = worker.evictor
+        assert evictor is not None
+        await publish(log, message_event("c0", "hello", NOW(), "m1"))
+        await until(lambda: evictor.evictions >= 1 and not worker.states)
+        stored = worker.state_of("c0")  # out of memory: read from the local store
+        assert stored is not None and len(stored.turns) == 1
+    # Its store is closed: a read (an HTTP GET while the service stops) is told the state is
+    # not here -- the HTTP port answers 503 -- rather than failing on the closed store.
+    with pytest.raises(NotLocal, match="the worker is stopping"):
+        worker.state_of("c0")
