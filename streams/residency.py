@@ -92,8 +92,7 @@ class Residency:
         # An assignment's load in flight (it runs in the log's rebalance callback, which may
         # outlast the worker's loop): a stop cancels it (`stop_loading`) before it closes the store.
         self._loading: asyncio.Task[dict[int, Loaded]] | None = None
-        self._stopping = False
-        self._closed = False
+        self._stopping = False  # the worker's loop has ended: nothing more is loaded or read
         self.observers.extend(o for o in (self.snapshots, self.evictor) if o is not None)
 
     async def load(self, partitions: list[int]) -> dict[int, Loaded]:
@@ -208,8 +207,8 @@ class Residency:
     def stored(self, conversation: str, partition: int) -> ConversationState | None:
         """An owned conversation out of memory, read from the local store and left there.
         `NotLocal` when its snapshot is not fetched yet: it is fetched now, for the next ask;
-        also while the worker stops (its store closed: the next owner answers)."""
-        if self._closed:
+        also once the worker stops (its store closes: the next owner answers)."""
+        if self._stopping:
             raise NotLocal(conversation, partition, "is not here: the worker is stopping")
         try:
             return self.evictor.reload(conversation, partition) if self.evictor is not None else None
@@ -281,7 +280,6 @@ class Residency:
     async def close(self, clean: bool, done: dict[int, int], now_ms: int, owes_nothing: Callable[[str], bool]) -> None:
         """On stop; `done`: what the last commit committed (empty when the stop was not clean)."""
         self.stop_loading()
-        self._closed = True
         if self._loading is not None:
             await asyncio.gather(self._loading, return_exceptions=True)
         for task in self._requested:

@@ -418,26 +418,30 @@ class Worker:
         part = self.partitions.get(record.partition)
         if part is None or not part.reading:  # revoked while this batch was in flight
             return
-        rebalances = self._rebalances
-        await self._made_local(record, part)
-        if self._rebalances != rebalances or not part.reading:
-            return  # the batch predates an assignment: dropped (see `_step`)
+        if (conversation := self._to_bring(record, part)) is not None:
+            rebalances = self._rebalances
+            await self.residency.bring(conversation, record.partition, record.offset)
+            if self._rebalances != rebalances or not part.reading:
+                return  # the batch predates an assignment: dropped (see `_step`)
         self._fold(record, part)
 
     async def _read_back_now(self, record: Record, part: OwnedPartition) -> None:
         """A record a revoke reads back itself (`Handover`): folded as the consumer would."""
-        await self._made_local(record, part)
+        if (conversation := self._to_bring(record, part)) is not None:
+            await self.residency.bring(conversation, record.partition, record.offset)
         if self.partitions.get(record.partition) is part:
             self._fold(record, part)
 
-    async def _made_local(self, record: Record, part: OwnedPartition) -> None:
-        """Before `record` is folded: while its partition's snapshots are being fetched, its
-        conversation's state may be a head only in the local store, so it is fetched first
-        (the partition's fold waits: its events must be folded in order)."""
-        if record.key is not None and self.residency.fetching(record.partition):
-            in_snapshot = part.loaded is not None and part.loaded.covers(record)
-            if not in_snapshot and record.offset >= part.at.position:
-                await self.residency.bring(record.key.decode("utf-8", "replace"), record.partition, record.offset)
+    def _to_bring(self, record: Record, part: OwnedPartition) -> str | None:
+        """The conversation to make local before `record` is folded, if any: while its
+        partition's snapshots are being fetched, its state may be a head only in the local
+        store, so it is fetched first (the partition's fold waits: its events must be folded
+        in order). Checked without awaiting: most records need nothing."""
+        if record.key is None or not self.residency.fetching(record.partition):
+            return None
+        if (part.loaded is not None and part.loaded.covers(record)) or record.offset < part.at.position:
+            return None
+        return record.key.decode("utf-8", "replace")
 
     def _fold(self, record: Record, part: OwnedPartition) -> None:
         if record.offset < part.at.position:
