@@ -84,14 +84,27 @@ class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]
     """aiokafka calls these from its group coordinator and only logs what they raise: a
     worker whose assignment failed would go on polling partitions it never took, dropping
     their records, with its turns held forever. The failure is kept for `KafkaLog.poll` (or
-    `stop`) to raise."""
+    `stop`) to raise.
+
+    The worker takes its partitions beside the group's protocol, not inside it: a new owner
+    loads its partitions' snapshot heads first (≈ 22 µs per conversation: ≈ 22 s at a million),
+    and for as long as an assignment callback runs, aiokafka neither heartbeats nor rejoins a
+    rebalance another member starts -- the group would drop the member past the session
+    timeout, and every other member would wait for it. So the callback only pauses the
+    partitions and starts the worker's part as a task; the partitions are sought to where the
+    worker says and resumed when it is done. Kafka Streams restores its state stores the same
+    way, outside the rebalance, with the task's partitions paused."""
 
     def __init__(self, owner: KafkaLog, listener: RebalanceListener) -> None:
         self.owner = owner
         self.listener = listener
         self.failure: tuple[str, BaseException] | None = None  # (which part, what it raised)
+        self.assigning: asyncio.Task[None] | None = None  # the worker taking the latest assignment
 
     async def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None:
+        # An assignment still being taken is abandoned: the group is moving on, and the worker
+        # takes nothing of it (its partitions stay paused until the next assignment).
+        await self.abandon_assignment()
         # Awaited before the group rebalances: the worker stops its turns for these
         # partitions here, so the next owner never sees two writers of one conversation.
         if revoked and not self.owner.stopping:
@@ -100,36 +113,19 @@ class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]
     async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
         # A stopping consumer still finishes a rebalance in flight: the worker, closed by
         # then, is not told of partitions it will never read (nor loads their snapshots).
-        if not self.owner.stopping:
-            started = asyncio.get_running_loop().time()
-            beating = asyncio.create_task(self._heartbeats(), name="heartbeats during the assignment")
-            try:
-                await self._guarded("assignment", self._assigned(assigned))
-            finally:
-                beating.cancel()
-                await asyncio.gather(beating, return_exceptions=True)
-            if not beating.cancelled() and (failed := beating.exception()) is not None:
-                log.warning("the heartbeats during the assignment stopped: %r", failed)
-            took_s = asyncio.get_running_loop().time() - started
-            if (warning := slow_assignment(took_s, self.owner.session_timeout_ms, len(assigned))) is not None:
-                log.warning("%s", warning)
+        await self.abandon_assignment()
+        if self.owner.stopping:
+            return
+        if assigned:  # nothing of them is fetched until the worker has taken them
+            self.owner.consumer.pause(*assigned)
+        self.assigning = asyncio.create_task(self._guarded("assignment", self._assigned(assigned)), name="assignment")
 
-    async def _heartbeats(self) -> None:
-        """Heartbeats while the worker takes its partitions. aiokafka starts its heartbeat task
-        only once the join -- this callback included -- is done, so a callback longer than the
-        session timeout (a new owner's load of its snapshot heads: ≈ 22 s at a million
-        conversations) would get the member dropped and its partitions assigned again, for ever
-        if every load outlasts it. The Java consumer heartbeats from a thread of its own
-        (KIP-62); here the coordinator's own heartbeat request is sent on its interval (a
-        private method of aiokafka, pinned at 0.14.0: `tests/test_kafka_static_membership.py`
-        fails if it stops keeping the member)."""
-        coordinator: Any = self.owner.consumer._coordinator
-        while True:
-            await asyncio.sleep(self.owner.heartbeat_interval_ms / 1000)
-            await coordinator.ensure_coordinator_known()  # (it may have moved: as aiokafka's own routine)
-            # Errors set the coordinator's flags (a rejoin once the callback is done); an
-            # authorization or unexpected one ends these heartbeats (logged by the caller).
-            await coordinator._do_heartbeat()
+    async def abandon_assignment(self) -> None:
+        """Cancel the worker's part of an assignment still in progress, and wait for it to end."""
+        task, self.assigning = self.assigning, None
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
 
     async def _assigned(self, assigned: set[TopicPartition]) -> None:
         # Called with nothing too: the listener learns that what it held moved away.
@@ -140,10 +136,13 @@ class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]
             committed = await consumer.committed(tp)
             starts[tp.partition] = PartitionStart(ends[tp], committed or 0)
         positions = await self.listener.on_assigned(starts)
-        # At once (seek does not await): the listener reads nothing of these partitions
-        # until it returns, and nothing from elsewhere must reach it after.
-        for tp in assigned & consumer.assignment():  # (one lost to a rebalance meanwhile: not ours)
+        # At once (neither awaits): the listener reads nothing of these partitions until it
+        # returns, and nothing from elsewhere must reach it after. (A rebalance meanwhile
+        # would have cancelled this: the intersection is for a member dropped silently.)
+        taken = assigned & consumer.assignment()
+        for tp in taken:
             consumer.seek(tp, positions.get(tp.partition, 0))
+        consumer.resume(*taken)
 
     async def _guarded(self, what: str, step: Coroutine[Any, Any, None]) -> None:
         try:
@@ -151,7 +150,7 @@ class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]
         except asyncio.CancelledError as exc:
             task = asyncio.current_task()
             if task is not None and task.cancelling():
-                raise  # the consumer is stopping its coordinator: not a failure of ours
+                raise  # the consumer is stopping, or a rebalance abandoned the assignment
             self._failed(what, exc)  # one raised inside the worker's part (not a cancellation)
         except Exception as exc:
             self._failed(what, exc)
@@ -159,24 +158,6 @@ class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]
     def _failed(self, what: str, exc: BaseException) -> None:
         log.error("the worker's %s failed: the worker stops", what, exc_info=exc)
         self.failure = self.failure or (what, exc)
-
-
-def slow_assignment(took_s: float, session_timeout_ms: int, partitions: int) -> str | None:
-    """What to tell the operator when taking partitions outlasted the session timeout. The
-    member heartbeats meanwhile (`_Listener._heartbeats`), but it cannot rejoin a rebalance
-    that another member starts until its assignment is done -- the load of the partitions'
-    snapshot heads (`streams/snapshots.py`), which grows with the conversations taken over --
-    and the group waits for it only the rebalance timeout, the session timeout plus the room
-    a revoke takes (`REVOKE_ROOM_MS`): past the session timeout, such a rebalance may drop it
-    and move its partitions, and the other members wait meanwhile."""
-    if took_s * 1000 <= session_timeout_ms:
-        return None
-    return (
-        f"taking {partitions} partitions took {took_s:.1f} s, longer than the group's session timeout "
-        f"({session_timeout_ms / 1000:.0f} s): a rebalance started meanwhile may drop this worker from the "
-        "group, and holds the others until it is done. Give the workers a session timeout above the time a new "
-        "owner takes to load (about 20 µs per conversation it takes over): --session-timeout-s"
-    )
 
 
 # What a rebalance allows a member beyond its session timeout to rejoin: a revoke's grace
@@ -265,8 +246,6 @@ class KafkaLog:
         self._listener: _Listener | None = None
         self._failure_raised = False
         self.stopping = False  # from `stop` on, rebalances are no longer the listener's business
-        self.session_timeout_ms = membership.session_timeout_ms
-        self.heartbeat_interval_ms = membership.heartbeat_interval_ms
         self.bootstrap = bootstrap
         # topic -> its `max.message.bytes`, read at start for the topics effects go to.
         self.max_message_bytes: dict[str, int] = {}
@@ -424,6 +403,8 @@ class KafkaLog:
 
     async def stop(self) -> None:
         self.stopping = True
+        if self._listener is not None:
+            await self._listener.abandon_assignment()  # (the worker has stopped: it would take nothing)
         if self._producer is not None:
             await self._batcher.drain()  # what was appended in the last cycle is sent, not dropped
         clients = [c for c in (self._consumer, self._producer, self._point_reader) if c is not None]

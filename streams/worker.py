@@ -225,7 +225,9 @@ class Worker:
         A partition we held until the revoke just before stays as folded (read on from its
         position) and its suspended turns go on once it is live again; a partition that
         moved away drops its turns (at rest at a step boundary) and its state; a new one is
-        replayed from offset 0 (or from its snapshots)."""
+        replayed from offset 0 (or from its snapshots). The Kafka log calls it beside the
+        group's protocol, the partitions paused until it returns, and cancels it at the next
+        rebalance if it has not returned by then: nothing of that assignment is taken."""
         async with self._rebalancing:
             if self._stopped:
                 return {}  # the log's rebalance outlived the worker's loop: nothing is taken
@@ -244,6 +246,11 @@ class Worker:
             # takes nothing (its loop has ended; the log stops next).
             log.info("stopped while assigned partitions %s loaded their snapshots: not taken", sorted(partitions))
             return {}
+        except asyncio.CancelledError:
+            # A rebalance came first (the Kafka log takes an assignment beside the group's
+            # protocol and abandons it at the next one): nothing of it is taken.
+            self.pace.note(self.partitions.replaying())
+            raise
         self._snapshots_ignored(sum(len(one.ignored) for one in loaded.values()))
         # Nothing awaits from here to the return: the log seeks to the returned offsets before
         # the consumer loop runs again, so no record read from elsewhere is folded.
