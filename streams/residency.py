@@ -121,6 +121,8 @@ class Residency:
 
     def restore(self, partition: int, part: OwnedPartition, loaded: Loaded | None) -> None:
         """A new partition's conversations from their snapshots; it is read from after them."""
+        if self.store is not None:  # its rows change from now on: no longer what the checkpoint says
+            self.store.drop_checkpoint(partition)
         if loaded is None:
             return
         part.loaded = loaded

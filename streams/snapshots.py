@@ -431,7 +431,11 @@ class Snapshotter:
         # With a store, the heads: the states of settled conversations follow after the load.
         topic = self.log.topics.heads if self.store is not None else self.log.topics.snapshots
         # A checkpoint of the store (a clean stop's, on this machine): read only what follows.
-        marks = {p: mark for p in partitions if self.store is not None and (mark := self.store.take_checkpoint(p))}
+        # It stays until the partition is taken (`Residency.restore`): a load cut off (a
+        # rebalance, a stop) has put some of the heads that follow it into the rows, and reading
+        # them again from the checkpoint on puts the same rows (each conversation's latest head
+        # last), so the next load may still start from it, not from the whole heads topic.
+        marks = {p: mark for p in partitions if self.store is not None and (mark := self.store.checkpoint(p))}
         starts = {p: mark.heads_to for p, mark in marks.items()}
         if self.store is not None:
             self.store.drop_partitions(p for p in partitions if p not in marks)  # refilled from the topic

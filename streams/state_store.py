@@ -324,13 +324,16 @@ class StateStore:
             self._db.execute("DELETE FROM snapshot WHERE partition = ?", (p,))
             self._db.execute("DELETE FROM checkpoint WHERE partition = ?", (p,))
 
-    def take_checkpoint(self, partition: int) -> Checkpoint | None:
-        """The partition's checkpoint, removed: from now on its rows change without one."""
+    def checkpoint(self, partition: int) -> Checkpoint | None:
+        """The partition's checkpoint: its rows are the heads topic's up to `heads_to`."""
         found = self._db.execute(
             "SELECT heads_to, watermark, watermark_source FROM checkpoint WHERE partition = ?", (partition,)
         ).fetchone()
-        self._db.execute("DELETE FROM checkpoint WHERE partition = ?", (partition,))
         return None if found is None else Checkpoint(*found)
+
+    def drop_checkpoint(self, partition: int) -> None:
+        """Once a load from the checkpoint is done: from now on the rows change without one."""
+        self._db.execute("DELETE FROM checkpoint WHERE partition = ?", (partition,))
 
     def write_checkpoint(self, partition: int, mark: Checkpoint) -> None:
         self._db.execute(

@@ -465,11 +465,11 @@ class _NothingYet:
 
 
 async def _started_with_a_store(
-    log: LateAssignment, state_dir: Path
+    log: LateAssignment, state_dir: Path, config: WorkerConfig | None = None
 ) -> tuple[Worker, asyncio.Event, asyncio.Task[None]]:
     """A worker with a local store running on `log` (a few messages on it), not assigned yet."""
     await _publish(log, [message_event(f"c{n}", "hi", NOW(), f"m{n}") for n in range(4)])
-    config = dataclasses.replace(EAGER, eviction=EvictionPolicy(state_dir=state_dir))
+    config = config or dataclasses.replace(EAGER, eviction=EvictionPolicy(state_dir=state_dir))
     worker = Worker(log, ScriptedProvider(), config)
     stop = asyncio.Event()
     run = asyncio.create_task(worker.run(stop))
@@ -528,3 +528,53 @@ async def test_a_read_of_a_stored_conversation_once_the_worker_stopped_is_refuse
     # not here -- the HTTP port answers 503 -- rather than failing on the closed store.
     with pytest.raises(NotLocal, match="the worker is stopping"):
         worker.state_of("c0")
+
+
+class CutOffHeads(LateAssignment):
+    """`LateAssignment` whose first read of the heads stops after its first chunk, for good
+    (until the test cancels the assignment, as a rebalance does on Kafka)."""
+
+    def __init__(self, directory: Path) -> None:
+        super().__init__(directory)
+        self.gate.set()
+        self.cut = asyncio.Event()
+
+    async def read_partitions(self, topic: str, partitions: list[int], starts=None):  # type: ignore[no-untyped-def]
+        async for chunk in super().read_partitions(topic, partitions, starts):
+            yield chunk
+            if topic == self.topics.heads and not self.cut.is_set():
+                self.cut.set()
+                await asyncio.Event().wait()
+
+
+async def test_a_load_cut_off_by_a_rebalance_leaves_the_store_checkpoint_for_the_next_load(tmp_path: Path) -> None:
+    # Given a store checkpointed by a clean stop, and heads written after it by another worker
+    stored = dataclasses.replace(EAGER, eviction=EvictionPolicy(idle_ms=0, state_dir=tmp_path / "state"))
+    await _publish(FileLog(tmp_path / "log", partitions=PARTITIONS), generated_log(random.Random(3), 8, 300))
+    async with Run(FileLog(tmp_path / "log", partitions=PARTITIONS), stored) as first:
+        await first.snapshots_cover_everything()
+    log = CutOffHeads(tmp_path / "log")
+    await _publish(log, [message_event(f"gen-{i}", "again", NOW(), f"again-{i}") for i in range(0, 8, 2)])
+    async with Run(FileLog(tmp_path / "log", partitions=PARTITIONS)) as other:
+        await other.snapshots_cover_everything()
+    # When the worker restarting on that store has its load cut off by a rebalance midway
+    # (some heads after the checkpoint already in its rows)...
+    worker, stop, run = await _started_with_a_store(log, tmp_path / "state", stored)
+    worker.draining = True  # it claims nothing: the log changes only as the test says
+    starts = {p: PartitionStart(log.end_offset(p), 0) for p in range(PARTITIONS)}
+    abandoned = asyncio.create_task(log.listener.on_assigned(starts))
+    await log.cut.wait()
+    abandoned.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await abandoned
+    await log.listener.on_revoked(set(range(PARTITIONS)))
+    assert worker.partition_liveness() == {}  # nothing of it taken
+    # ...then the next assignment starts from the checkpoint still, and holds what the log says
+    for p, offset in (await log.listener.on_assigned(starts)).items():
+        log.seek(p, offset)
+    snapshots = worker.snapshots
+    assert snapshots is not None and snapshots.restarts == PARTITIONS
+    await until(lambda: all(worker.partition_liveness().values()) and worker.states_local)
+    assert_holds(worker, _log_states(log))
+    stop.set()
+    await run
