@@ -125,6 +125,8 @@ class Residency:
             self.store.drop_checkpoint(partition)
         if loaded is None:
             return
+        if self.snapshots is not None:
+            self.snapshots.taken(partition, loaded)
         part.loaded = loaded
         part.at.position = loaded.seek
         for conversation, state in loaded.resident.items():

@@ -95,6 +95,8 @@ class Loaded:
     # The latest watermark read and its offset in the snapshot topic (-1: none).
     watermark: int = 0
     watermark_source: int = -1
+    read_to: int = 0  # the snapshots (or heads) were read up to here
+    restart: bool = False  # loaded from the local store's checkpoint and what followed it
     # Past this offset no snapshot covers anything: the skip test is over.
     _skip_until: int = -1
 
@@ -150,6 +152,7 @@ class PartitionLoad:
         self.found: dict[str, _Found] = {}
         self.watermark, self.watermark_source = 0, -1
         self.read_to = mark.heads_to if mark is not None else 0  # past the last record taken in
+        self.restart = mark is not None
         if store is not None and mark is not None:
             self.watermark, self.watermark_source = mark.watermark, mark.watermark_source
             for row in store.rows(partition, without_value=SETTLED):
@@ -222,9 +225,12 @@ class PartitionLoad:
         covered = {key: entry.covered for key, entry in found.items() if entry.covered >= seek}
         if store is None:
             states = {key: e.state for key, e in found.items() if e.covered >= 0 and e.state is not None}
-            return Loaded(seek, covered, states, [], ignored, watermark, watermark_source)
+            return Loaded(seek, covered, states, [], ignored, watermark, watermark_source, self.read_to)
         # A stored row of a conversation folded from 0 would be an older state than the
-        # fold's: it goes.
+        # fold's: it goes, and with it the checkpoint, which would vouch for rows without it
+        # to a load that follows this one before the partition is taken (a rebalance, a stop).
+        if ignored:
+            store.drop_checkpoint(partition)
         store.forget(ignored)
         store.put(Stored(e.head, partition, e.source, e.value) for e in found.values()
                   if e.covered >= 0 and e.fresh and e.head)  # fmt: skip
@@ -236,7 +242,7 @@ class PartitionLoad:
                 stored.append((key, e.status))
             elif e.state is not None:
                 resident[key] = e.state
-        return Loaded(seek, covered, resident, stored, ignored, watermark, watermark_source)
+        return Loaded(seek, covered, resident, stored, ignored, watermark, watermark_source, self.read_to, self.restart)
 
 
 def _decode_row(topic: str, partition: int, key: str, entry: _Found) -> None:
@@ -465,17 +471,23 @@ class Snapshotter:
             loads, marks = {p: PartitionLoad(topic, p) for p in partitions}, {}
         out = {}
         for p, load in loads.items():
-            loaded = out[p] = load.finish()
-            latest = (loaded.watermark, loaded.watermark_source)
-            self._partitions[p] = _Partition(watermark=loaded.seek, complete_to=load.read_to, latest_watermark=latest)
-            self.ignored += len(loaded.ignored)
-            self.seeks[p] = loaded.seek
-            self.restarts += p in marks
+            out[p] = load.finish()
             await asyncio.sleep(0)
         if marks:
             log.info("partitions %s start from the local store's checkpoint: %d heads read since",
                      sorted(marks), read)  # fmt: skip
         return out
+
+    def taken(self, partition: int, loaded: Loaded) -> None:
+        """The worker took the partition as `loaded` says: its snapshots are written from now
+        on. (A load whose assignment was abandoned registers nothing: a clean stop would
+        write a checkpoint for rows the worker never took.)"""
+        latest = (loaded.watermark, loaded.watermark_source)
+        self._partitions[partition] = _Partition(watermark=loaded.seek, complete_to=loaded.read_to,
+                                                 latest_watermark=latest)  # fmt: skip
+        self.ignored += len(loaded.ignored)
+        self.seeks[partition] = loaded.seek
+        self.restarts += loaded.restart
 
     def write_checkpoints(self) -> None:
         """At a clean stop, once the writes are drained: each partition's checkpoint in the

@@ -9,10 +9,13 @@ an assignment reads only the heads, and the snapshots follow in the background
 truth: an assignment refills a partition's rows from the heads topic, unless the store holds
 a *checkpoint* of the partition -- as Kafka Streams' `.checkpoint` file: written at a clean
 stop, it says below which offset of the heads partition the rows are complete, so a restart
-on the same machine (a persistent `state_dir`) reads only the heads written after it. An
-assignment takes the checkpoint out of the store as it uses it, so after a crash there is
-none and the partition is refilled from the topic: a store whose last writes may be lost is
-never trusted. Hence no fsync and no backup.
+on the same machine (a persistent `state_dir`) reads only the heads written after it. The
+checkpoint is taken out of the store once the worker has taken the partition (its rows change
+from then on), so after a crash there is none and the partition is refilled from the topic:
+a store whose last writes may be lost is never trusted. Hence no fsync and no backup. A load
+cut off before that (a rebalance, a stop, a crash) leaves the checkpoint: it has put only
+heads that follow it, which the next load puts again (SQLite keeps a prefix of its
+transactions), and it takes the checkpoint out before it forgets a row.
 
 Why SQLite (the standard library's `sqlite3`): what the worker needs is point reads and
 batched upserts by key, from one process; SQLite is in every CPython, one file, and its page
@@ -332,7 +335,7 @@ class StateStore:
         return None if found is None else Checkpoint(*found)
 
     def drop_checkpoint(self, partition: int) -> None:
-        """Once a load from the checkpoint is done: from now on the rows change without one."""
+        """From now on the partition's rows change without one."""
         self._db.execute("DELETE FROM checkpoint WHERE partition = ?", (partition,))
 
     def write_checkpoint(self, partition: int, mark: Checkpoint) -> None:

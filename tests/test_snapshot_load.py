@@ -14,8 +14,8 @@ from turnstile.projections import ConversationState, apply_event, new_state
 from turnstile.projections.snapshot import encode_snapshot
 from turnstile.projections.snapshot_head import encode_head, head_of
 from turnstile.streams.file_log import FileLog
-from turnstile.streams.snapshots import Loaded, PartitionLoad
-from turnstile.streams.state_store import StateStore, Unfilled
+from turnstile.streams.snapshots import Loaded, PartitionLoad, SnapshotPolicy, Snapshotter
+from turnstile.streams.state_store import Checkpoint, StateStore, Stored, Unfilled
 
 CONVERSATIONS = 300
 
@@ -109,5 +109,52 @@ async def test_given_a_head_whose_snapshot_is_unusable_when_loaded_then_that_con
         assert loaded.ignored == ["conv-2"] and loaded.seek == 0
         assert set(loaded.resident) == {"conv-0", "conv-1", "conv-3"}
         assert store.get("conv-2", 0) is None  # no row: its state is the fold's
+    finally:
+        store.close()
+
+
+async def test_given_a_damaged_stored_state_when_its_load_is_not_taken_then_no_checkpoint_vouches_for_the_rows_left(
+    tmp_path: Path,
+) -> None:
+    # Given a store checkpointed at a clean stop, whose row of a conversation with something
+    # to decide holds a snapshot that does not decode (a damaged file)
+    log = FileLog(tmp_path / "log", partitions=1)
+    states = [_state(f"conv-{n}", pending=True) for n in range(3)]
+    await _written(log, states)
+    store = StateStore(tmp_path, "events")
+    try:
+        await _loaded(log, store)
+        store.write_checkpoint(0, Checkpoint(heads_to=len(states), watermark=0, watermark_source=-1))  # one head each
+        store.put([Stored(head_of(states[1], 7, 4), 0, 3, b"damaged")])
+        # When a load from the checkpoint finishes -- the conversation is to be folded from
+        # offset 0 and its row forgotten -- but the partition is not taken (a rebalance first)
+        load = PartitionLoad(log.topics.heads, 0, store, store.checkpoint(0))
+        loaded = load.finish()
+        assert loaded.ignored == ["conv-1"] and loaded.seek == 0
+        # Then the checkpoint went with the row: the next load reads the heads topic whole
+        # rather than trusting rows that no longer name the conversation (it would skip its
+        # events below the watermark)
+        assert store.checkpoint(0) is None
+    finally:
+        store.close()
+
+
+async def test_given_a_load_whose_assignment_was_abandoned_when_the_worker_stops_cleanly_then_it_writes_no_checkpoint(
+    tmp_path: Path,
+) -> None:
+    # Given a partition loaded for an assignment that a rebalance abandoned before the worker took it
+    log = FileLog(tmp_path / "log", partitions=1)
+    await _written(log, [_state(f"conv-{n}") for n in range(3)])
+    store = StateStore(tmp_path, "events")
+    try:
+        snapshots = Snapshotter(log, SnapshotPolicy(), lambda: 0, store)
+        loaded = await snapshots.load([0])
+        # When the worker stops cleanly, then no checkpoint vouches for rows it never took
+        snapshots.write_checkpoints()
+        assert store.checkpoint(0) is None
+        # (once taken, the clean stop's checkpoint is written)
+        snapshots.taken(0, loaded[0])
+        snapshots.write_checkpoints()
+        assert store.checkpoint(0) == Checkpoint(heads_to=3, watermark=0, watermark_source=-1)
     finally:
         store.close()
