@@ -103,11 +103,13 @@ class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]
 
     async def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None:
         # An assignment still being taken is abandoned: the group is moving on, and the worker
-        # takes nothing of it (its partitions stay paused until the next assignment).
-        await self.abandon_assignment()
+        # takes nothing of it (its partitions stay paused until the next assignment). It is
+        # told even when nothing is revoked: what it held before that assignment and is not
+        # in it is no longer its own.
+        abandoned = await self.abandon_assignment()
         # Awaited before the group rebalances: the worker stops its turns for these
         # partitions here, so the next owner never sees two writers of one conversation.
-        if revoked and not self.owner.stopping:
+        if (revoked or abandoned) and not self.owner.stopping:
             await self._guarded("revoke", self.listener.on_revoked({tp.partition for tp in revoked}))
 
     async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
@@ -120,12 +122,15 @@ class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]
             self.owner.consumer.pause(*assigned)
         self.assigning = asyncio.create_task(self._guarded("assignment", self._assigned(assigned)), name="assignment")
 
-    async def abandon_assignment(self) -> None:
-        """Cancel the worker's part of an assignment still in progress, and wait for it to end."""
+    async def abandon_assignment(self) -> bool:
+        """Cancel the worker's part of an assignment still in progress and wait for it to end;
+        whether there was one."""
         task, self.assigning = self.assigning, None
-        if task is not None:
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
+        if task is None or task.done():
+            return False
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        return True
 
     async def _assigned(self, assigned: set[TopicPartition]) -> None:
         # Called with nothing too: the listener learns that what it held moved away.
@@ -138,10 +143,10 @@ class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]
         positions = await self.listener.on_assigned(starts)
         # At once (neither awaits): the listener reads nothing of these partitions until it
         # returns, and nothing from elsewhere must reach it after. (A rebalance meanwhile
-        # would have cancelled this: the intersection is for a member dropped silently.)
-        taken = assigned & consumer.assignment()
+        # would have cancelled this.) One it left out stays paused: it took nothing (stopping).
+        taken = {tp for tp in assigned & consumer.assignment() if tp.partition in positions}
         for tp in taken:
-            consumer.seek(tp, positions.get(tp.partition, 0))
+            consumer.seek(tp, positions[tp.partition])
         consumer.resume(*taken)
 
     async def _guarded(self, what: str, step: Coroutine[Any, Any, None]) -> None:

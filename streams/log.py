@@ -84,7 +84,8 @@ class Landed:
 
 class RebalanceListener(Protocol):
     async def on_assigned(self, partitions: dict[int, PartitionStart]) -> Mapping[int, int]:
-        """Returns the offset to read each partition from (0: replay it whole)."""
+        """Returns the offset to read each partition from (0: replay it whole); one left out
+        is not read (the listener took nothing of it: it is stopping)."""
         ...
 
     async def on_revoked(self, partitions: set[int]) -> None: ...

@@ -298,6 +298,11 @@ class Worker:
         self._rebalances += 1
         async with self._rebalancing:
             if not self._stopped:  # (after the loop: its turns are cancelled, its store closes)
+                # Held since an earlier revoke and not in this one: the assignment between was
+                # not taken here (the Kafka log abandoned it), and another member may have owned
+                # them meanwhile -- resumed their turns, committed past this fold. They go now,
+                # or the next assignment would keep them as folded and commit an older offset.
+                await self.handover.hand_over(self.handover.moved(partitions))
                 await self.handover.revoke(partitions)
 
     def _forget(self, partition: int, part: OwnedPartition) -> None:

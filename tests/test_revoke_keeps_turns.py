@@ -112,6 +112,32 @@ async def test_a_revoke_finishes_the_tool_in_progress_and_a_partition_that_stays
     assert [e.reply for e in events if isinstance(e, TurnCompleted)] == ["Sent."]
 
 
+async def test_a_partition_held_since_a_revoke_that_the_next_revoke_does_not_name_is_dropped_there(tmp_path) -> None:
+    log, transfers = FileLog(tmp_path, partitions=1), Transfers()
+    async with running(log, ScriptedProvider(script), config_for(transfers)) as worker:
+        revoking = await revoke_mid_transfer(log, worker, transfers)
+        transfers.release.set()
+        await asyncio.wait_for(revoking, 10)
+        written = len(types(log))
+        # The assignment after that revoke gave the partition to another member, and was
+        # abandoned before the worker heard of it (on Kafka: a rebalance came first), so the
+        # next revoke names nothing: the partition is dropped there, its turn at rest.
+        await worker.on_revoked(set())
+        assert worker.state_of("c1") is None and worker.partition_liveness() == {}
+        assert len(types(log)) == written
+        # Given back, it is taken as new -- the other member may have resumed its turns and
+        # committed past this fold -- not kept: the turn is resumed from the journal.
+        await assign(log, worker, log.end_offset(0))
+        await until(lambda: "TurnCompleted" in types(log), 20)
+    events = events_of(log, "c1")
+    assert [type(e).__name__ for e in events if isinstance(e, (AttemptStarted, AttemptFailed))] == [
+        "AttemptStarted",
+        "AttemptFailed",
+        "AttemptStarted",
+    ]
+    assert transfers.runs == 1
+
+
 async def test_a_partition_that_moved_drops_its_turns_at_rest_and_the_next_owner_resumes_them(tmp_path) -> None:
     log, transfers = FileLog(tmp_path, partitions=1), Transfers()
     async with running(log, ScriptedProvider(script), config_for(transfers)) as worker:
