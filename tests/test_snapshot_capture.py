@@ -17,6 +17,12 @@ from turnstile.streams.snapshots import SnapshotPolicy, Snapshotter
 from turnstile.streams.state_store import StateStore
 
 
+async def _taken(snapshots: Snapshotter) -> None:
+    """Partition 0 loaded and taken, as the worker's assignment does it."""
+    loaded = await snapshots.load([0])
+    snapshots.taken(0, loaded[0])
+
+
 async def test_a_capture_stops_at_its_time_bound_and_the_next_ones_go_on_where_it_stopped(tmp_path: Path) -> None:
     log = FileLog(tmp_path, partitions=1)
     ticks = itertools.count()
@@ -24,7 +30,7 @@ async def test_a_capture_stops_at_its_time_bound_and_the_next_ones_go_on_where_i
     snapshots = Snapshotter(
         log, SnapshotPolicy(idle_ms=0, max_capture_s=0.0035), lambda: 0, monotonic=lambda: next(ticks) / 1000
     )
-    await snapshots.load([0])
+    await _taken(snapshots)
     states: dict[str, ConversationState] = {}
     for offset in range(10):
         conversation, event = f"c{offset}", message(f"m{offset}", 10, conv=f"c{offset}")
@@ -81,7 +87,7 @@ async def test_a_snapshot_the_broker_refused_holds_the_watermark_below_its_event
     refused snapshot is due again with its first event, older than changes made meanwhile."""
     log = RefusingLog(tmp_path, refused="a")
     snapshots = Snapshotter(log, SnapshotPolicy(idle_ms=0), lambda: 0)
-    await snapshots.load([0])
+    await _taken(snapshots)
     states = {c: new_state(c) for c in ("a", "b")}
 
     def fold(offset: int, conversation: str) -> None:
@@ -114,7 +120,7 @@ async def test_conversations_in_use_at_the_front_do_not_use_up_a_capture_bound_t
         log, SnapshotPolicy(idle_ms=1_000, max_capture_s=0.0035), lambda: clock_ms,
         monotonic=lambda: next(ticks) / 1000,
     )  # fmt: skip
-    await snapshots.load([0])
+    await _taken(snapshots)
     states: dict[str, ConversationState] = {}
     offsets = itertools.count()
 
@@ -147,7 +153,7 @@ async def test_only_a_worker_that_loaded_the_heads_vouches_for_them_with_a_water
         log = FileLog(tmp_path / str(with_store), partitions=1)
         store = StateStore(tmp_path / f"store-{with_store}", "events") if with_store else None
         snapshots = Snapshotter(log, SnapshotPolicy(idle_ms=0), lambda: 0, store)
-        await snapshots.load([0])
+        await _taken(snapshots)
         state = new_state("a")
         event = message("m0", 10, conv="a")
         assert apply_event(state, event) is None
