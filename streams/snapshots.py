@@ -624,7 +624,10 @@ class Snapshotter:
         captured = {p: items for p, items in captured.items() if items}
         if captured or watermarks:
             self._flying = frozenset(c.conversation for items in captured.values() for c in items)
-            self._writing = asyncio.create_task(self._write(captured, watermarks), name="snapshots")
+            # Whose they are: a write still in flight when its partition is handed over and taken
+            # again counts for nothing in the new ownership (its rows and offsets are the load's).
+            owners = {p: part for p in captured.keys() | watermarks.keys() if (part := self._partitions.get(p))}
+            self._writing = asyncio.create_task(self._write(captured, watermarks, owners), name="snapshots")
 
     def _fits(self, conversation: str, value: bytes) -> bool:
         limit = self.log.max_value_bytes(self.log.topics.snapshots, conversation)
@@ -636,13 +639,17 @@ class Snapshotter:
                         conversation, len(value), limit)  # fmt: skip
         return False
 
-    async def _write(self, captured: dict[int, list[_Captured]], watermarks: dict[int, int]) -> None:
+    async def _write(
+        self, captured: dict[int, list[_Captured]], watermarks: dict[int, int], owners: dict[int, _Partition]
+    ) -> None:
         try:
-            await self._write_partitions(captured, watermarks)
+            await self._write_partitions(captured, watermarks, owners)
         finally:
             self._flying = frozenset()
 
-    async def _write_partitions(self, captured: dict[int, list[_Captured]], watermarks: dict[int, int]) -> None:
+    async def _write_partitions(
+        self, captured: dict[int, list[_Captured]], watermarks: dict[int, int], owners: dict[int, _Partition]
+    ) -> None:
         """Per partition: the snapshots, then their heads (each naming where its snapshot
         landed), then the watermark, each step once the one before is acknowledged -- a head
         never names a snapshot that is not on the topic, and a watermark never vouches for a
@@ -658,7 +665,7 @@ class Snapshotter:
             done = [(c, heads[c.conversation], at) for c in items if (at := on_heads.get(c.conversation)) is not None]
             failed = [c for c in items if on_heads.get(c.conversation) is None]
             self.written += len(done)
-            part = self._partitions.get(p)
+            part = self._owned(p, owners)
             if part is not None:
                 for _c, _head, at in done:
                     part.landed(at)
@@ -666,7 +673,8 @@ class Snapshotter:
                     self.store.put(Stored(head, p, at, c.value) for c, head, at in done)
             if failed:
                 log.warning("%d snapshot(s) of partition %d not written (tried again later)", len(failed), p)
-                self._redo(p, failed)
+                if part is not None:
+                    self._redo(part, failed)
                 continue  # no watermark over a snapshot that is not on the topic
             watermark = watermarks.get(p)
             if watermark is None:
@@ -679,7 +687,7 @@ class Snapshotter:
             topics_for = [topics.snapshots] + ([topics.heads] if self.store is not None else [])
             acks = await asyncio.gather(*(self._sent(t, p, [(WATERMARK_KEY, value)]) for t in topics_for))
             landed_at = [ack for (ack,) in acks]
-            part = self._partitions.get(p)
+            part = self._owned(p, owners)
             if part is None or None in landed_at:
                 continue  # tried again at a later checkpoint
             part.watermark = max(part.watermark, watermark)
@@ -703,10 +711,13 @@ class Snapshotter:
                         errors[0])  # fmt: skip
         return [None if isinstance(a, BaseException) else a.offset for a in acks]
 
-    def _redo(self, partition: int, items: list[_Captured]) -> None:
+    def _owned(self, partition: int, owners: dict[int, _Partition]) -> _Partition | None:
+        """The partition as it was when its writes were captured, if it still is (None: it was
+        handed over meanwhile -- the next owner folds those events -- or taken again since)."""
         part = self._partitions.get(partition)
-        if part is None:
-            return  # revoked meanwhile: the next owner folds those events
+        return part if part is not None and part is owners.get(partition) else None
+
+    def _redo(self, part: _Partition, items: list[_Captured]) -> None:
         for c in items:
             newer = part.dirty.get(c.conversation)
             if newer is None:

@@ -14,8 +14,10 @@ checkpoint is taken out of the store once the worker has taken the partition (it
 from then on), so after a crash there is none and the partition is refilled from the topic:
 a store whose last writes may be lost is never trusted. Hence no fsync and no backup. A load
 cut off before that (a rebalance, a stop, a crash) leaves the checkpoint: it has put only
-heads that follow it, which the next load puts again (SQLite keeps a prefix of its
-transactions), and it takes the checkpoint out before it forgets a row.
+heads that follow it, which the next load puts again (after a crash of the process SQLite
+keeps a prefix of its transactions; an OS crash can lose or damage unsynced pages, as for
+every write since the clean stop), and it takes the
+checkpoint out before it forgets a row.
 
 Why SQLite (the standard library's `sqlite3`): what the worker needs is point reads and
 batched upserts by key, from one process; SQLite is in every CPython, one file, and its page
@@ -324,8 +326,9 @@ class StateStore:
     def drop_partitions(self, partitions: Iterable[int]) -> None:
         """Forget the rows (and checkpoints) of partitions no longer ours or to be refilled."""
         for p in partitions:
-            self._db.execute("DELETE FROM snapshot WHERE partition = ?", (p,))
+            # The checkpoint first: a crash between the two must not leave one vouching for no rows.
             self._db.execute("DELETE FROM checkpoint WHERE partition = ?", (p,))
+            self._db.execute("DELETE FROM snapshot WHERE partition = ?", (p,))
 
     def checkpoint(self, partition: int) -> Checkpoint | None:
         """The partition's checkpoint: its rows are the heads topic's up to `heads_to`."""
