@@ -5,10 +5,11 @@ turns, at rest, are cancelled there and their conversations forgotten: the new o
 resumes them from the journal).
 
 aiokafka's rebalances are eager -- every member revokes everything -- so whether a
-partition really moves is known only at the assignment that follows a revoke: nothing is
-dropped at the revoke itself. The worker calls `revoke`, then `hand_over` with the
+partition really moves is known only at the assignment that follows a revoke: nothing it
+names is dropped at the revoke itself. The worker calls `revoke`, then `hand_over` with the
 partitions the assignment did not give back, then `continue_kept` for each partition that
-came back once it is live.
+came back once it is live. (A revoke also hands over what an earlier revoke held and it
+does not name: the assignment between was abandoned, `Worker.on_revoked`.)
 """
 
 from __future__ import annotations
@@ -64,11 +65,9 @@ class Handover:
         """Before the group moves partitions: let the step in progress of each turn on them
         finish (a model reply recorded, a tool call and its ToolCallFinished), hold each turn
         at its next step boundary, write the effects due and commit."""
-        revoked = {p: part for p in partitions if (part := self.partitions.get(p)) is not None}
-        for part in revoked.values():
-            # From here no decision is taken for them: a runner started now would outlive the
-            # revoke and might write to a partition another worker owns.
-            part.suspended, part.reading = True, False
+        # From here no decision is taken for them: a runner started now would outlive the
+        # revoke and might write to a partition another worker owns.
+        revoked = self.partitions.hold(partitions)
         slots = [slot for slot in self.runners.values() if slot.partition in revoked]
         for slot in slots:
             slot.suspend()

@@ -7,7 +7,7 @@ partition that is handed over is forgotten in one place (`drop`), with all its c
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
 from turnstile.streams.checkpoint import Position
@@ -97,6 +97,14 @@ class Partitions:
     # -- what others may ask -----------------------------------------------------------------
     def suspended(self) -> list[int]:
         return [p for p, part in self._parts.items() if part.suspended]
+
+    def hold(self, partitions: Iterable[int]) -> dict[int, OwnedPartition]:
+        """Those of `partitions` owned here, from now on neither read nor decided for, nor
+        committed: they are being revoked."""
+        held = {p: part for p in partitions if (part := self._parts.get(p)) is not None}
+        for part in held.values():
+            part.suspended, part.reading = True, False
+        return held
 
     def committable(self) -> list[int]:
         """Partitions whose positions may be committed now (not being revoked)."""

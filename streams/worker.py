@@ -294,10 +294,18 @@ class Worker:
     async def on_revoked(self, partitions: set[int]) -> None:
         """Before the group moves partitions: the steps in progress finish and the turns
         wait at their next step boundary (`Handover.revoke`). Whether a partition really
-        moves is known only at the assignment that follows, so nothing is dropped here."""
+        moves is known only at the assignment that follows, so nothing of `partitions` is
+        dropped here; what is dropped is what an earlier revoke held and this one does not
+        name (an assignment between was abandoned)."""
         self._rebalances += 1
+        if self._stopped:
+            # After the loop its turns are cancelled and its store closes: nothing is awaited.
+            # The partitions are no longer surely ours, so the stop's last commit and snapshots
+            # leave them out (another member may own them already and commit past this fold).
+            self.partitions.hold(partitions)
+            return
         async with self._rebalancing:
-            if not self._stopped:  # (after the loop: its turns are cancelled, its store closes)
+            if not self._stopped:  # (the stop came while this waited for the lock)
                 # Held since an earlier revoke and not in this one: the assignment between was
                 # not taken here (the Kafka log abandoned it), and another member may have owned
                 # them meanwhile -- resumed their turns, committed past this fold. They go now,
@@ -331,7 +339,7 @@ class Worker:
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
-            done = await self.checkpoint.close(clean=stopped_cleanly)
+            done = await self.checkpoint.close(stopped_cleanly, self.partitions.committable())
             await self.residency.close(stopped_cleanly, done, self.clock.now_ms(), self._owes_nothing)
             if self.replies is not None:
                 await self.replies.aclose()

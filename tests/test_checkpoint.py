@@ -57,7 +57,7 @@ async def test_no_offset_is_committed_past_an_effect_not_yet_written(tmp_path):
     await cp.commit([0])
     assert log.committed_offsets() == {0: 1}  # held below the record whose effect is in flight
     log.release.set()
-    await cp.close(clean=True)
+    await cp.close(True, [0])
     assert log.committed_offsets() == {0: 3}
     assert [r.value for r in log.read_all(log.topics.outcomes)] == [b"outcome"]
 
@@ -77,7 +77,7 @@ async def test_a_stop_after_an_error_commits_nothing_and_drops_the_writes(tmp_pa
     cp.assign(0, PartitionStart(end_offset=1, committed=0))
     cp.advance(record(0))
     cp.effect(log.topics.outcomes, record(0), b"outcome")
-    await cp.close(clean=False)
+    await cp.close(False, [0])
     log.release.set()
     await asyncio.sleep(0)
     assert log.committed_offsets() == {} and log.read_all(log.topics.outcomes) == []
@@ -90,7 +90,7 @@ async def test_an_effect_the_log_refuses_for_good_is_skipped_with_a_marker(tmp_p
     cp.assign(0, PartitionStart(end_offset=1, committed=0))
     cp.advance(record(0))
     cp.effect(log.topics.outcomes, record(0), b"x" * 10)
-    await cp.close(clean=True)
+    await cp.close(True, [0])
     assert skipped == [log.topics.outcomes] and log.committed_offsets() == {0: 1}
     [marker] = [DeadLetter.model_validate_json(r.value) for r in log.read_all(log.topics.dead_letters)]
     assert marker.reason == "effect_skipped" and (marker.partition, marker.offset) == (0, 0)

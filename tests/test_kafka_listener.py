@@ -28,16 +28,19 @@ class Told:
 async def test_given_an_assignment_still_being_taken_when_a_revoke_names_nothing_then_the_worker_is_told() -> None:
     # Given an assignment of nothing that the worker is still taking (its part runs beside
     # the group's protocol: here it never ends)
-    told = Told()
-    listener = _Listener(KafkaLog("127.0.0.1:1"), told)  # (never started: no broker is asked)
-    await listener.on_partitions_assigned(set())
-    await asyncio.wait_for(told.taking.wait(), 5)
-    # When the next rebalance revokes that assignment (nothing)
-    await listener.on_partitions_revoked(set())
-    # Then the worker's part was cancelled and the worker told, though nothing is revoked:
-    # what it held before that assignment and is not in it is no longer its own
-    assert told.revoked == [set()]
-    assert listener.assigning is None and listener.failure is None
-    # ...and a revoke of nothing after an assignment taken in full tells it nothing
-    await listener.on_partitions_revoked(set())
-    assert told.revoked == [set()]
+    told, log = Told(), KafkaLog("127.0.0.1:1")  # (never started: no broker is asked)
+    listener = _Listener(log, told)
+    try:
+        await listener.on_partitions_assigned(set())
+        await asyncio.wait_for(told.taking.wait(), 5)
+        # When the next rebalance revokes that assignment (nothing)
+        await listener.on_partitions_revoked(set())
+        # Then the worker's part was cancelled and the worker told, though nothing is
+        # revoked: what it held before that assignment and is not in it is no longer its own
+        assert told.revoked == [set()]
+        assert listener.assigning is None and listener.failure is None
+        # ...and a revoke of nothing with no assignment in progress tells it nothing
+        await listener.on_partitions_revoked(set())
+        assert told.revoked == [set()]
+    finally:
+        await log.stop()

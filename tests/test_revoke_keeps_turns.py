@@ -310,3 +310,47 @@ async def test_a_second_stop_during_a_revoke_closes_at_once_and_still_lets_go_of
     FileLog(tmp_path, partitions=1).own()
     transfers.release.set()
     await asyncio.wait_for(revoking, 10)
+
+
+class RevokedAtTheStop:
+    """A model call that never answers. When the stop cancels it, the group revokes the
+    partition -- a rebalance landing while the worker closes."""
+
+    family = "scripted"
+
+    def __init__(self) -> None:
+        self.worker: Worker | None = None
+        self.called = asyncio.Event()
+        self.revoking: asyncio.Future[None] | None = None
+
+    async def complete(self, request: ModelRequest, stream: ReplyStream | None = None) -> ModelReply:
+        self.called.set()
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            assert self.worker is not None
+            self.revoking = asyncio.ensure_future(self.worker.on_revoked({0}))  # before the stop's last commit
+            raise
+        raise AssertionError("never answered")
+
+
+async def test_a_partition_revoked_while_the_worker_stops_is_left_out_of_its_last_commit(tmp_path) -> None:
+    # Given a worker that has folded records it has not committed yet
+    log, provider = FileLog(tmp_path, partitions=1), RevokedAtTheStop()
+    worker = Worker(log, provider, dataclasses.replace(FAST, commit_interval_s=3600))
+    provider.worker = worker
+    stop = asyncio.Event()
+    run = asyncio.create_task(worker.run(stop))
+    await publish(log, message_event("c1", "hello", NOW() - 60_000, "m1"))
+    await asyncio.wait_for(provider.called.wait(), 20)
+    await until(lambda: worker.folded_past(0, 2))  # the turn's claim and attempt read back
+    before = log.committed_offsets()
+    assert before.get(0, 0) < 3  # (its first commit came before them)
+    # When the group revokes its partition while it stops (the revoke changes nothing else
+    # once the loop has ended)
+    stop.set()
+    await run
+    assert provider.revoking is not None and provider.revoking.done()
+    # Then its last commit leaves that partition out: another member may own it already and
+    # have committed past this worker's fold
+    assert log.committed_offsets() == before
