@@ -154,17 +154,18 @@ class Checkpoint:
             await asyncio.wait(writes, timeout=REVOKE_FLUSH_S)
         await self.commit(wanted)
 
-    async def close(self, clean: bool, partitions: Iterable[int]) -> dict[int, int]:
+    async def close(self, clean: bool, partitions: Callable[[], Iterable[int]]) -> dict[int, int]:
         """Step 5, on stop: after a clean one, effects get a while to land and the offsets of
-        `partitions` (those not being revoked) are committed (returned); what is still
-        unwritten then is cancelled (and not committed past)."""
+        `partitions()` -- asked then: those not being revoked, and a revoke may land during
+        the wait -- are committed (returned); what is still unwritten then is cancelled (and
+        not committed past)."""
         try:
             if clean:
                 with contextlib.suppress(Exception):  # a failed last commit: the next owner redoes
                     writes = [e.write for e in self._effects]
                     if writes:
                         await asyncio.wait(writes, timeout=STOP_FLUSH_S)
-                    return await self.commit(partitions)
+                    return await self.commit(partitions())
             return {}
         finally:
             for effect in self._effects:

@@ -677,8 +677,8 @@ class Snapshotter:
                     self._redo(part, failed)
                 continue  # no watermark over a snapshot that is not on the topic
             watermark = watermarks.get(p)
-            if watermark is None:
-                continue
+            if watermark is None or part is None:
+                continue  # (handed over meanwhile: its next owner writes the watermarks)
             value = encode_watermark(watermark)
             # On the snapshot topic (what a worker without a store loads, and readers of one
             # conversation, `start_of`), and on the heads topic only from a worker with a

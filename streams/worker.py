@@ -305,7 +305,9 @@ class Worker:
             self.partitions.hold(partitions)
             return
         async with self._rebalancing:
-            if not self._stopped:  # (the stop came while this waited for the lock)
+            if self._stopped:  # (the stop came while this waited for the lock)
+                self.partitions.hold(partitions)
+            else:
                 # Held since an earlier revoke and not in this one: the assignment between was
                 # not taken here (the Kafka log abandoned it), and another member may have owned
                 # them meanwhile -- resumed their turns, committed past this fold. They go now,
@@ -339,7 +341,7 @@ class Worker:
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
-            done = await self.checkpoint.close(stopped_cleanly, self.partitions.committable())
+            done = await self.checkpoint.close(stopped_cleanly, self.partitions.committable)
             await self.residency.close(stopped_cleanly, done, self.clock.now_ms(), self._owes_nothing)
             if self.replies is not None:
                 await self.replies.aclose()

@@ -57,7 +57,7 @@ async def test_no_offset_is_committed_past_an_effect_not_yet_written(tmp_path):
     await cp.commit([0])
     assert log.committed_offsets() == {0: 1}  # held below the record whose effect is in flight
     log.release.set()
-    await cp.close(True, [0])
+    await cp.close(True, lambda: [0])
     assert log.committed_offsets() == {0: 3}
     assert [r.value for r in log.read_all(log.topics.outcomes)] == [b"outcome"]
 
@@ -77,7 +77,7 @@ async def test_a_stop_after_an_error_commits_nothing_and_drops_the_writes(tmp_pa
     cp.assign(0, PartitionStart(end_offset=1, committed=0))
     cp.advance(record(0))
     cp.effect(log.topics.outcomes, record(0), b"outcome")
-    await cp.close(False, [0])
+    await cp.close(False, lambda: [0])
     log.release.set()
     await asyncio.sleep(0)
     assert log.committed_offsets() == {} and log.read_all(log.topics.outcomes) == []
@@ -90,7 +90,7 @@ async def test_an_effect_the_log_refuses_for_good_is_skipped_with_a_marker(tmp_p
     cp.assign(0, PartitionStart(end_offset=1, committed=0))
     cp.advance(record(0))
     cp.effect(log.topics.outcomes, record(0), b"x" * 10)
-    await cp.close(True, [0])
+    await cp.close(True, lambda: [0])
     assert skipped == [log.topics.outcomes] and log.committed_offsets() == {0: 1}
     [marker] = [DeadLetter.model_validate_json(r.value) for r in log.read_all(log.topics.dead_letters)]
     assert marker.reason == "effect_skipped" and (marker.partition, marker.offset) == (0, 0)
@@ -118,3 +118,24 @@ async def test_the_first_commit_is_due_at_once_and_the_next_one_an_interval_late
     cp.advance(record(2))
     assert await cp.commit_due([0]) is None
     assert log.committed_offsets() == {0: 2}
+
+
+async def test_the_stop_asks_which_partitions_to_commit_only_once_its_effects_have_landed(tmp_path):
+    # A revoke may land while the stop waits for its effects: a partition revoked meanwhile
+    # must not be committed, so the stop asks which partitions are still its own after the wait.
+    log = HeldLog(tmp_path)
+    cp = checkpoint(log)
+    cp.assign(0, PartitionStart(end_offset=3, committed=0))
+    for i in range(3):
+        cp.advance(record(i))
+    cp.effect(log.topics.outcomes, record(2), b"outcome")
+    asked_once_landed: list[bool] = []
+
+    def still_ours() -> list[int]:
+        asked_once_landed.append(bool(log.read_all(log.topics.outcomes)))
+        return []  # the group revoked partition 0 meanwhile
+
+    closing = asyncio.create_task(cp.close(True, still_ours))
+    log.release.set()
+    assert await closing == {}
+    assert asked_once_landed == [True] and log.committed_offsets() == {}
