@@ -47,13 +47,19 @@ async def test_a_record_is_new_to_the_group_from_the_committed_offset_on(tmp_pat
     assert at.position == 4 and at.live
 
 
-async def test_no_offset_is_committed_past_an_effect_not_yet_written(tmp_path):
-    log = HeldLog(tmp_path)
+def with_an_effect_in_flight(log: HeldLog, at: int) -> Checkpoint:
+    """Records 0-2 of partition 0 folded; the one at `at` has its outcome record held."""
     cp = checkpoint(log)
     cp.assign(0, PartitionStart(end_offset=3, committed=0))
     for i in range(3):
         cp.advance(record(i))
-    cp.effect(log.topics.outcomes, record(1), b"outcome")
+    cp.effect(log.topics.outcomes, record(at), b"outcome")
+    return cp
+
+
+async def test_no_offset_is_committed_past_an_effect_not_yet_written(tmp_path):
+    log = HeldLog(tmp_path)
+    cp = with_an_effect_in_flight(log, at=1)
     await cp.commit([0])
     assert log.committed_offsets() == {0: 1}  # held below the record whose effect is in flight
     log.release.set()
@@ -124,11 +130,7 @@ async def test_the_stop_asks_which_partitions_to_commit_only_once_its_effects_ha
     # A revoke may land while the stop waits for its effects: a partition revoked meanwhile
     # must not be committed, so the stop asks which partitions are still its own after the wait.
     log = HeldLog(tmp_path)
-    cp = checkpoint(log)
-    cp.assign(0, PartitionStart(end_offset=3, committed=0))
-    for i in range(3):
-        cp.advance(record(i))
-    cp.effect(log.topics.outcomes, record(2), b"outcome")
+    cp = with_an_effect_in_flight(log, at=2)
     asked_once_landed: list[bool] = []
 
     def still_ours() -> list[int]:

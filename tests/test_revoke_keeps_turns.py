@@ -112,13 +112,31 @@ async def test_a_revoke_finishes_the_tool_in_progress_and_a_partition_that_stays
     assert [e.reply for e in events if isinstance(e, TurnCompleted)] == ["Sent."]
 
 
+async def revoked_at_rest(log: FileLog, worker: Worker, transfers: Transfers) -> int:
+    """`revoke_mid_transfer`, the transfer let finish: the turn at rest, the revoke done.
+    Returns how many events of c1 are on the log then."""
+    revoking = await revoke_mid_transfer(log, worker, transfers)
+    transfers.release.set()
+    await asyncio.wait_for(revoking, 10)
+    return len(types(log))
+
+
+def resumed_from_the_journal(log: FileLog, transfers: Transfers) -> None:
+    """The interrupted attempt was continued by a new one, and the transfer did not run again."""
+    events = events_of(log, "c1")
+    assert [type(e).__name__ for e in events if isinstance(e, (AttemptStarted, AttemptFailed))] == [
+        "AttemptStarted",
+        "AttemptFailed",
+        "AttemptStarted",
+    ]
+    assert transfers.runs == 1
+    assert [e.reply for e in events if isinstance(e, TurnCompleted)] == ["Sent."]
+
+
 async def test_a_partition_held_since_a_revoke_that_the_next_revoke_does_not_name_is_dropped_there(tmp_path) -> None:
     log, transfers = FileLog(tmp_path, partitions=1), Transfers()
     async with running(log, ScriptedProvider(script), config_for(transfers)) as worker:
-        revoking = await revoke_mid_transfer(log, worker, transfers)
-        transfers.release.set()
-        await asyncio.wait_for(revoking, 10)
-        written = len(types(log))
+        written = await revoked_at_rest(log, worker, transfers)
         # The assignment after that revoke gave the partition to another member, and was
         # abandoned before the worker heard of it (on Kafka: a rebalance came first), so the
         # next revoke names nothing: the partition is dropped there, its turn at rest.
@@ -129,22 +147,13 @@ async def test_a_partition_held_since_a_revoke_that_the_next_revoke_does_not_nam
         # committed past this fold -- not kept: the turn is resumed from the journal.
         await assign(log, worker, log.end_offset(0))
         await until(lambda: "TurnCompleted" in types(log), 20)
-    events = events_of(log, "c1")
-    assert [type(e).__name__ for e in events if isinstance(e, (AttemptStarted, AttemptFailed))] == [
-        "AttemptStarted",
-        "AttemptFailed",
-        "AttemptStarted",
-    ]
-    assert transfers.runs == 1
+    resumed_from_the_journal(log, transfers)
 
 
 async def test_a_partition_that_moved_drops_its_turns_at_rest_and_the_next_owner_resumes_them(tmp_path) -> None:
     log, transfers = FileLog(tmp_path, partitions=1), Transfers()
     async with running(log, ScriptedProvider(script), config_for(transfers)) as worker:
-        revoking = await revoke_mid_transfer(log, worker, transfers)
-        transfers.release.set()
-        await asyncio.wait_for(revoking, 10)
-        written = len(types(log))
+        written = await revoked_at_rest(log, worker, transfers)
         await worker.on_assigned({})  # the group gave the partition to another member
         assert worker.state_of("c1") is None and worker.partition_liveness() == {}
         assert len(types(log)) == written  # cancelled between steps: nothing more written
@@ -154,14 +163,8 @@ async def test_a_partition_that_moved_drops_its_turns_at_rest_and_the_next_owner
     provider = ScriptedProvider(script)
     async with running(FileLog(tmp_path, partitions=1), provider, config_for(transfers)):
         await until(lambda: "TurnCompleted" in types(log), 20)
-    events = events_of(log, "c1")
-    assert [type(e).__name__ for e in events if isinstance(e, (AttemptStarted, AttemptFailed))] == [
-        "AttemptStarted",
-        "AttemptFailed",
-        "AttemptStarted",
-    ]
-    assert transfers.runs == 1 and len(provider.requests) == 1
-    assert [e.reply for e in events if isinstance(e, TurnCompleted)] == ["Sent."]
+    resumed_from_the_journal(log, transfers)
+    assert len(provider.requests) == 1
 
 
 async def test_a_step_that_outlasts_the_revoke_grace_is_cancelled_and_resumed_when_the_partition_stays(
