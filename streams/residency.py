@@ -89,7 +89,7 @@ class Residency:
         self._ignored = ignored
         self._requested: set[asyncio.Task[None]] = set()  # brought because a read asked
         self._done: dict[int, int] = {}  # the offsets the last checkpoint committed
-        # An assignment's load in flight (it runs in the log's rebalance callback, which may
+        # An assignment's load in flight (it runs in the log's assignment task, which may
         # outlast the worker's loop): a stop cancels it (`stop_loading`) before it closes the store.
         self._loading: asyncio.Task[dict[int, Loaded]] | None = None
         self._stopping = False  # the worker's loop has ended: nothing more is loaded or read

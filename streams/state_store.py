@@ -16,8 +16,7 @@ a store whose last writes may be lost is never trusted. Hence no fsync and no ba
 cut off before that (a rebalance, a stop, a crash) leaves the checkpoint: it has put only
 heads that follow it, which the next load puts again (after a crash of the process SQLite
 keeps a prefix of its transactions; an OS crash can lose or damage unsynced pages, as for
-every write since the clean stop), and it takes the
-checkpoint out before it forgets a row.
+every write since the clean stop), and it takes the checkpoint out before it forgets a row.
 
 Why SQLite (the standard library's `sqlite3`): what the worker needs is point reads and
 batched upserts by key, from one process; SQLite is in every CPython, one file, and its page

@@ -298,22 +298,20 @@ class Worker:
         dropped here; what is dropped is what an earlier revoke held and this one does not
         name (an assignment between was abandoned)."""
         self._rebalances += 1
-        if self._stopped:
-            # After the loop its turns are cancelled and its store closes: nothing is awaited.
-            # The partitions are no longer surely ours, so the stop's last commit and snapshots
-            # leave them out (another member may own them already and commit past this fold).
-            self.partitions.hold(partitions)
-            return
-        async with self._rebalancing:
-            if self._stopped:  # (the stop came while this waited for the lock)
-                self.partitions.hold(partitions)
-            else:
-                # Held since an earlier revoke and not in this one: the assignment between was
-                # not taken here (the Kafka log abandoned it), and another member may have owned
-                # them meanwhile -- resumed their turns, committed past this fold. They go now,
-                # or the next assignment would keep them as folded and commit an older offset.
-                await self.handover.hand_over(self.handover.moved(partitions))
-                await self.handover.revoke(partitions)
+        if not self._stopped:
+            async with self._rebalancing:
+                if not self._stopped:  # (the stop may come while this waits for the lock)
+                    # Held since an earlier revoke and not in this one: the assignment between
+                    # was not taken here (the Kafka log abandoned it), and another member may
+                    # have owned them meanwhile -- resumed their turns, committed past this fold.
+                    # They go now, or the next assignment would keep them as folded.
+                    await self.handover.hand_over(self.handover.moved(partitions))
+                    await self.handover.revoke(partitions)
+                    return
+        # After the loop its turns are cancelled and its store closes: nothing is awaited. The
+        # partitions are no longer surely ours, so the stop's last commit and snapshots leave
+        # them out (another member may own them already and commit past this fold).
+        self.partitions.hold(partitions)
 
     def _forget(self, partition: int, part: OwnedPartition) -> None:
         """A partition handed over: what this worker holds of its conversations goes."""
