@@ -55,7 +55,7 @@ from turnstile.projections.snapshot import (
 from turnstile.projections.snapshot_head import Head, decode_head, encode_head, head_of
 from turnstile.streams.eviction import SETTLED
 from turnstile.streams.log import EventLog, Record
-from turnstile.streams.state_store import Checkpoint, StateStore, Stored
+from turnstile.streams.state_store import ROWS_SLICE, Checkpoint, StateStore, Stored
 
 log = logging.getLogger(__name__)
 
@@ -143,9 +143,12 @@ class PartitionLoad:
     `streams/snapshot_fill.py`), and only the conversations with something to decide need
     their snapshots before (`wanted`, `fetched`). So what the load reads grows with the
     conversations, not with their history. With the store's checkpoint `mark`, the heads are
-    those from `mark.heads_to` on, over the rows the store holds. Without a store, every
+    those from `mark.heads_to` on, over the rows the store holds (`take_stored`, a slice at
+    a time before the heads). Without a store, every
     state is needed in memory: the snapshot topic is read and every snapshot decoded.
     """
+
+    rows_slice = ROWS_SLICE  # rows of the store taken at a time (`take_stored`)
 
     def __init__(self, topic: str, partition: int, store: StateStore | None = None, mark: Checkpoint | None = None):
         self.topic, self.partition, self.store = topic, partition, store
@@ -155,10 +158,18 @@ class PartitionLoad:
         self.restart = mark is not None
         if store is not None and mark is not None:
             self.watermark, self.watermark_source = mark.watermark, mark.watermark_source
-            for row in store.rows(partition, without_value=SETTLED):
-                head = None if row.status in SETTLED else row.head  # what `wanted` needs of one to decode
-                self.found[row.conversation] = _Found(row.covered, None, row.value, row.source, False, row.status,
-                                                      False, head)  # fmt: skip
+
+    def take_stored(self, after: str = "") -> str | None:
+        """From the store's checkpoint: the next slice of the rows the store holds of the
+        partition (conversations past `after`), taken in before the heads that follow the
+        checkpoint. Where the next slice starts; None once every row is taken."""
+        assert self.store is not None and self.restart, "only a load from the store's checkpoint has rows to take"
+        rows = self.store.rows(self.partition, without_value=SETTLED, after=after, limit=self.rows_slice)
+        for row in rows:
+            head = None if row.status in SETTLED else row.head  # what `wanted` needs of one to decode
+            self.found[row.conversation] = _Found(row.covered, None, row.value, row.source, False, row.status,
+                                                  False, head)  # fmt: skip
+        return rows[-1].conversation if rows else None
 
     def add(self, records: list[Record]) -> None:
         """The next records of the partition, in its order."""
@@ -447,10 +458,11 @@ class Snapshotter:
             self.store.drop_partitions(p for p in partitions if p not in marks)  # refilled from the topic
         loads = {}
         for p in partitions:
-            # A partition's rows are read from the store and its load finished in one go each
-            # (≈ 0.1 s at 50,000 conversations): the loop runs between partitions, not after all.
-            loads[p] = PartitionLoad(topic, p, self.store, marks.get(p))
-            await asyncio.sleep(0)
+            load = loads[p] = PartitionLoad(topic, p, self.store, marks.get(p))
+            after: str | None = ""
+            while p in marks and after is not None:  # a slice of rows at a time: the loop runs between
+                after = load.take_stored(after)
+                await asyncio.sleep(0)
         read = 0
         try:
             records = self.log.read_partitions(topic, partitions, starts)

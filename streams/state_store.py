@@ -53,6 +53,8 @@ _LAYOUT = 7
 LISTED_BY_THE_STORE = 1 << 40
 # A listing walk reads the index this many rows at a time (no statement stays open between).
 _WALK_CHUNK = 256
+# A partition's rows are read this many at a time (`rows`): ≈ 20 ms of the loop each.
+ROWS_SLICE = 2_000
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS snapshot (
     conversation TEXT PRIMARY KEY,
@@ -229,15 +231,25 @@ class StateStore:
         ).fetchone()
         return found is not None and bool(found[0])
 
-    def rows(self, partition: int, without_value: frozenset[str]) -> Iterator[Stored]:
-        """The partition's rows; those whose status is in `without_value` without their bytes
+    def rows(
+        self, partition: int, without_value: frozenset[str], after: str = "", limit: int = ROWS_SLICE
+    ) -> list[Stored]:
+        """Up to `limit` of the partition's rows, in conversation order from past `after`: a
+        slice, so that a reader of many takes them with the loop running between (no statement
+        stays open meanwhile). Those whose status is in `without_value` come without their bytes
         (they stay on disk until a reload; so do those of unfilled rows: None)."""
-        heads = self._db.execute(f"SELECT source, {_HEAD} FROM snapshot WHERE partition = ?", (partition,)).fetchall()
+        heads = self._db.execute(
+            f"SELECT source, {_HEAD} FROM snapshot WHERE partition = ? AND conversation > ?"
+            " ORDER BY conversation LIMIT ?",
+            (partition, after, limit),
+        ).fetchall()
+        out = []
         for source, *head in heads:
             row = Stored(_head(head), partition, source, None)
             if row.status not in without_value and isinstance(value := self.get(row.conversation, partition), bytes):
                 row = Stored(row.head, partition, source, value)
-            yield row
+            out.append(row)
+        return out
 
     def unfilled(self, partition: int, limit: int, after: int = -1) -> list[Head]:
         """Up to `limit` of the partition's unfilled rows whose snapshots are past `after` on

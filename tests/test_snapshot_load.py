@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
+import pytest
 from builders import claim, completed, message, started
 
 from turnstile.projections import ConversationState, apply_event, new_state
@@ -129,6 +130,7 @@ async def test_given_a_damaged_stored_state_when_its_load_is_not_taken_then_no_c
         # When a load from the checkpoint finishes -- the conversation is to be folded from
         # offset 0 and its row forgotten -- but the partition is not taken (a rebalance first)
         load = PartitionLoad(log.topics.heads, 0, store, store.checkpoint(0))
+        assert load.take_stored() == "conv-2" and load.take_stored("conv-2") is None
         loaded = load.finish()
         assert loaded.ignored == ["conv-1"] and loaded.seek == 0
         # Then the checkpoint went with the row: the next load reads the heads topic whole
@@ -156,5 +158,31 @@ async def test_given_a_load_whose_assignment_was_abandoned_when_the_worker_stops
         snapshots.taken(0, loaded[0])
         snapshots.write_checkpoints()
         assert store.checkpoint(0) == Checkpoint(heads_to=3, watermark=0, watermark_source=-1)
+    finally:
+        store.close()
+
+
+async def test_given_a_store_checkpoint_over_more_rows_than_a_slice_when_the_worker_restarts_then_every_row_is_loaded(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given a clean stop's checkpoint over 25 conversations, 2 of them with a message waiting
+    log = FileLog(tmp_path / "log", partitions=1)
+    states = [_state(f"conv-{n:02d}", pending=n in (7, 21)) for n in range(25)]
+    await _written(log, states)
+    store = StateStore(tmp_path, "events")
+    try:
+        first = Snapshotter(log, SnapshotPolicy(), lambda: 0, store)
+        first.taken(0, (await first.load([0]))[0])
+        first.write_checkpoints()
+        # When the next start on this store loads it, the store's rows read 10 at a time
+        monkeypatch.setattr(PartitionLoad, "rows_slice", 10)
+        loaded = (await Snapshotter(log, SnapshotPolicy(), lambda: 0, store).load([0]))[0]
+        # Then it started from the checkpoint and has every conversation: the settled ones
+        # as rows of the store, the two with something to decide in memory
+        assert loaded.restart
+        settled = [s.conversation_id for n, s in enumerate(states) if n not in (7, 21)]
+        assert sorted(c for c, _ in loaded.stored) == settled
+        assert sorted(loaded.resident) == ["conv-07", "conv-21"]
+        assert loaded.resident["conv-07"].pending.keys() == states[7].pending.keys()
     finally:
         store.close()

@@ -86,3 +86,22 @@ def test_only_the_rows_of_the_partitions_asked_for_are_listed(store: StateStore)
 
 def test_an_empty_store_lists_nothing_and_has_no_place_given(store: StateStore) -> None:
     assert walked(store) == [] and walked(store, "paused") == [] and store.last_listed() == 0
+
+
+def test_given_a_partitions_rows_when_read_a_slice_at_a_time_then_each_comes_once_in_conversation_order(
+    store: StateStore,
+) -> None:
+    # Given 25 rows of partition 0 put out of order (one unsettled: it comes with its bytes)
+    # and 5 of partition 1
+    names = [f"conv-{n:02d}" for n in range(25)]
+    store.put([row(name, "paused" if name == "conv-13" else "idle") for name in reversed(names)])
+    store.put([row(f"other-{n}", partition=1) for n in range(5)])
+    # When partition 0 is read 10 rows at a time, each slice starting past the last one read
+    slices, after = [], ""
+    while taken := store.rows(0, without_value=frozenset({"idle"}), after=after, limit=10):
+        slices.append(taken)
+        after = taken[-1].conversation
+    # Then every row of it came once, in order, in slices of at most 10; none of partition 1
+    assert [len(s) for s in slices] == [10, 10, 5]
+    assert [r.conversation for s in slices for r in s] == names
+    assert [r.conversation for s in slices for r in s if r.value is not None] == ["conv-13"]
