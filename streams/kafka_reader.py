@@ -113,14 +113,18 @@ async def _chunks_to_end(
     deadline = asyncio.get_running_loop().time() + timeout_s
     while remaining:
         batch = await consumer.getmany(*remaining, timeout_ms=200, max_records=READ_SLICE)
-        if not batch and asyncio.get_running_loop().time() > deadline:
-            state = {tp.partition: (await consumer.position(tp), ends[tp]) for tp in remaining}
-            raise TimeoutError(f"partitions not read to the end: (position, end) {state}")
         for tp, messages in batch.items():
             if chunk := [record_of(tp.partition, m) for m in messages if m.offset < ends[tp]]:
                 yield chunk
+        # Every partition left, not only those that returned records: a take that stopped at
+        # the last record of a fetch leaves offsets with no record (a compacted tail, control
+        # records) to the next, which moves the position past them and returns nothing.
+        for tp in list(remaining):
             if await consumer.position(tp) >= ends[tp]:
                 remaining.discard(tp)
+        if remaining and not batch and asyncio.get_running_loop().time() > deadline:
+            state = {tp.partition: (await consumer.position(tp), ends[tp]) for tp in remaining}
+            raise TimeoutError(f"partitions not read to the end: (position, end) {state}")
 
 
 async def read_topic(bootstrap: str, topic: str, timeout_s: float = 30.0) -> list[Record]:

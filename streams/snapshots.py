@@ -55,13 +55,15 @@ from turnstile.projections.snapshot import (
 from turnstile.projections.snapshot_head import Head, decode_head, encode_head, head_of
 from turnstile.streams.eviction import SETTLED
 from turnstile.streams.log import EventLog, Record
-from turnstile.streams.state_store import ROWS_SLICE, Checkpoint, StateStore, Stored
+from turnstile.streams.state_store import Checkpoint, StateStore, Stored
 
 log = logging.getLogger(__name__)
 
 
 # The longest a revoke or a stop waits for snapshots in flight.
 DRAIN_S = 10.0
+# Records (or rows of the store) a load takes in between two runs of the rest of the loop.
+LOAD_SLICE = 1_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,7 +150,7 @@ class PartitionLoad:
     state is needed in memory: the snapshot topic is read and every snapshot decoded.
     """
 
-    rows_slice = ROWS_SLICE  # rows of the store taken at a time (`take_stored`)
+    rows_slice = LOAD_SLICE  # rows of the store taken at a time (`take_stored`)
 
     def __init__(self, topic: str, partition: int, store: StateStore | None = None, mark: Checkpoint | None = None):
         self.topic, self.partition, self.store = topic, partition, store
@@ -156,23 +158,28 @@ class PartitionLoad:
         self.watermark, self.watermark_source = 0, -1
         self.read_to = mark.heads_to if mark is not None else 0  # past the last record taken in
         self.restart = mark is not None
+        # From the store's checkpoint, its rows come first (`take_stored`), then the heads.
+        self.rows_taken = store is None or mark is None
+        self._rows_after: str | None = None  # the last of them taken
         if store is not None and mark is not None:
             self.watermark, self.watermark_source = mark.watermark, mark.watermark_source
 
-    def take_stored(self, after: str = "") -> str | None:
+    def take_stored(self) -> None:
         """From the store's checkpoint: the next slice of the rows the store holds of the
-        partition (conversations past `after`), taken in before the heads that follow the
-        checkpoint. Where the next slice starts; None once every row is taken."""
-        assert self.store is not None and self.restart, "only a load from the store's checkpoint has rows to take"
-        rows = self.store.rows(self.partition, without_value=SETTLED, after=after, limit=self.rows_slice)
+        partition, `rows_taken` once it was the last."""
+        assert self.store is not None and not self.rows_taken, "the store's rows are taken once, before the heads"
+        rows = self.store.rows(self.partition, without_value=SETTLED, after=self._rows_after, limit=self.rows_slice)
         for row in rows:
             head = None if row.status in SETTLED else row.head  # what `wanted` needs of one to decode
             self.found[row.conversation] = _Found(row.covered, None, row.value, row.source, False, row.status,
                                                   False, head)  # fmt: skip
-        return rows[-1].conversation if rows else None
+        self._rows_after = rows[-1].conversation if rows else self._rows_after
+        self.rows_taken = len(rows) < self.rows_slice
 
     def add(self, records: list[Record]) -> None:
-        """The next records of the partition, in its order."""
+        """The next records of the partition, in its order (after the store's rows: a row
+        taken later would replace a newer head with an older one)."""
+        assert self.rows_taken, "the store's rows come before the heads that follow its checkpoint"
         if not records:
             return
         self.read_to = records[-1].offset + 1
@@ -218,6 +225,7 @@ class PartitionLoad:
                 entry.value = record.value if record is not None else None
 
     def finish(self) -> Loaded:
+        assert self.rows_taken, "the store's rows are part of the load"
         found, store, partition = self.found, self.store, self.partition
         if store is not None:
             for key, entry in found.items():  # the rows that stay out of memory are not decoded
@@ -459,20 +467,20 @@ class Snapshotter:
         loads = {}
         for p in partitions:
             load = loads[p] = PartitionLoad(topic, p, self.store, marks.get(p))
-            after: str | None = ""
-            while p in marks and after is not None:  # a slice of rows at a time: the loop runs between
-                after = load.take_stored(after)
+            while not load.rows_taken:  # a slice at a time: the loop runs between
+                load.take_stored()
                 await asyncio.sleep(0)
         read = 0
         try:
             records = self.log.read_partitions(topic, partitions, starts)
             async with contextlib.aclosing(records):
                 async for chunk in records:
-                    loads[chunk[0].partition].add(chunk)
                     read += len(chunk) if chunk[0].partition in marks else 0
-                    # One fetch brings a chunk of every partition, taken in here back to back
-                    # (≈ 45 ms each at 2,500 records): the loop runs between them.
-                    await asyncio.sleep(0)
+                    # A slice at a time, the loop running between: with a store, each slice's
+                    # settled heads are put in it in one transaction (≈ 35 µs a row).
+                    for at in range(0, len(chunk), LOAD_SLICE):
+                        loads[chunk[0].partition].add(chunk[at : at + LOAD_SLICE])
+                        await asyncio.sleep(0)
             for p, load in loads.items():  # the states of the conversations with something to decide
                 if wanted := load.wanted():
                     load.fetched(await self.log.read_at(self.log.topics.snapshots, p, wanted))

@@ -53,8 +53,6 @@ _LAYOUT = 7
 LISTED_BY_THE_STORE = 1 << 40
 # A listing walk reads the index this many rows at a time (no statement stays open between).
 _WALK_CHUNK = 256
-# A partition's rows are read this many at a time (`rows`): ≈ 20 ms of the loop each.
-ROWS_SLICE = 2_000
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS snapshot (
     conversation TEXT PRIMARY KEY,
@@ -231,17 +229,15 @@ class StateStore:
         ).fetchone()
         return found is not None and bool(found[0])
 
-    def rows(
-        self, partition: int, without_value: frozenset[str], after: str = "", limit: int = ROWS_SLICE
-    ) -> list[Stored]:
-        """Up to `limit` of the partition's rows, in conversation order from past `after`: a
-        slice, so that a reader of many takes them with the loop running between (no statement
-        stays open meanwhile). Those whose status is in `without_value` come without their bytes
-        (they stay on disk until a reload; so do those of unfilled rows: None)."""
+    def rows(self, partition: int, *, without_value: frozenset[str], after: str | None, limit: int) -> list[Stored]:
+        """Up to `limit` of the partition's rows, in conversation order from past `after` (None:
+        the first): a slice, so that a reader of many takes them with the loop running between
+        (no statement stays open meanwhile). Those whose status is in `without_value` come
+        without their bytes (they stay on disk until a reload; so do those of unfilled rows: None)."""
+        past = "" if after is None else "AND conversation > ?"
         heads = self._db.execute(
-            f"SELECT source, {_HEAD} FROM snapshot WHERE partition = ? AND conversation > ?"
-            " ORDER BY conversation LIMIT ?",
-            (partition, after, limit),
+            f"SELECT source, {_HEAD} FROM snapshot WHERE partition = ? {past} ORDER BY conversation LIMIT ?",
+            (partition, limit) if after is None else (partition, after, limit),
         ).fetchall()
         out = []
         for source, *head in heads:

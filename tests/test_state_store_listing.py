@@ -91,17 +91,19 @@ def test_an_empty_store_lists_nothing_and_has_no_place_given(store: StateStore) 
 def test_given_a_partitions_rows_when_read_a_slice_at_a_time_then_each_comes_once_in_conversation_order(
     store: StateStore,
 ) -> None:
-    # Given 25 rows of partition 0 put out of order (one unsettled: it comes with its bytes)
-    # and 5 of partition 1
-    names = [f"conv-{n:02d}" for n in range(25)]
-    store.put([row(name, "paused" if name == "conv-13" else "idle") for name in reversed(names)])
+    # Given 30 rows of partition 0 put one at a time in reverse order, some with unusual ids
+    # (one unsettled: it comes with its bytes), and 5 of partition 1
+    names = sorted([f"conv-{n:02d}" for n in range(26)] + ["a\x00", "é", "😀", "conv-1"])
+    for name in reversed(names):
+        store.put([row(name, "paused" if name == "conv-13" else "idle")])
     store.put([row(f"other-{n}", partition=1) for n in range(5)])
     # When partition 0 is read 10 rows at a time, each slice starting past the last one read
-    slices, after = [], ""
+    slices, after = [], None
     while taken := store.rows(0, without_value=frozenset({"idle"}), after=after, limit=10):
         slices.append(taken)
         after = taken[-1].conversation
-    # Then every row of it came once, in order, in slices of at most 10; none of partition 1
-    assert [len(s) for s in slices] == [10, 10, 5]
+    # Then every row of it came once, in order (the last slice full, the next one empty),
+    # none of partition 1
+    assert [len(s) for s in slices] == [10, 10, 10]
     assert [r.conversation for s in slices for r in s] == names
     assert [r.conversation for s in slices for r in s if r.value is not None] == ["conv-13"]
