@@ -228,6 +228,10 @@ class FileLog:
         """Where `poll` reads the events partition from next (as Kafka's consumer seek)."""
         self._readers[partition].seek(offset)
 
+    def take(self, positions: Mapping[int, int]) -> None:
+        for p, offset in positions.items():
+            self.seek(p, offset)
+
     async def poll(self, timeout_s: float) -> list[Record]:
         deadline = asyncio.get_running_loop().time() + timeout_s
         while True:

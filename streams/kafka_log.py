@@ -305,6 +305,15 @@ class KafkaLog:
         self._listener = _Listener(self, listener)
         self.consumer.subscribe([self.topics.events], listener=self._listener)
 
+    def take(self, positions: Mapping[int, int]) -> None:
+        # Called from the listener's assignment task (`_Listener._assigned`), before it
+        # returns: the partitions of this assignment it names are read from now on, from there.
+        owned = self.consumer.assignment()
+        taken = [tp for p in positions if (tp := TopicPartition(self.topics.events, p)) in owned]
+        for tp in taken:
+            self.consumer.seek(tp, positions[tp.partition])
+        self.consumer.resume(*taken)
+
     async def poll(self, timeout_s: float) -> list[Record]:
         """What arrived; raises `RebalanceFailed` once the worker's part of a rebalance failed."""
         self._raise_a_failed_rebalance()

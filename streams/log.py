@@ -180,6 +180,11 @@ class EventLog(Protocol):
         """A reader of this log's topics in no group."""
         ...
 
+    def take(self, positions: Mapping[int, int]) -> None:
+        """Inside the listener's `on_assigned`: read these partitions of the assignment
+        from these offsets from now on, before it returns (it may return them again)."""
+        ...
+
     async def poll(self, timeout_s: float) -> list[Record]: ...
 
     async def append(

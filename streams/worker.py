@@ -226,8 +226,10 @@ class Worker:
         position) and its suspended turns go on once it is live again; a partition that
         moved away drops its turns (at rest at a step boundary) and its state; a new one is
         replayed from offset 0 (or from its snapshots). The Kafka log calls it beside the
-        group's protocol, the partitions paused until it returns, and cancels it at the next
-        rebalance if it has not returned by then: nothing of that assignment is taken."""
+        group's protocol, the partitions paused until it returns (the kept ones until they
+        are taken, at once: `EventLog.take`), and cancels it at the next rebalance if it has
+        not returned by then: nothing fresh of that assignment is taken, and the revoke
+        that follows holds the kept ones again."""
         async with self._rebalancing:
             if self._stopped:
                 return {}  # the log's rebalance outlived the worker's loop: nothing is taken
@@ -237,6 +239,18 @@ class Worker:
         self._rebalances += 1
         await self.handover.hand_over(self.handover.moved(partitions))
         fresh = [p for p in partitions if (part := self.partitions.get(p)) is None or not part.suspended]
+        kept = [p for p in partitions if p not in fresh]
+        # The kept partitions go on at once, not after the fresh ones have loaded (seconds at a
+        # million conversations): their fold reads on from where it stands, and their turns
+        # go on once it has caught up with the group's new end (`_fold`; one that another
+        # owner took over meanwhile stops there). A rebalance during the load revokes them again.
+        for p in kept:
+            self.checkpoint.assign(p, partitions[p], keep=True)
+            self.partitions[p].reading = True
+            if self.partitions[p].live:
+                self.handover.continue_kept(p)
+        if kept and fresh:
+            self.log.take({p: self.partitions[p].at.position for p in kept})
         if fresh:  # loading their snapshots is part of their replay (for the hooks: the GC held)
             self.pace.note(True)
         try:
@@ -254,17 +268,9 @@ class Worker:
         self._snapshots_ignored(sum(len(one.ignored) for one in loaded.values()))
         # Nothing awaits from here to the return: the log seeks to the returned offsets before
         # the consumer loop runs again, so no record read from elsewhere is folded.
-        for p, start in partitions.items():
-            if p in fresh:
-                self._start_from(p, start, loaded.get(p))
-            else:
-                self.checkpoint.assign(p, start, keep=True)
-                self.partitions[p].reading = True
+        for p in fresh:
+            self._start_from(p, partitions[p], loaded.get(p))
         self.residency.restored_all(loaded)
-        kept = [p for p in partitions if p not in fresh]
-        for p in kept:
-            if self.partitions[p].live:
-                self.handover.continue_kept(p)
         starts = {p: self.partitions[p].at.position for p in partitions}
         fresh.sort()
         log.info("assigned partitions %s: kept %s, replaying %s from %s", sorted(partitions), kept, fresh, starts)

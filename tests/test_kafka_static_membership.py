@@ -270,3 +270,56 @@ async def test_a_member_joining_while_another_loads_is_given_its_share_and_the_l
         stop.set()
         await asyncio.gather(*tasks)
         await asyncio.gather(loader.stop(), joiner.stop())
+
+
+class TakesKeptFirst(Seen):
+    """A worker given partitions it held (0-3) and new ones (4-7): it reads the kept ones at
+    once, from where its fold stands, and holds the new ones' load until the test lets it go."""
+
+    def __init__(self, log: KafkaLog) -> None:
+        super().__init__()
+        self.log = log
+        self.took, self.release = asyncio.Event(), asyncio.Event()
+
+    async def on_assigned(self, partitions: dict[int, PartitionStart]) -> dict[int, int]:
+        self.log.take({p: 0 for p in partitions if p < 4})
+        self.took.set()
+        await self.release.wait()
+        self.assigned |= set(partitions)
+        return {p: 1 if p < 4 else 0 for p in partitions}  # the kept ones folded past their record
+
+
+async def test_partitions_taken_during_an_assignment_are_read_while_the_rest_still_load(
+    kafka_bootstrap: str,  # noqa: F811
+    fresh_topics: Topics,  # noqa: F811
+):
+    log = KafkaLog(kafka_bootstrap, f"g-{uuid.uuid4().hex[:8]}", fresh_topics)
+    await log.start_producer()
+    for p in range(8):  # one record on each partition
+        await log.append(fresh_topics.events, f"c{p}", b"{}", partition=p)
+    listener, stop = TakesKeptFirst(log), asyncio.Event()
+    read: dict[int, list[int]] = {}
+
+    async def reading() -> None:
+        while not stop.is_set():
+            for record in await log.poll(0.1):
+                read.setdefault(record.partition, []).append(record.offset)
+
+    await log.start(listener)
+    task = asyncio.create_task(reading())
+    try:
+        async with asyncio.timeout(60):
+            await listener.took.wait()
+        # While the assignment is still being taken, the partitions taken are read ...
+        await until(lambda: sorted(read) == [0, 1, 2, 3])
+        # ... and the others stay paused
+        assert log.consumer.paused() == {TopicPartition(fresh_topics.events, p) for p in range(4, 8)}
+        listener.release.set()
+        # Once it is taken, each is read on from where the listener said: nothing twice
+        await until(lambda: sorted(read) == list(range(8)))
+        assert all(offsets == [0] for offsets in read.values()) and not log.consumer.paused()
+    finally:
+        listener.release.set()
+        stop.set()
+        await task
+        await log.stop()
