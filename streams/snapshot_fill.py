@@ -25,7 +25,7 @@ import asyncio
 import contextlib
 import functools
 import logging
-from collections.abc import Awaitable, Callable, Coroutine, Iterable
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Iterator
 from typing import Any, TypeVar
 
 from turnstile.events import DecodeError, decode
@@ -39,6 +39,9 @@ log = logging.getLogger(__name__)
 
 # Unfilled rows held per partition while the background pass reads its snapshots.
 WINDOW = 2_000
+# Snapshot bytes the pass writes into the store in one transaction: the loop -- the worker's
+# turns and GETs, live by now -- waits meanwhile (≈ 30 ms a MiB here).
+FILL_BYTES = 512 << 10
 # Between tries of a read that failed (the broker away), doubling up to the most: a warning
 # is logged at each try, and the fold may be waiting (so the most stays a few seconds).
 RETRY_S = 0.5
@@ -137,7 +140,9 @@ class SnapshotFill:
         async with contextlib.aclosing(records):
             async for chunk in records:
                 while True:
-                    self.filled += self.store.fill(partition, _matching(chunk, window))
+                    for piece in _pieces(chunk, FILL_BYTES):
+                        self.filled += self.store.fill(partition, _matching(piece, window))
+                        await asyncio.sleep(0)
                     if chunk[-1].offset < last:
                         break
                     # The window is read: the next one, from past it (a row whose snapshot was
@@ -146,7 +151,6 @@ class SnapshotFill:
                     if not window:
                         return
                     last = max(window)
-                await asyncio.sleep(0)
 
     # -- one conversation, now ----------------------------------------------------------------
     async def bring(self, conversation: str, partition: int, position: int, token: object) -> None:
@@ -270,6 +274,21 @@ async def _waited(task: asyncio.Task[None]) -> None:
 def _named(heads: list[Head], most: int = 3) -> str:
     names = ", ".join(repr(h.conversation) for h in heads[:most])
     return names + (f" and {len(heads) - most} more" if len(heads) > most else "")
+
+
+def _pieces(records: list[Record], most_bytes: int) -> Iterator[list[Record]]:
+    """The records in order, in pieces of at most `most_bytes` of values (a larger one alone)."""
+    piece: list[Record] = []
+    size = 0
+    for record in records:
+        value = len(record.value or b"")
+        if piece and size + value > most_bytes:
+            yield piece
+            piece, size = [], 0
+        piece.append(record)
+        size += value
+    if piece:
+        yield piece
 
 
 def _matching(records: list[Record], heads: dict[int, Head]) -> list[tuple[Head, bytes]]:

@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 from pathlib import Path
 
+import pytest
 from builders import claim, completed, message, started
 from worker_harness import until
 
@@ -17,6 +18,7 @@ from turnstile.events import Event, encode
 from turnstile.projections import ConversationState, apply_event, new_state
 from turnstile.projections.snapshot import encode_snapshot
 from turnstile.projections.snapshot_head import Head, encode_head, head_of
+from turnstile.streams import snapshot_fill
 from turnstile.streams.file_log import FileLog
 from turnstile.streams.log import Record
 from turnstile.streams.snapshot_fill import RETRY_MAX_S, RETRY_S, SnapshotFill, retried
@@ -88,6 +90,32 @@ async def test_given_unfilled_rows_when_the_background_pass_runs_then_each_gets_
         assert {c: written.store.get(c, 0) for c in written.states} == written.snapshots
         assert not any(written.store.waiting(c, 0) for c in written.states)
         assert fill.filled == 40 and not written.lost and not fill.unfilled(0)
+
+
+async def test_given_snapshots_larger_than_a_fill_when_the_pass_writes_them_then_it_writes_a_few_at_a_time(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given 40 unfilled rows, and a fill that takes at most the bytes of 2.5 snapshots
+    written = Written(tmp_path)
+    await written.write([f"c-{n:03d}" for n in range(40)])
+    most = len(written.snapshots["c-000"]) * 5 // 2
+    monkeypatch.setattr(snapshot_fill, "FILL_BYTES", most)
+    fills: list[int] = []
+    fill_rows = written.store.fill
+
+    def counted(partition: int, snapshots: Iterable[tuple[Head, bytes]]) -> int:
+        snapshots = list(snapshots)
+        fills.append(sum(len(value) for _, value in snapshots))
+        return fill_rows(partition, snapshots)
+
+    monkeypatch.setattr(written.store, "fill", counted)
+    # When the background pass runs (the loop running between its writes)
+    async with written.filling(window=7) as fill:
+        fill.start([0])
+        await until(lambda: fill.done)
+        # Then every row got exactly its snapshot, in writes of at most that many bytes
+        assert {c: written.store.get(c, 0) for c in written.states} == written.snapshots
+        assert fill.filled == 40 and 0 < max(fills) <= most and len(fills) >= 40 // 2
 
 
 async def test_given_an_unfilled_row_when_an_event_of_it_comes_first_then_one_point_read_fills_it(
