@@ -310,6 +310,8 @@ class KafkaLog:
         # returns: the partitions of this assignment it names are read from now on, from there.
         owned = self.consumer.assignment()
         taken = [tp for p in positions if (tp := TopicPartition(self.topics.events, p)) in owned]
+        if len(taken) < len(positions):  # (a rebalance cancels the assignment task first)
+            log.warning("partitions %s taken outside the consumer's assignment", sorted(positions))
         for tp in taken:
             self.consumer.seek(tp, positions[tp.partition])
         self.consumer.resume(*taken)

@@ -41,11 +41,13 @@ class ReplayPace:
             else:
                 self.hooks.replayed()
 
-    async def let_the_loop_run(self) -> None:
-        """Past the budget, across steps, let the loop run once."""
+    async def let_the_loop_run(self, folding_a_replay: bool) -> None:
+        """Past the budget, across steps, let the loop run once. `folding_a_replay`: what
+        was folded since is a replay's (long-lived state), not live turns' (their garbage
+        must stay collectable): only then is it a replay's slice for the hooks."""
         now = asyncio.get_running_loop().time()
         if now - self._held_since > YIELD_AFTER_S:
-            if self.replaying and self.hooks is not None:
+            if self.replaying and folding_a_replay and self.hooks is not None:
                 self.hooks.replay_slice()
             await asyncio.sleep(0)
             self._held_since = asyncio.get_running_loop().time()

@@ -150,6 +150,7 @@ class Worker:
         # Held by each rebalance callback (they run in the log's own task, beside the loop): a
         # stop lets the one in progress end before it closes what the callback uses.
         self._rebalancing = asyncio.Lock()
+        self._loading = False  # an assignment is loading the snapshots of fresh partitions
         # Refusals (double text, resumes of no paused turn) owed and not yet folded back.
         self.refusals = Refusals(self.config.double_text, self._write_refusal, self._retry_soon, self._due)
         # Per conversation, its history rendered as prompt messages, kept across its turns
@@ -249,10 +250,13 @@ class Worker:
             self.partitions[p].reading = True
             if self.partitions[p].live:
                 self.handover.continue_kept(p)
-        if kept and fresh:
+        if kept:
             self.log.take({p: self.partitions[p].at.position for p in kept})
-        if fresh:  # loading their snapshots is part of their replay (for the hooks: the GC held)
-            self.pace.note(True)
+            self._rebalances += 1  # (a batch polled before: not from these positions)
+        # Loading their snapshots is part of the fresh partitions' replay (for the hooks: the
+        # GC held), though they are in no table until it ends.
+        self._loading = bool(fresh)
+        self.pace.note(self._replaying())
         try:
             loaded = await self.residency.load(fresh)
         except Closed:
@@ -262,9 +266,11 @@ class Worker:
             return {}
         except asyncio.CancelledError:
             # A rebalance came first (the Kafka log takes an assignment beside the group's
-            # protocol and abandons it at the next one): nothing of it is taken.
+            # protocol and abandons it at the next one): nothing fresh of it is taken.
             self.pace.note(self.partitions.replaying())
             raise
+        finally:
+            self._loading = False
         self._snapshots_ignored(sum(len(one.ignored) for one in loaded.values()))
         # Nothing awaits from here to the return: the log seeks to the returned offsets before
         # the consumer loop runs again, so no record read from elsewhere is folded.
@@ -280,6 +286,10 @@ class Worker:
         # from `starts`; folded now, they would move a position past records not folded yet.
         self._rebalances += 1
         return starts
+
+    def _replaying(self) -> bool:
+        """Some assigned partition is not live yet (or an assignment's snapshots are loading)."""
+        return self._loading or self.partitions.replaying()
 
     def _snapshots_ignored(self, count: int) -> None:
         if count and self.metrics is not None:
@@ -373,13 +383,14 @@ class Worker:
         """One turn of the consumer loop: fold what arrived, decide, commit when due."""
         records = await self.log.poll(self._poll_wait_s())
         polled_at = self._rebalances
+        replaying = self.partitions.replaying()  # (what this batch folds may be long-lived)
         for record in records:
             if self._rebalances != polled_at:
                 # A rebalance ran while we awaited an append: what is left of the batch
                 # predates it. An assignment replays from offset 0, so drop it here.
                 break
             await self._consume(record)
-            await self.pace.let_the_loop_run()
+            await self.pace.let_the_loop_run(replaying)
         self._decide()
         done = await self.checkpoint.commit_due(self.partitions.committable())
         if done is not None:
@@ -479,7 +490,7 @@ class Worker:
             self._went_live(part)
             if part.suspended:
                 self.handover.continue_kept(record.partition)
-            self.pace.note(self.partitions.replaying())
+            self.pace.note(self._replaying())
         if in_snapshot:
             return
         event = self._decoded(record, effects)

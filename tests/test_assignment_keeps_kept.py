@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncGenerator, Mapping
 
-from worker_harness import FAST, events_of, running, until
+from worker_harness import FAST, ReplayCalls, events_of, running, until
 
 from turnstile.handlers.providers.scripted import ScriptedProvider
 from turnstile.streams.file_log import FileLog
@@ -60,25 +60,36 @@ def answered(log: FileLog, conversation: str) -> int:
 async def test_given_kept_and_new_partitions_when_the_new_ones_load_then_the_kept_ones_go_on_meanwhile(
     tmp_path,
 ) -> None:
-    log = HeldLoad(tmp_path, partitions=2)
+    log, hooks = HeldLoad(tmp_path, partitions=2), ReplayCalls()
     kept, moved = on(0), on(1)
-    async with running(log, ScriptedProvider(), FAST) as worker:
+    async with running(log, ScriptedProvider(), FAST, replay_hooks=hooks) as worker:
         await until(lambda: worker.partition_liveness() == {0: True, 1: True})
         # Given partition 1 moved away at one rebalance and comes back at the next, with 0 kept
         await worker.on_revoked({0, 1})
         await assign(log, worker, [0])
         await worker.on_revoked({0})
+        # (the kept partition is behind the group's new end: it catches up during the load)
+        await publish(log, message_event(kept, "first", NOW(), "m0"))
         log.hold = True
         assigning = asyncio.create_task(assign(log, worker, [0, 1]))
         await asyncio.wait_for(log.loading.wait(), 10)
-        # When a message comes for a conversation of the kept partition while 1 loads
-        await publish(log, message_event(kept, "hello", NOW(), "m1"))
-        # Then it is claimed and answered before the load ends
+        # When partition 1 loads: then the kept partition's waiting message is answered
+        # meanwhile, and so is one that comes for it then
         await until(lambda: answered(log, kept) == 1, 20)
+        await publish(log, message_event(kept, "hello", NOW(), "m1"))
+        await until(lambda: answered(log, kept) == 2, 20)
         assert not assigning.done()
+        # ... and the load is still a replay for the hooks (the collector held) until it ends
+        assert hooks.calls[-1] == "replaying"
         # ...and once the load ends, the partition that came back goes on too
         log.release.set()
         await asyncio.wait_for(assigning, 10)
+        await until(lambda: hooks.calls[-1] == "replayed")
         await publish(log, message_event(moved, "hello", NOW(), "m2"))
         await until(lambda: answered(log, moved) == 1, 20)
         assert worker.partition_liveness() == {0: True, 1: True}
+        # The kept partition's records, read during the load and from the end's positions,
+        # were folded once each: one message, one turn, nothing refused
+        state = worker.state_of(kept)
+        assert state is not None and [h.content for h in state.history if h.role == "user"] == ["first", "hello"]
+        assert answered(log, kept) == 2 and worker.dead_letters == 0
