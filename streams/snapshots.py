@@ -236,28 +236,41 @@ class PartitionLoad:
             else:
                 entry.value = record.value if record is not None else None
 
-    def finish(self) -> Loaded:
+    async def finish(self) -> Loaded:
+        """Where the partition's events are read from and what it starts with. A walk of
+        every conversation of the partition: the loop runs every `LOAD_SLICE` of them."""
         assert self.rows_taken, "the store's rows are part of the load"
         found, store, partition = self.found, self.store, self.partition
         if store is not None:
             self._put()
-            for key, entry in found.items():  # the rows that stay out of memory are not decoded
+            for n, (key, entry) in enumerate(found.items(), 1):  # the rows that stay out of memory are not decoded
                 if entry.state is None and entry.covered >= 0 and entry.status not in SETTLED:
                     _decode_row(self.topic, partition, key, entry)
+                await _every_slice(n)
         watermark, watermark_source = self.watermark, self.watermark_source
         seek, ignored = watermark, []
-        for key, entry in found.items():
+        resident, stored = {}, []
+        for n, (key, entry) in enumerate(found.items(), 1):
             if entry.covered < 0:
                 ignored.append(key)
+            elif store is None or entry.status not in SETTLED:
+                if entry.state is not None:
+                    resident[key] = entry.state
+            else:
+                stored.append((key, entry.status))
             seek = min(seek, _reads_from(entry, watermark, watermark_source))
+            await _every_slice(n)
         if ignored:
             log.warning("%d conversation(s) of partition %d have no usable snapshot: replaying it from 0",
                         len(ignored), partition)  # fmt: skip
         # Only those the events read from `seek` on can hold an event a snapshot covers.
-        covered = {key: entry.covered for key, entry in found.items() if entry.covered >= seek}
+        covered = {}
+        for n, (key, entry) in enumerate(found.items(), 1):
+            if entry.covered >= seek:
+                covered[key] = entry.covered
+            await _every_slice(n)
         if store is None:
-            states = {key: e.state for key, e in found.items() if e.covered >= 0 and e.state is not None}
-            return Loaded(seek, covered, states, [], ignored, watermark, watermark_source, self.read_to)
+            return Loaded(seek, covered, resident, [], ignored, watermark, watermark_source, self.read_to)
         # A stored row of a conversation folded from 0 would be an older state than the
         # fold's: it goes, and with it the checkpoint, which would vouch for rows without it
         # to a load that follows this one before the partition is taken (a rebalance, a stop).
@@ -266,15 +279,13 @@ class PartitionLoad:
         store.forget(ignored)
         store.put(Stored(e.head, partition, e.source, e.value) for e in found.values()
                   if e.covered >= 0 and e.fresh and e.head)  # fmt: skip
-        resident, stored = {}, []
-        for key, e in found.items():
-            if e.covered < 0:
-                continue
-            if e.status in SETTLED:
-                stored.append((key, e.status))
-            elif e.state is not None:
-                resident[key] = e.state
         return Loaded(seek, covered, resident, stored, ignored, watermark, watermark_source, self.read_to, self.restart)
+
+
+async def _every_slice(n: int) -> None:
+    """The loop runs once every `LOAD_SLICE` steps of a walk."""
+    if n % LOAD_SLICE == 0:
+        await asyncio.sleep(0)
 
 
 def _decode_row(topic: str, partition: int, key: str, entry: _Found) -> None:
@@ -504,8 +515,7 @@ class Snapshotter:
             loads, marks = {p: PartitionLoad(topic, p) for p in partitions}, {}
         out = {}
         for p, load in loads.items():
-            out[p] = load.finish()
-            await asyncio.sleep(0)
+            out[p] = await load.finish()
         if marks:
             log.info("partitions %s start from the local store's checkpoint: %d heads read since",
                      sorted(marks), read)  # fmt: skip

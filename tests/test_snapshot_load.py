@@ -57,7 +57,7 @@ async def _loaded(log: FileLog, store: StateStore, damaged: set[str] = frozenset
     wanted = load.wanted()
     found = await log.read_at(log.topics.snapshots, 0, wanted)
     load.fetched({at: r for at, r in found.items() if (r.key or b"").decode() not in damaged})
-    return load.finish(), read, wanted
+    return await load.finish(), read, wanted
 
 
 async def test_given_settled_conversations_when_a_new_owner_loads_them_then_it_reads_their_heads_only(
@@ -132,7 +132,7 @@ async def test_given_a_damaged_stored_state_when_its_load_is_not_taken_then_no_c
         load = PartitionLoad(log.topics.heads, 0, store, store.checkpoint(0))
         while not load.rows_taken:
             load.take_stored()
-        loaded = load.finish()
+        loaded = await load.finish()
         assert loaded.ignored == ["conv-1"] and loaded.seek == 0
         # Then the checkpoint went with the row: the next load reads the heads topic whole
         # rather than trusting rows that no longer name the conversation (it would skip its
