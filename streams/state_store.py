@@ -295,15 +295,23 @@ class StateStore:
         return int(last)
 
     def listing(
-        self, partitions: Collection[int], status: Status | None, before: int | None, contains: str
+        self,
+        partitions: Collection[int],
+        status: Status | None,
+        before: int | None,
+        contains: str,
+        above: int | None = None,
     ) -> Iterator[tuple[int, str, Status, int, int, int]]:
         """(place, conversation, status, events, turns, pending) of every row of `partitions`, highest place first,
-        below `before` (None: from the top), of `status` (None: any), whose id contains
-        `contains`. (Rows of other partitions wait to be dropped or refilled: not listed.)"""
+        below `before` (None: from the top) and above `above` (None: to the bottom), of
+        `status` (None: any), whose id contains `contains`. (Rows of other partitions wait
+        to be dropped or refilled: not listed.)"""
         if not partitions:
             return
         owned = ", ".join(str(int(p)) for p in sorted(partitions))
         where, filters, index = ["listed < ?", f"partition IN ({owned})"], list[str](), "snapshot_listed"
+        if above is not None:
+            where.append(f"listed > {int(above)}")  # (a literal: the bound of the index's range)
         if status is not None:
             # Literals, not parameters: SQLite takes a partial index only when the query has its
             # condition word for word.

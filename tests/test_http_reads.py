@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import itertools
+from collections.abc import Iterator
 from pathlib import Path
 
 from builders import claim, completed, message, started
@@ -321,6 +322,33 @@ class Churn:
 
     def walk(self, limit: int) -> list[str]:
         return [row.conversation_id for row in every_row(self.model, limit)]
+
+
+async def test_given_every_conversation_in_memory_with_its_snapshot_stored_when_a_page_is_read_then_no_stale_row_is(
+    tmp_path: Path,
+) -> None:
+    # Given 200 conversations in memory, each with a row in the store from its last
+    # snapshot (stale: the read model lists it)
+    churn = Churn(tmp_path)
+    for n in range(200):
+        churn.turn(f"conv-{n:03d}")
+        churn.store.put([_stored(churn.states[f"conv-{n:03d}"])])
+    read: list[str] = []
+    listing = churn.store.listing
+
+    def counted(*args: object, **kwargs: object) -> Iterator[tuple[int, str, Status, int, int, int]]:
+        for row in listing(*args, **kwargs):  # type: ignore[arg-type]
+            read.append(row[1])
+            yield row
+
+    churn.store.listing = counted  # type: ignore[method-assign]
+    # When the first page of 50 is read
+    page = churn.model.page(limit=50)
+    # Then it is the 50 most recent, and not one of the 200 stale rows was read to find it
+    assert [row.conversation_id for row in page.rows] == [f"conv-{n:03d}" for n in reversed(range(150, 200))]
+    assert page.next_cursor is not None and read == []
+    # (and paging on still lists every one once)
+    assert churn.walk(50) == [f"conv-{n:03d}" for n in reversed(range(200))]
 
 
 async def test_conversations_moving_in_and_out_of_memory_are_listed_once_in_recency_order_at_every_moment(
