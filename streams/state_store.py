@@ -309,9 +309,10 @@ class StateStore:
         if not partitions:
             return
         owned = ", ".join(str(int(p)) for p in sorted(partitions))
-        where, filters, index = ["listed < ?", f"partition IN ({owned})"], list[str](), "snapshot_listed"
+        where, filters, index = ["listed < ?", f"partition IN ({owned})"], list[str | int](), "snapshot_listed"
         if above is not None:
-            where.append(f"listed > {int(above)}")  # (a literal: the bound of the index's range)
+            where.append("listed > ?")
+            filters.append(above)
         if status is not None:
             # Literals, not parameters: SQLite takes a partial index only when the query has its
             # condition word for word.
