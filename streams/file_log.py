@@ -221,8 +221,7 @@ class FileLog:
         for p in range(self.partitions):
             self._readers[p] = _PartitionReader(self._file(self.topics.events, p).path)
             starts[p] = PartitionStart(self._file(self.topics.events, p).end_offset(), committed.get(p, 0))
-        for p, offset in (await listener.on_assigned(starts)).items():
-            self.seek(p, offset)
+        self.take(await listener.on_assigned(starts))
 
     def seek(self, partition: int, offset: int) -> None:
         """Where `poll` reads the events partition from next (as Kafka's consumer seek)."""

@@ -141,13 +141,10 @@ class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]
             committed = await consumer.committed(tp)
             starts[tp.partition] = PartitionStart(ends[tp], committed or 0)
         positions = await self.listener.on_assigned(starts)
-        # At once (neither awaits): the listener reads nothing of these partitions until it
+        # At once (no await): the listener reads nothing of these partitions until it
         # returns, and nothing from elsewhere must reach it after. (A rebalance meanwhile
         # would have cancelled this.) One it left out stays paused: it took nothing (stopping).
-        taken = {tp for tp in assigned & consumer.assignment() if tp.partition in positions}
-        for tp in taken:
-            consumer.seek(tp, positions[tp.partition])
-        consumer.resume(*taken)
+        self.owner.take(positions)
 
     async def _guarded(self, what: str, step: Coroutine[Any, Any, None]) -> None:
         try:
@@ -306,8 +303,9 @@ class KafkaLog:
         self.consumer.subscribe([self.topics.events], listener=self._listener)
 
     def take(self, positions: Mapping[int, int]) -> None:
-        # Called from the listener's assignment task (`_Listener._assigned`), before it
-        # returns: the partitions of this assignment it names are read from now on, from there.
+        # From the assignment task (`_Listener._assigned`), with no await between the worker's
+        # answer and this: the partitions of the assignment it names are read from now on,
+        # from there (the kept ones before the worker's load, every one when it returns).
         owned = self.consumer.assignment()
         taken = [tp for p in positions if (tp := TopicPartition(self.topics.events, p)) in owned]
         if len(taken) < len(positions):  # (a rebalance cancels the assignment task first)

@@ -17,8 +17,7 @@ from turnstile.streams.log import ReadTooLarge, Record, Topics, partition_for
 
 DELTAS_RETENTION_MS = 3_600_000
 # Records a whole-partition read takes from the client at a time: unpacking one fetch of every
-# partition (≈ 50,000 small records) at once would hold the loop for a quarter of a second,
-# and a new owner puts the heads of each slice in its store in one transaction (≈ 35 µs a row).
+# partition (≈ 50,000 small records) at once would hold the loop for a quarter of a second.
 READ_SLICE = 1_000
 
 

@@ -506,8 +506,8 @@ class Snapshotter:
             async with contextlib.aclosing(records):
                 async for chunk in records:
                     read += len(chunk) if chunk[0].partition in marks else 0
-                    # A slice at a time, the loop running between: with a store, each slice's
-                    # settled heads are put in it in one transaction (≈ 35 µs a row).
+                    # A slice at a time, the loop running between (the embedded log's chunks
+                    # are larger than the Kafka client's).
                     for at in range(0, len(chunk), LOAD_SLICE):
                         loads[chunk[0].partition].add(chunk[at : at + LOAD_SLICE])
                         await asyncio.sleep(0)
