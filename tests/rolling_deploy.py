@@ -202,7 +202,15 @@ async def rolling_deploy(bootstrap: str, topics: Topics, shape: Shape) -> Figure
         if isinstance(e := decode(r.value), OUTCOME_TYPES)
     )
     figures = _figures(events, published, runs, outcome_records)
-    moved = {p for name, partitions in assignments[seen:] for p in partitions if before.get(p) != name}
+    # Moved: given to another worker, or taken from its owner (an assignment without it). The
+    # second catches a partition whose new owner's assignment a further rebalance abandoned
+    # before the worker was told of it (not recorded), where the partition did move.
+    moved = {
+        p
+        for name, partitions in assignments[seen:]
+        for p in range(PARTITIONS)
+        if (p in partitions) != (before.get(p) == name)
+    }
     figures.partitions_moved = len(moved)
     figures.attempts_interrupted_unmoved = sum(
         isinstance(e, AttemptFailed) and partition_for(e.conversation_id, PARTITIONS) not in moved for e in events
