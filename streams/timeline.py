@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import assert_never
+
 from turnstile.events import (
     AttemptFailed,
     AttemptStarted,
@@ -20,6 +22,7 @@ from turnstile.events import (
     TurnCompleted,
     TurnExhausted,
     TurnFailed,
+    TurnInterrupted,
     TurnPaused,
 )
 
@@ -37,8 +40,8 @@ def describe(event: Event) -> str:
         case InputInjected():
             detail = f"{event.source} input {event.occurrence_key}: {_short(event.content)!r}"
         case MessageRejected():
-            turn = event.active_turn_id or event.resumes_turn_id or ""
-            detail = f"input {event.message_id} rejected ({event.reason}, turn {turn[:8]})"
+            named = event.active_turn_id or event.resumes_turn_id or ""
+            detail = f"input {event.message_id} rejected ({event.reason}, turn {named[:8]})"
         case ResumeRequested():
             detail = f"resume of turn {event.resumes_turn_id[:8]}"
         case TurnClaimed():
@@ -68,4 +71,8 @@ def describe(event: Event) -> str:
             detail = f"PAUSED ({event.reason}): {_short(event.resume_hint)}"
         case TurnExhausted():
             detail = "EXHAUSTED: iteration allowance used"
+        case TurnInterrupted():
+            detail = f"INTERRUPTED by message {event.message_id} (its inputs go back to pending)"
+        case _:  # every event type has its line: mypy names the one left out
+            assert_never(event)
     return f"{event.type:<17} {turn}{detail}".rstrip()

@@ -29,6 +29,7 @@ from turnstile.events import (
     Usage,
     decode,
 )
+from turnstile.events.examples import event_examples
 from turnstile.handlers.claim import ClaimPlan, DebouncePolicy, DoubleTextPolicy, interrupts_on_arrival, plan_claim
 from turnstile.handlers.context import build_context
 from turnstile.handlers.pricing import ModelPrice
@@ -39,12 +40,14 @@ from turnstile.handlers.turn_settings import TurnSettings
 from turnstile.handlers.turn_steps import Append, Claimed, Interrupted, ModelAnswered
 from turnstile.projections import apply_event, new_state
 from turnstile.projections.audit import audit
+from turnstile.streams import cli
 from turnstile.streams.file_log import FileLog
 from turnstile.streams.kafka_log import KafkaLog
 from turnstile.streams.kafka_reader import read_topic
 from turnstile.streams.log import Topics
 from turnstile.streams.publisher import message_event, publish
 from turnstile.streams.runtime import SystemClock
+from turnstile.streams.timeline import describe
 from turnstile.streams.worker import WorkerConfig
 
 NOW = SystemClock().now_ms
@@ -242,6 +245,24 @@ async def test_a_message_mid_turn_interrupts_and_merges_on_the_embedded_log(tmp_
         await _interrupt_and_merge(model, send, read)
     report = audit(log.read_all(log.topics.events))
     assert report.ok and report.rule("interrupt").checked == 1, report
+
+
+def test_the_readers_show_an_interrupted_turn(tmp_path, capsys):
+    asyncio.run(test_a_message_mid_turn_interrupts_and_merges_on_the_embedded_log(tmp_path))
+    interrupted = next(e for e in events_of(FileLog(tmp_path), "c1") if isinstance(e, TurnInterrupted))
+    data = ["--data", str(tmp_path)]
+    assert cli.main(["tail", *data]) == 0
+    assert "INTERRUPTED by message m2" in capsys.readouterr().out
+    assert cli.main(["inspect", *data, "c1"]) == 0
+    assert "INTERRUPTED by message m2" in capsys.readouterr().out
+    page = tmp_path / "turn.html"
+    assert cli.main(["export-turn", *data, "c1", interrupted.turn_id, "-o", str(page)]) == 0
+    assert "TurnInterrupted" in page.read_text()
+
+
+def test_every_event_type_has_a_timeline_line_naming_it():
+    for name, event in event_examples().items():
+        assert describe(event).startswith(name), name
 
 
 class _Mailer:
