@@ -9,7 +9,7 @@ from pydantic import Field, model_validator
 from turnstile.events.base import Envelope, Identifier
 
 # turn_active: the double-text policy refused a message; resume_invalid: a ResumeRequested
-# named a turn that is not a paused turn of its conversation.
+# named no paused, failed or exhausted turn of its conversation.
 RejectionReason = Literal["turn_active", "resume_invalid"]
 
 
@@ -18,7 +18,8 @@ class MessageRejected(Envelope):
     double-text policy is `reject` and the message arrived while a turn of the
     conversation was active (`active_turn_id`). Reason `resume_invalid`: the input is a
     `ResumeRequested` (`message_id` is its request id) whose `resumes_turn_id` is not a
-    paused turn of this conversation when it arrived; it is never answered as a new turn.
+    paused, failed or exhausted turn of this conversation when it arrived; it is never
+    answered as a new turn.
 
     The message leaves the pending set and no turn will answer it; `text` is the refusal
     to show the user. The worker writes at most one per message, before the conversation

@@ -131,18 +131,24 @@ def interrupts_on_arrival(policy: DoubleTextPolicy, state: ConversationState, ev
     return event
 
 
+# What a resume continues, in a new turn that sees it: a turn paused (on an approval, a
+# budget), failed (a provider down past its retries) or exhausted. A completed turn left
+# nothing to continue: a new message asks for more.
+RESUMABLE = frozenset({"paused", "failed", "exhausted"})
+
+
 def resume_refusal(state: ConversationState, resume: ResumeRequested) -> str | None:
     """Call right after `resume` was folded: why it is refused, or None when it names a
-    paused turn of this conversation (the only kind a resume continues). Turn ids are
-    per conversation: another conversation's turn is unknown here."""
+    resumable turn of this conversation (`RESUMABLE`). Turn ids are per conversation:
+    another conversation's turn is unknown here."""
     if resume.request_id not in state.pending:
         return None  # a duplicate, or already claimed or refused
     record = state.turns.get(resume.resumes_turn_id)
     named = f"This resume names turn {resume.resumes_turn_id}, which"
     if record is None:
         return f"{named} is not a turn of this conversation; nothing was resumed."
-    if record.outcome != "paused":
-        return f"{named} {record.outcome} rather than paused; nothing was resumed."
+    if record.outcome not in RESUMABLE:
+        return f"{named} {record.outcome}: only a paused, failed or exhausted turn is resumed; nothing was resumed."
     return None
 
 

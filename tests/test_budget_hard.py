@@ -155,7 +155,7 @@ async def test_blocked_calls_are_kept_in_the_pause_and_seen_by_the_resumed_turn(
     assert 'transfer({"ms": 0}) [call call_1_1]' in seen and 'search({"ms": 5}) [call call_1_2]' in seen
 
 
-# -- a resume must name a paused turn of its conversation -----------------------------------
+# -- a resume must name a paused, failed or exhausted turn of its conversation -----------------------------------
 
 
 def test_a_resume_of_no_paused_turn_is_refused_with_its_reason():
@@ -188,7 +188,7 @@ async def test_a_resume_of_a_completed_turn_is_refused_and_a_paused_one_accepted
     again = resume(completed.turn_id, h.clock.now, "r2")
     assert apply_event(state, again) is None
     refusal = refusal_on_arrival(DoubleTextPolicy(), state, again)
-    assert refusal is not None and "completed rather than paused" in refusal.text
+    assert refusal is not None and "completed: only a paused, failed or exhausted turn is resumed" in refusal.text
 
 
 async def test_the_worker_refuses_a_bogus_resume_on_the_log_and_never_answers_it(tmp_path):
@@ -216,3 +216,50 @@ def test_an_infinite_or_nan_cost_limit_is_refused_when_the_agent_is_made(limit):
     # value: it crashed the turn with an internal error; now it is refused up front.
     with pytest.raises(ValueError, match="max_cost_usd must be a finite number"):
         TurnBudget(max_cost_usd=limit)
+
+
+async def test_a_turn_failed_on_a_provider_outage_is_resumed_by_the_operation_and_answered(tmp_path):
+    from loop_harness import World as LoopWorld
+    from loop_harness import config, inject, outcomes, say, settings
+    from worker_harness import events_of, running
+
+    from turnstile.events import TurnClaimed
+    from turnstile.handlers.operations import Operation, decide_resume
+    from turnstile.handlers.provider import ModelRequest, ProviderError
+    from turnstile.handlers.providers.scripted import Scripted, ScriptedProvider, echo_reply
+    from turnstile.projections import new_state
+    from turnstile.projections.audit import audit
+    from turnstile.streams.file_log import FileLog
+
+    down = [True]
+
+    def script(request: ModelRequest) -> Scripted:
+        if down[0]:
+            return Scripted(ProviderError("server_error", "the provider is down", retryable=False, status=500))
+        return Scripted(echo_reply(request))
+
+    world, provider = LoopWorld(log=FileLog(tmp_path)), ScriptedProvider(script)
+    assert world.log is not None
+    async with running(world.log, provider, config(settings(world, model="scripted-1"))):
+        # given a turn that failed while the provider was down
+        await say(world.log, "book the flight", "m1")
+        [failed] = await outcomes(world.log, 1)
+        assert failed.type == "TurnFailed"
+        # when the provider is back and an operator resumes it
+        down[0] = False
+        state = new_state("c1")
+        for event in events_of(world.log, "c1"):
+            apply_event(state, event)
+        operation = decide_resume(state, None, event_id="e-resume", now_ms=failed.occurred_at + 1)
+        assert isinstance(operation, Operation), operation
+        await inject(world.log, operation.event)
+        # then a new turn claims the resume, sees the failed one, and is answered
+        answered = (await outcomes(world.log, 2))[1]
+    assert answered.type == "TurnCompleted"
+    claims = [e for e in events_of(world.log, "c1") if isinstance(e, TurnClaimed)]
+    assert claims[-1].input_ids == (f"resume:{failed.turn_id}",) and claims[-1].turn_id == operation.turn_id
+    sent = [m.content for m in provider.requests[-1].messages]
+    assert "book the flight" in sent and any("This turn failed" in m for m in sent) and sent[-1] == "Continue."
+    report = audit(world.log.read_all(world.log.topics.events))
+    assert report.ok, report
+    assert of_type(events_of(world.log, "c1"), "MessageRejected") == []
