@@ -66,7 +66,7 @@ def broker_url(text: str) -> str:
         raise argparse.ArgumentTypeError(f"{text!r} is not a Kafka address: use kafka://HOST:PORT[,HOST:PORT]")
     for address in rest.split(","):
         host, _, port = address.rpartition(":")
-        if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        if not host or not _digits(port) or not 0 < int(port) < 65536:
             raise argparse.ArgumentTypeError(f"{address!r} in {text!r} is not HOST:PORT (e.g. kafka://127.0.0.1:9092)")
     return text
 
@@ -74,11 +74,16 @@ def broker_url(text: str) -> str:
 def http_address(text: str) -> str:
     """`--http`: `HOST:PORT` or `PORT` (then 127.0.0.1)."""
     _, _, port = text.rpartition(":")
-    if not port.isdigit():
+    if not _digits(port):
         raise argparse.ArgumentTypeError(f"{text!r} has no port: use HOST:PORT (e.g. 127.0.0.1:8080) or PORT")
     if int(port) >= 65536:
         raise argparse.ArgumentTypeError(f"{text!r}: port {port} is out of range (0..65535)")
     return text
+
+
+def _digits(text: str) -> bool:
+    """ASCII digits only: `str.isdigit` also takes "²" and other digits `int` refuses."""
+    return text.isascii() and text.isdigit()
 
 
 def non_empty(text: str) -> str:

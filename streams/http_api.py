@@ -46,7 +46,7 @@ import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypedDict
-from urllib.parse import urlsplit
+from urllib.parse import quote, urlsplit
 
 import orjson
 from aiohttp import web
@@ -134,7 +134,8 @@ async def _json_errors(request: web.Request, handler: Handler) -> web.StreamResp
     except web.HTTPException as exc:
         if exc.status < 400:
             raise
-        response = _error(exc.status, exc.reason)
+        # A 413 says the limit ("Maximum request body size 262144 exceeded."); the others, their name.
+        response = _error(exc.status, exc.text if exc.status == 413 and exc.text else exc.reason)
         for name in ("Allow",):
             if name in exc.headers:
                 response.headers[name] = exc.headers[name]
@@ -153,12 +154,27 @@ async def _same_origin(request: web.Request, handler: Handler) -> web.StreamResp
     middleware already refuses them: a cross-site request cannot add the console's header.)"""
     # A name that resolves to 127.0.0.1 (DNS rebinding) makes a hostile page same-origin:
     # a tokenless port is only loopback, so it answers only to a loopback Host.
-    if not _loopback(urlsplit(f"//{request.host}").hostname or ""):
+    if not _loopback(_hostname(f"//{request.host}")):
         return _error(403, f"a request for host {request.host[:100]!r} is refused: without a token only loopback")
     origin = request.headers.get("Origin")
-    if request.method in SAFE_METHODS or origin is None or urlsplit(origin).netloc == request.host:
+    if request.method in SAFE_METHODS or origin is None or _netloc(origin) == request.host:
         return await handler(request)
     return _error(403, f"a cross-origin request from {origin[:100]!r} is refused")
+
+
+def _hostname(url: str) -> str:
+    """The URL's host name; "" for one that does not parse (`Host: [`): never loopback."""
+    try:
+        return urlsplit(url).hostname or ""
+    except ValueError:
+        return ""
+
+
+def _netloc(url: str) -> str | None:
+    try:
+        return urlsplit(url).netloc
+    except ValueError:
+        return None  # matches no Host
 
 
 def _bearer(token: str) -> Middleware:
@@ -174,9 +190,10 @@ def _bearer(token: str) -> Middleware:
         path = request.path
         if path in OPEN_PATHS or path.startswith(OPEN_PREFIXES):
             return await handler(request)
-        if hmac.compare_digest(request.headers.get("Authorization", "").encode(), expected):
+        # Headers are decoded with surrogateescape: encoded back so, any bytes compare (and fail).
+        if hmac.compare_digest(request.headers.get("Authorization", "").encode("utf-8", "surrogateescape"), expected):
             return await handler(request)
-        cookie = request.cookies.get(COOKIE, "").encode()
+        cookie = request.cookies.get(COOKIE, "").encode("utf-8", "surrogateescape")
         from_console = request.method == "GET" or CONSOLE_HEADER in request.headers
         if from_console and hmac.compare_digest(cookie, token.encode()):
             return await handler(request)
@@ -301,13 +318,15 @@ def build_app(
             return _error(400, problem)
         try:
             body = orjson.loads(await request.read())
-        except orjson.JSONDecodeError:
-            return _error(400, "the body is not JSON")
+        except orjson.JSONDecodeError as exc:
+            return _error(400, f"the body is not JSON: {exc}")
         if not isinstance(body, dict) or set(body) - {"content", "message_id"}:
             return _error(400, 'expected {"content": "...", "message_id"?: "..."}')
         content, message_id = body.get("content"), body.get("message_id")
         if not isinstance(content, str) or not (message_id is None or isinstance(message_id, str)):
             return _error(400, "content must be a string, and message_id a string when given")
+        if not content.strip():  # as `turnstile send` refuses it: there is nothing to answer
+            return _error(400, "the content is empty or only whitespace: give the message some text")
         if message_id is not None and (problem := id_problem("message_id", message_id)):
             return _error(400, problem)
         try:
@@ -331,7 +350,7 @@ def build_app(
                 return unavailable(first)
             if first != fingerprint:
                 return conflict(message_id)  # this record is a conflicting duplicate: dead-lettered
-        headers = {"Location": f"/conversations/{conversation}"}
+        headers = {"Location": f"/conversations/{quote(conversation, safe='')}"}
         return web.Response(
             body=orjson.dumps({**reply, "partition": partition, "offset": offset}),
             status=202,
@@ -386,8 +405,8 @@ def build_app(
             return _error(404, f"no operation {verb!r}: approve, deny or resume")
         try:
             body = orjson.loads(await request.read() or b"{}")
-        except orjson.JSONDecodeError:
-            return _error(400, "the body is not JSON")
+        except orjson.JSONDecodeError as exc:
+            return _error(400, f"the body is not JSON: {exc}")
         allowed = {"note"} if verb == "resume" else {"call_id", "note"}
         if not isinstance(body, dict) or set(body) - allowed:
             shape = '{"note"?: "..."}' if verb == "resume" else '{"call_id": "...", "note"?: "..."}'
@@ -485,13 +504,21 @@ class HttpServer:
 def read_token(env: Mapping[str, str], token_file: Path | None) -> str | None:
     """The bearer token: from the file when one is named (its first line), else from
     TURNSTILE_HTTP_TOKEN; None when neither says one."""
-    token = token_file.read_text().strip() if token_file is not None else env.get("TURNSTILE_HTTP_TOKEN", "").strip()
-    if token_file is not None and not token:
-        raise ValueError(f"the token file {token_file} is empty")
-    return token or None
+    if token_file is None:
+        return env.get("TURNSTILE_HTTP_TOKEN", "").strip() or None
+    try:
+        lines = token_file.read_text(encoding="utf-8").splitlines()
+    except UnicodeDecodeError:
+        raise ValueError(f"the token file {token_file} is not UTF-8 text") from None
+    token = lines[0].strip() if lines else ""
+    if not token:
+        raise ValueError(f"the token file {token_file} has no token on its first line")
+    return token
 
 
 def parse_address(text: str) -> tuple[str, int]:
-    """`HOST:PORT`, or `PORT` alone for 127.0.0.1."""
+    """`HOST:PORT`, or `PORT` alone for 127.0.0.1; an IPv6 host in brackets (`[::1]:8080`)."""
     host, _, port = text.rpartition(":")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
     return host or "127.0.0.1", int(port)

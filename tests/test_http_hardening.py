@@ -5,6 +5,7 @@ message id answered 409 before the worker folded the first as after, and the pro
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
 import os
@@ -18,8 +19,9 @@ from loop_probe import LoopProbe
 from worker_harness import FAST, client_of, events_of, serving, until
 
 from turnstile.handlers.providers.scripted import ScriptedProvider
+from turnstile.streams.cli_errors import broker_url, http_address
 from turnstile.streams.file_log import FileLog
-from turnstile.streams.http_api import HttpServer, InsecureBind, build_app, check_bind, read_token
+from turnstile.streams.http_api import HttpServer, InsecureBind, build_app, check_bind, parse_address, read_token
 from turnstile.streams.publisher import message_event, publish
 from turnstile.streams.service import Service, conversation_reader
 from turnstile.streams.worker import Worker
@@ -96,8 +98,37 @@ def test_the_token_comes_from_a_file_or_the_environment(tmp_path):
     (tmp_path / "token").write_text("t2\n")
     assert read_token({"TURNSTILE_HTTP_TOKEN": "t1"}, tmp_path / "token") == "t2"
     (tmp_path / "empty").write_text("\n")
-    with pytest.raises(ValueError, match="is empty"):
+    with pytest.raises(ValueError, match="has no token on its first line"):
         read_token({}, tmp_path / "empty")
+    (tmp_path / "two-lines").write_text("t3\n# rotated 2026-12-06\n")
+    assert read_token({}, tmp_path / "two-lines") == "t3"  # its first line, as documented
+    (tmp_path / "binary").write_bytes(b"\xff\xfe\n")
+    with pytest.raises(ValueError, match=r"token file .*binary is not UTF-8 text"):
+        read_token({}, tmp_path / "binary")
+
+
+def test_an_address_is_host_and_port_an_ipv6_host_in_brackets():
+    assert parse_address("8080") == ("127.0.0.1", 8080)
+    assert parse_address("[::1]:8080") == ("::1", 8080)
+    check_bind(parse_address("[::1]:8080")[0], None)  # loopback: served without a token
+    for text in ("127.0.0.1:²", "h:\uff18\uff10"):  # digits to str.isdigit (² and fullwidth 80), not to int
+        with pytest.raises(argparse.ArgumentTypeError, match="has no port"):
+            http_address(text)
+        with pytest.raises(argparse.ArgumentTypeError, match="is not HOST:PORT"):
+            broker_url(text)
+
+
+async def test_header_bytes_that_are_not_utf8_or_hosts_that_do_not_parse_are_refused_not_crashed(tmp_path):
+    worker = Worker(FileLog(tmp_path), ScriptedProvider(), FAST)
+    async with port(worker, TOKEN) as client:
+        for headers in ({"Authorization": b"Bearer \xff\xfe"}, {"Cookie": b"turnstile_token=\xff"}):
+            refused = await client.get("/conversations/c1", headers=headers)
+            assert refused.status_code == 401 and refused.json()["error"] == "a bearer token is required"
+    async with port(worker) as client:
+        refused = await client.get("/conversations/c1", headers={"Host": "["})
+        assert refused.status_code == 403 and "without a token only loopback" in refused.json()["error"]
+        refused = await client.post("/conversations/c1/messages", json={"content": "hi"}, headers={"Origin": "http://["})
+        assert refused.status_code == 403 and "cross-origin" in refused.json()["error"]
 
 
 async def test_every_error_is_json_the_frameworks_too(tmp_path):
@@ -107,6 +138,7 @@ async def test_every_error_is_json_the_frameworks_too(tmp_path):
             (await client.get("/no/such/path"), 404),
             (await client.delete("/conversations/c1/messages"), 405),
             (await client.post("/conversations/c1/messages", content=b"x" * 300_000), 413),
+            (await client.post("/conversations/c1/messages", content=b'{"content": "\\ud800"}'), 400),
             (await client.get("/conversations/nobody"), 404),
         ]
         for response, status in cases:
@@ -114,6 +146,9 @@ async def test_every_error_is_json_the_frameworks_too(tmp_path):
             assert response.headers["Content-Type"].startswith("application/json")
             assert response.json()["status"] == status and response.json()["error"]
         assert "POST" in cases[1][0].headers["Allow"]
+        assert cases[2][0].json()["error"] == "Maximum request body size 262144 exceeded."  # the limit, in bytes
+        assert cases[3][0].json()["error"].startswith("the body is not JSON: ")  # and why not (orjson's words)
+        assert "surrogate" in cases[3][0].json()["error"]
 
 
 async def test_ids_are_validated(tmp_path):
@@ -130,9 +165,14 @@ async def test_ids_are_validated(tmp_path):
             response = await client.post("/conversations/c1/messages", json={"content": "hi", "message_id": message_id})
             assert response.status_code == 400 and reason in response.json()["error"]
         assert (await client.get("/conversations/c1/turns/t%7F1")).status_code == 400
-        ok = await client.post("/conversations/caf%C3%A9%20%5B%2F%5D/messages", json={"content": "hi"})
-        assert ok.status_code == 202 and ok.json()["conversation_id"] == "café [/]"
-    assert [e.conversation_id for e in events_of(log)] == ["café [/]"]  # nothing invalid was appended
+        for content in ("", "   ", "\n\t "):
+            response = await client.post("/conversations/c1/messages", json={"content": content})
+            assert response.status_code == 400 and "empty or only whitespace" in response.json()["error"]
+        ok = await client.post("/conversations/caf%C3%A9%20%5B%2F%5D%3F%23/messages", json={"content": "hi"})
+        assert ok.status_code == 202 and ok.json()["conversation_id"] == "café [/]?#"
+        # the Location names this conversation, not a path with a query or a fragment
+        assert ok.headers["Location"] == "/conversations/caf%C3%A9%20%5B%2F%5D%3F%23"
+    assert [e.conversation_id for e in events_of(log)] == ["café [/]?#"]  # nothing invalid was appended
 
 
 async def test_a_conflicting_reuse_is_409_before_the_fold_as_after(tmp_path):
