@@ -55,7 +55,19 @@ def _add_log_args(parser: argparse.ArgumentParser) -> None:
                             help=f"topic of the {what} (default: {getattr(DEFAULTS.topics, key)})")
 
 
+# Commands that only read what is on the log (or decide from it): on an embedded log that is
+# not there, a mistyped --data, they say so rather than print nothing.
+READERS = ("tail", "inspect", "export-turn", "approve", "deny", "resume")
+
+
+def _log_there(config: config_file.Config, command: str) -> None:
+    if config.broker is None and command in READERS and not (config.data / config.topics.events).is_dir():
+        where = f"{config.data} (no {config.topics.events} folder)"
+        raise CliError(NO_INPUT, f"no embedded log in {where}: is --data right?")
+
+
 def _place(config: config_file.Config, command: str) -> LogPlace:
+    _log_there(config, command)
     membership = None
     if config.broker and command == "run":
         from turnstile.streams.kafka_log import Membership
@@ -140,8 +152,13 @@ async def _send(args: argparse.Namespace) -> int:
         if value is not None and (problem := id_problem(what, value)):
             raise CliError(DATA_ERR, f"{problem} (ids are 1..200 characters without control characters)")
     place = _place(args.resolved.config, args.command)
-    text = sys.stdin.read() if args.text == "-" else args.text
-    event = message_event(args.conversation, non_empty(text), SystemClock().now_ms(), args.message_id)
+    text = args.text
+    if text == "-":
+        try:
+            text = non_empty(sys.stdin.read())  # (the flag's type checked "-" itself only)
+        except argparse.ArgumentTypeError as exc:
+            raise CliError(USAGE, f"--text -: {exc}") from None
+    event = message_event(args.conversation, text, SystemClock().now_ms(), args.message_id)
     partition, offset = await publish_input(place, event)
     print(f"sent message {event.message_id} to {place.topics.events}[{partition}]@{offset}")
     return 0
@@ -177,6 +194,7 @@ async def _inspect(args: argparse.Namespace) -> int:
     from turnstile.streams.inspect_cli import inspect
 
     config: config_file.Config = args.resolved.config
+    _log_there(config, args.command)
     view = await inspect(args.conversation, broker=config.broker, data=config.data, topics=config.topics.topics())
     if view.state.events_applied == 0 and view.undecodable == 0:
         where = config.broker or config.data

@@ -149,10 +149,14 @@ class DoubleTextConfig(_Strict):
         return DoubleTextPolicy(self.default, dict(self.per_conversation))
 
 
+MAX_IDLE_S = 10 * 365 * 86_400
+
+
 class EvictionConfig(_Strict):
     """When an idle conversation leaves memory for the local store (`streams/eviction.py`)."""
 
-    idle_s: NonNegativeFloat = DEFAULT_IDLE_MS / 1000
+    # At most ten years: past that it means "never", and a larger value overflows the ms.
+    idle_s: NonNegativeFloat = Field(DEFAULT_IDLE_MS / 1000, le=MAX_IDLE_S)
     max_resident: int | None = Field(_EVICTION.max_resident, ge=1)  # None: no bound but idle time
 
     def policy(self, state_dir: Path | None) -> EvictionPolicy:
@@ -202,7 +206,7 @@ class Config(_Strict):
     @classmethod
     def _session_timeout(cls, value: float) -> float:
         if not 6 <= value <= 300:
-            raise ValueError(f"{value:g} is outside 6..300 s (the broker's bounds)")
+            raise ValueError(f"{value:.15g} is outside 6..300 s (the broker's bounds)")  # (:g said 300.0001 was 300)
         return value
 
 
@@ -448,11 +452,16 @@ def load(path: Path | None, environ: Mapping[str, str], args: argparse.Namespace
     file, name = None, str(path or DEFAULT_FILE)
     if path is not None or DEFAULT_FILE.is_file():
         try:
-            file = tomllib.loads((path or DEFAULT_FILE).read_text())
+            file = tomllib.loads((path or DEFAULT_FILE).read_text(encoding="utf-8"))
         except OSError as exc:
             raise CliError(NO_INPUT, f"cannot read the configuration file {name} ({exc.strerror})") from None
+        except UnicodeDecodeError as exc:
+            raise CliError(CONFIG, f"{name} is not TOML: not UTF-8 text (byte {exc.start})") from None
         except tomllib.TOMLDecodeError as exc:
             raise CliError(CONFIG, f"{name} is not TOML: {exc}") from None
+        except RecursionError:
+            nested = "its arrays or tables nest too deeply"
+            raise CliError(CONFIG, f"{name} is not TOML this program reads: {nested}") from None
     return resolve(file, name, from_env(environ), from_flags(args))
 
 

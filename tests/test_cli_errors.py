@@ -47,7 +47,12 @@ def closed_port() -> int:
         (["run", "--schedules", "bad.json"], 78, "is not JSON"),
         (["run", "--schedules", "bad-cron.json"], 78, "is not valid"),
         (["run", "--data", "a-file/log"], 73, "give --data a folder this user can write"),
-        (["inspect", "nobody"], 1, "no event of conversation 'nobody'"),
+        (["inspect", "nobody"], 66, "no embedded log in .turnstile (no turnstile.events folder): is --data right?"),
+        (["tail", "--data", "mistyped"], 66, "no embedded log in mistyped"),  # printed nothing, exit 0
+        (["resume", "c1", "--data", "mistyped"], 66, "no embedded log in mistyped"),
+        (["run", "--evict-idle-s", "1e306"], 2, "eviction.idle_s: Input should be less than or equal to 315360000"),
+        (["--config", "latin1.toml", "tail"], 78, "latin1.toml is not TOML: not UTF-8 text (byte 5)"),
+        (["--config", "deep.toml", "tail"], 78, "deep.toml is not TOML this program reads: its arrays or tables nest"),
         (["run", "nosuch:agent"], 2, "turnstile run: nosuch:agent: no module named 'nosuch' in"),  # was a traceback
         # ids HTTP and the console refuse were sent, and could then never be read or approved there
         (["send", "--conversation", "a\x1bb", "--text", "hi"], 65, "the conversation id contains a control character"),
@@ -64,6 +69,8 @@ def test_an_operational_error_is_one_sentence_and_a_documented_exit_code(tmp_pat
     (tmp_path / "bad.json").write_text("[{")
     (tmp_path / "bad-cron.json").write_text('[{"id": "d", "conversation": "c1", "content": "x", "cron": "99 * * * *"}]')
     (tmp_path / "a-file").write_text("not a folder")
+    (tmp_path / "latin1.toml").write_bytes(b"x = '\xe9t\xe9'\n")
+    (tmp_path / "deep.toml").write_text("a = " + "[" * 5_000 + "]" * 5_000 + "\n")
     result = turnstile(*args, cwd=tmp_path)
     assert result.returncode == code, result.stderr
     assert says in result.stderr
@@ -119,6 +126,19 @@ def test_send_reads_a_message_larger_than_argv_allows_from_stdin(tmp_path):
     assert shown.returncode == 0 and "word word" in shown.stdout
 
 
+@pytest.mark.parametrize("stdin", ["", "  \n"])
+def test_an_empty_message_on_stdin_is_a_usage_error_not_a_traceback(tmp_path, stdin):
+    result = turnstile("send", "--conversation", "c1", "--text", "-", cwd=tmp_path, stdin=stdin)
+    assert result.returncode == 2 and "--text -: the message is empty" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_on_a_log_that_is_there_an_unknown_conversation_is_not_found(tmp_path):
+    assert turnstile("send", "--conversation", "c1", "--text", "hi", cwd=tmp_path).returncode == 0
+    unknown = turnstile("inspect", "nobody", cwd=tmp_path)
+    assert unknown.returncode == 1 and "no event of conversation 'nobody'" in unknown.stderr
+
+
 def test_a_message_over_the_size_limit_is_refused_with_the_limit_named(tmp_path):
     result = turnstile("send", "--conversation", "c1", "--text", "-", cwd=tmp_path, stdin="x" * 200_001)
     assert result.returncode == 65
@@ -128,10 +148,10 @@ def test_a_message_over_the_size_limit_is_refused_with_the_limit_named(tmp_path)
 
 def test_global_flags_work_after_the_subcommand_and_logs_carry_utc_timestamps(tmp_path):
     result = turnstile("inspect", "nobody", "-v", cwd=tmp_path)  # -v after the subcommand
-    assert result.returncode == 1
+    assert result.returncode == 66
     assert "Traceback" in result.stderr  # -v shows it; the last line is still the sentence
     assert re.match(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z ERROR ", result.stderr)
-    assert result.stderr.strip().splitlines()[-1].startswith("turnstile inspect: no event of conversation")
+    assert result.stderr.strip().splitlines()[-1].startswith("turnstile inspect: no embedded log in .turnstile")
 
 
 def test_json_logs_are_one_object_per_line(tmp_path):

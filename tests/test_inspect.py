@@ -17,6 +17,7 @@ from worker_harness import FAST, events_of, running, until
 
 from turnstile.events import TurnCompleted, encode
 from turnstile.handlers.providers.scripted import ScriptedProvider
+from turnstile.streams import cli
 from turnstile.streams.file_log import FileLog
 from turnstile.streams.inspect_cli import inspect
 from turnstile.streams.kafka_log import KafkaLog
@@ -84,6 +85,14 @@ async def test_views_as_json(tmp_path):
         "TurnClaimed", "AttemptStarted", "ModelResponded", "TurnCompleted"
     ]
     assert first["attempts"][0]["model"] == "scripted-1" and first["iterations"] == 1
+
+
+def test_an_export_to_a_file_that_cannot_be_written_is_named(tmp_path, capsys):
+    asyncio.run(two_turns_and_one_pending(tmp_path))
+    (tmp_path / "a-file").write_text("not a folder")
+    turn = next(iter(build_view("c1", FileLog(tmp_path).conversation_records("c1")).turns))
+    code = cli.main(["export-turn", "--data", str(tmp_path), "c1", turn, "-o", str(tmp_path / "a-file" / "t.html")])
+    assert code == 73 and f"cannot write {tmp_path / 'a-file' / 't.html'} (Not a directory)" in capsys.readouterr().err
 
 
 def test_inspect_cli_on_the_embedded_log(tmp_path):

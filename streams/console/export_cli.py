@@ -9,7 +9,7 @@ import argparse
 from collections.abc import Callable
 from pathlib import Path
 
-from turnstile.streams.cli_errors import NOT_FOUND, CliError
+from turnstile.streams.cli_errors import CANT_CREATE, NOT_FOUND, CliError
 from turnstile.streams.console.pages import turn_page
 from turnstile.streams.serving import LogPlace
 from turnstile.streams.views import build_view
@@ -24,7 +24,10 @@ async def export_turn(args: argparse.Namespace, place: LogPlace) -> int:
     if turn is None:
         raise CliError(NOT_FOUND, f"no turn {args.turn_id!r} in conversation {args.conversation!r} on {place}")
     out = args.output or Path(f"turn-{turn.turn_id[:12]}.html")
-    out.write_text(turn_page(view, turn, standalone=True), encoding="utf-8")
+    try:
+        out.write_text(turn_page(view, turn, standalone=True), encoding="utf-8")
+    except OSError as exc:
+        raise CliError(CANT_CREATE, f"cannot write {out} ({exc.strerror})") from None
     print(f"turn {turn.turn_id} of {args.conversation} written to {out}")
     return 0
 
