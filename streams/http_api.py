@@ -430,6 +430,13 @@ def build_app(
         event = decided.event
         partition, offset = await log_.append(log_.topics.events, conversation, encode(event))
         input_id = event.occurrence_key if isinstance(event, InputInjected) else event.request_id
+        # Decided from a state that may not hold a decision just written by another request
+        # (approve, then deny at once): the log's order says which came first, as for a message.
+        first = await first_use(conversation, input_id, partition, offset)
+        if isinstance(first, Unavailable):
+            return unavailable(first)
+        if first != content_fingerprint(event.content):
+            return _error(409, f"another decision ({input_id}) was written first; the first one stands")
         reply = {"conversation_id": conversation, "input_id": input_id, "turn_id": decided.turn_id}
         return _json({**reply, "partition": partition, "offset": offset}, 202)
 

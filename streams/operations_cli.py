@@ -9,7 +9,8 @@ import argparse
 import uuid
 from collections.abc import Callable
 
-from turnstile.events import InputEvent
+from turnstile.events import InputEvent, InputInjected
+from turnstile.events.identity import content_fingerprint
 from turnstile.handlers.operations import Refused, decide_operation
 from turnstile.streams.cli_errors import NOT_FOUND, CliError
 from turnstile.streams.publisher import publish
@@ -29,6 +30,14 @@ async def publish_input(place: LogPlace, event: InputEvent) -> tuple[int, int]:
         await log.stop()
 
 
+async def first_use(place: LogPlace, conversation: str, input_id: str) -> str | None:
+    """The content fingerprint of the input id's first use on the log (read after an append:
+    if it is not the appended content's, the append was a conflicting duplicate, which every
+    reader ignores and the worker dead-letters)."""
+    records = await place.open().reader().conversation(conversation)
+    return build_view(conversation, records).state.seen_inputs.get(input_id)
+
+
 async def operate(args: argparse.Namespace, place: LogPlace) -> int:
     records = await place.open().reader().conversation(args.conversation)
     state = build_view(args.conversation, records).state
@@ -37,8 +46,13 @@ async def operate(args: argparse.Namespace, place: LogPlace) -> int:
     decided = decide_operation(state, args.command, call_id, args.note, event_id=event_id, now_ms=now_ms)
     if isinstance(decided, Refused):
         raise CliError(NOT_FOUND, decided.reason)  # nothing to act on, as an unknown conversation
-    partition, offset = await publish_input(place, decided.event)
+    event = decided.event
+    partition, offset = await publish_input(place, event)
     what = {"approve": "approval", "deny": "denial", "resume": "resume request"}[args.command]
+    # Decided from the log as it was read: another decision may have been written since.
+    input_id = event.occurrence_key if isinstance(event, InputInjected) else event.request_id
+    if await first_use(place, args.conversation, input_id) != content_fingerprint(event.content):
+        raise CliError(NOT_FOUND, f"another decision ({input_id}) was written first; the first one stands")
     print(f"{what} written to {place.topics.events}[{partition}]@{offset}; new logical turn {decided.turn_id}")
     return 0
 

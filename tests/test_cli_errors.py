@@ -133,6 +133,15 @@ def test_an_empty_message_on_stdin_is_a_usage_error_not_a_traceback(tmp_path, st
     assert "Traceback" not in result.stderr
 
 
+def test_a_message_id_reused_for_other_content_is_refused_as_http_refuses_it(tmp_path):
+    send = ("send", "--conversation", "c1", "--message-id", "m1", "--text")
+    assert turnstile(*send, "hello", cwd=tmp_path).returncode == 0
+    again = turnstile(*send, "hello", cwd=tmp_path)  # the same message again: a harmless duplicate
+    assert again.returncode == 0, again.stderr
+    other = turnstile(*send, "something else", cwd=tmp_path)  # reported "sent" and was dead-lettered
+    assert other.returncode == 65 and "message id 'm1' was already used for other content" in other.stderr
+
+
 def test_on_a_log_that_is_there_an_unknown_conversation_is_not_found(tmp_path):
     assert turnstile("send", "--conversation", "c1", "--text", "hi", cwd=tmp_path).returncode == 0
     unknown = turnstile("inspect", "nobody", cwd=tmp_path)

@@ -83,3 +83,27 @@ async def test_deny_and_resume_and_the_requests_that_are_refused(tmp_path: Path)
         nothing = await client.post("/conversations/c1/resume")
         assert nothing.status_code == 409 and "nothing to resume" in nothing.json()["error"]
         assert not any(isinstance(e, ResumeRequested) for e in events_of(log, "c1"))
+
+
+async def test_two_decisions_sent_at_once_one_stands_and_the_other_is_refused_not_lost_in_the_dead_letters(
+    tmp_path: Path,
+) -> None:
+    sent: list[str] = []
+    async with serving(mail_worker(tmp_path, sent)) as (_svc, client):
+        await client.post("/conversations/c1/messages", json={"content": "mail me"})
+        await until_status(client, "c1")
+        # given both decided from the same state (nothing decided yet), when both are written
+        approve, deny = await asyncio.gather(
+            client.post("/conversations/c1/approve", json={"call_id": "call-1", "note": "fine"}),
+            client.post("/conversations/c1/deny", json={"call_id": "call-1", "note": "no"}),
+        )
+        # then the one the log took first is 202, the other 409 (it was 202, then dead-lettered)
+        assert sorted((approve.status_code, deny.status_code)) == [202, 409], (approve.text, deny.text)
+        stood, refused = (approve, deny) if approve.status_code == 202 else (deny, approve)
+        # (refused before its append when the worker had folded the first by then, after it if not)
+        assert refused.json()["error"].endswith("the first one stands"), refused.text
+        log = FileLog(tmp_path)
+        await until(lambda: any(isinstance(e, TurnCompleted) for e in events_of(log, "c1")))
+        claimed = [e for e in events_of(log, "c1") if isinstance(e, TurnClaimed)][-1]
+        assert claimed.turn_id == stood.json()["turn_id"]
+        assert sent == (["a@b.c"] if stood is approve else [])  # the decision that stood is the one carried out
