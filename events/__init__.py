@@ -1,7 +1,7 @@
 """turnstile's public contract: every event on the log, its envelope and its codec."""
 
 from turnstile.events.base import SCHEMA_VERSION, Envelope, TurnEnvelope
-from turnstile.events.codec import DEFAULT_MAX_VALUE_BYTES, DecodeError, decode, encode
+from turnstile.events.codec import DecodeError, decode, encode
 from turnstile.events.dead_letter import DeadLetter
 from turnstile.events.identity import content_fingerprint, logical_turn_id
 from turnstile.events.inputs import Approval, InputInjected, MessageReceived, ResumeRequested
@@ -41,7 +41,6 @@ from turnstile.events.union import (
 )
 
 __all__ = [
-    "DEFAULT_MAX_VALUE_BYTES",
     "EVENT_ADAPTER",
     "INPUT_TYPES",
     "OUTCOME_TYPES",

@@ -14,8 +14,6 @@ from pydantic import ValidationError
 from turnstile.events.union import EVENT_ADAPTER, Event
 from turnstile.events.upcast import UPCASTERS, UpcastError, Upcasters
 
-DEFAULT_MAX_VALUE_BYTES = 1_000_000
-
 
 @dataclass(frozen=True, slots=True)
 class DecodeError:
@@ -33,11 +31,12 @@ def encode(event: Event) -> bytes:
 
 
 def decode(
-    value: bytes | None, max_bytes: int | None = DEFAULT_MAX_VALUE_BYTES, upcasters: Upcasters = UPCASTERS
+    value: bytes | None, max_bytes: int | None = None, upcasters: Upcasters = UPCASTERS
 ) -> Event | DecodeError:
     """Bytes to a current-version event. Values of an older `schema_version` are brought to
     the current shape by `upcasters` before validation; current values take the fast path.
-    `max_bytes` None: no limit of its own (what the topic accepted)."""
+    `max_bytes` None (the default): no limit of its own, what the topic accepted -- a reader
+    with a lower one would not see what the worker folded (a value between the two)."""
     if value is None:
         return DecodeError("not_json", "empty value (tombstone)")
     if max_bytes is not None and len(value) > max_bytes:

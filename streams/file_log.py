@@ -24,6 +24,7 @@ from pathlib import Path
 import orjson
 
 from turnstile.streams.log import (
+    BROKER_DEFAULT_MAX_MESSAGE_BYTES,
     Acknowledged,
     Landed,
     LogOwned,
@@ -31,8 +32,10 @@ from turnstile.streams.log import (
     ReadTooLarge,
     RebalanceListener,
     Record,
+    RecordRefused,
     Topics,
     partition_for,
+    value_limit,
 )
 
 __all__ = ["FileLog", "FileReader", "LogOwned", "partition_for"]
@@ -249,12 +252,16 @@ class FileLog:
         partition: int | None = None,
         headers: Mapping[str, str] | None = None,
     ) -> tuple[int, int]:
+        if len(value) > (limit := value_limit(BROKER_DEFAULT_MAX_MESSAGE_BYTES, key)):
+            raise RecordRefused(f"a record of {len(value):,} bytes is over what {topic} takes ({limit:,})")
         if partition is None:
             partition = partition_for(key or "", self._partition_count(topic))
         return partition, self._file(topic, partition).append(_encode_line(key, value, headers))
 
-    def max_value_bytes(self, topic: str, key: str | None) -> int | None:
-        return None  # a line of a local file has no size limit
+    def max_value_bytes(self, topic: str, key: str | None) -> int:
+        # A line of a file could be any size; the limit is a default broker's, so that a value
+        # taken here is one every reader (and Kafka) takes too.
+        return value_limit(BROKER_DEFAULT_MAX_MESSAGE_BYTES, key)
 
     async def send(
         self, topic: str, key: str, value: bytes, partition: int | None = None

@@ -59,7 +59,7 @@ from turnstile.projections import STATUSES, ConversationState, Status
 from turnstile.streams.eviction import NotLocal
 from turnstile.streams.fold_watch import FoldWatch
 from turnstile.streams.http_reads import ConversationReads, Reads, Unavailable
-from turnstile.streams.log import EventLog
+from turnstile.streams.log import EventLog, RecordRefused
 from turnstile.streams.publisher import message_event
 from turnstile.streams.read_model import ReadModel
 from turnstile.streams.runtime import Clock, SystemClock
@@ -343,7 +343,10 @@ def build_app(
                 return conflict(message_id)
             status = "rejected" if message_id in state.rejected else "accepted"
             return _json({**reply, "duplicate": True, "status": status}, 202)
-        partition, offset = await log_.append(log_.topics.events, conversation, encode(event))
+        try:
+            partition, offset = await log_.append(log_.topics.events, conversation, encode(event))
+        except RecordRefused as exc:  # within the body's limit, its JSON escaped past the log's
+            return _error(413, f"the log does not take this record: {exc}")
         if message_id is not None:  # the client's id may have been used before, by anyone
             first = await first_use(conversation, message_id, partition, offset)
             if isinstance(first, Unavailable):
@@ -428,7 +431,10 @@ def build_app(
         if isinstance(decided, Refused):
             return _error(409, decided.reason)
         event = decided.event
-        partition, offset = await log_.append(log_.topics.events, conversation, encode(event))
+        try:
+            partition, offset = await log_.append(log_.topics.events, conversation, encode(event))
+        except RecordRefused as exc:  # within the body's limit, its JSON escaped past the log's
+            return _error(413, f"the log does not take this record: {exc}")
         input_id = event.occurrence_key if isinstance(event, InputInjected) else event.request_id
         # Decided from a state that may not hold a decision just written by another request
         # (approve, then deny at once): the log's order says which came first, as for a message.

@@ -37,6 +37,8 @@ from turnstile.streams.kafka_reader import (
     record_of,
 )
 from turnstile.streams.log import (
+    BROKER_DEFAULT_MAX_MESSAGE_BYTES,
+    MAX_REQUEST_BYTES,
     Acknowledged,
     PartitionStart,
     RebalanceListener,
@@ -44,23 +46,16 @@ from turnstile.streams.log import (
     RecordRefused,
     Topics,
     partition_for,
+    value_limit,
 )
 
 log = logging.getLogger(__name__)
 
-# The producer refuses a record larger than this (aiokafka's default, set explicitly so the
-# worker knows it); the broker's own limit per topic is `max.message.bytes`.
-MAX_REQUEST_BYTES = 1 << 20
 # How long reading a topic's partitions outside the group (the snapshots, on assignment) may take.
 READ_TIMEOUT_S = 60.0
-# Kafka's broker default for `max.message.bytes`, when a topic's config cannot be read.
-BROKER_DEFAULT_MAX_MESSAGE_BYTES = 1_048_588
 # Records one poll returns at most: the consumer loop decodes them before it can let the
 # event loop run, so a poll stays a small slice of it (bench section 11).
 POLL_RECORDS = 250
-# What a record batch of one record adds to its key and value: the batch header (61 bytes)
-# and the record's own varints and attributes, rounded up.
-LONE_RECORD_OVERHEAD_BYTES = 128
 _NEVER_WRITABLE = (
     MessageSizeTooLargeError,
     RecordTooLargeError,
@@ -371,8 +366,7 @@ class KafkaLog:
         return partition_for(key, count)
 
     def max_value_bytes(self, topic: str, key: str | None) -> int:
-        limit = min(MAX_REQUEST_BYTES, self.max_message_bytes.get(topic, BROKER_DEFAULT_MAX_MESSAGE_BYTES))
-        return limit - LONE_RECORD_OVERHEAD_BYTES - len((key or "").encode())
+        return value_limit(self.max_message_bytes.get(topic, BROKER_DEFAULT_MAX_MESSAGE_BYTES), key)
 
     async def send(
         self, topic: str, key: str, value: bytes, partition: int | None = None

@@ -91,6 +91,23 @@ class RebalanceListener(Protocol):
     async def on_revoked(self, partitions: set[int]) -> None: ...
 
 
+# The producer refuses a record larger than this (aiokafka's default, set explicitly so the
+# worker knows it); the broker's own limit per topic is `max.message.bytes`.
+MAX_REQUEST_BYTES = 1 << 20
+# Kafka's broker default for `max.message.bytes`: what a topic takes unless configured (and
+# what the embedded log takes, so that what runs embedded runs on a default broker).
+BROKER_DEFAULT_MAX_MESSAGE_BYTES = 1_048_588
+# What a record batch of one record adds to its key and value: the batch header (61 bytes)
+# and the record's own varints and attributes, rounded up.
+LONE_RECORD_OVERHEAD_BYTES = 128
+
+
+def value_limit(max_message_bytes: int, key: str | None) -> int:
+    """The largest value a record with `key` may have, alone in its batch, on a topic that
+    takes `max_message_bytes`, from a producer whose requests are `MAX_REQUEST_BYTES` at most."""
+    return min(MAX_REQUEST_BYTES, max_message_bytes) - LONE_RECORD_OVERHEAD_BYTES - len((key or "").encode())
+
+
 class RecordRefused(ValueError):
     """The log will never accept this record as it is (too large for the topic, the topic
     invalid or not ours to write): retrying cannot help, unlike a broker that is away."""

@@ -12,7 +12,8 @@ from collections.abc import Callable
 from turnstile.events import InputEvent, InputInjected
 from turnstile.events.identity import content_fingerprint
 from turnstile.handlers.operations import Refused, decide_operation
-from turnstile.streams.cli_errors import NOT_FOUND, CliError
+from turnstile.streams.cli_errors import DATA_ERR, NOT_FOUND, CliError
+from turnstile.streams.log import RecordRefused
 from turnstile.streams.publisher import publish
 from turnstile.streams.runtime import SystemClock
 from turnstile.streams.serving import LogPlace
@@ -26,6 +27,8 @@ async def publish_input(place: LogPlace, event: InputEvent) -> tuple[int, int]:
     await log.start_producer()
     try:
         return await publish(log, event)
+    except RecordRefused as exc:  # its bytes: 200,000 characters escape to up to 1.2 MB of JSON
+        raise CliError(DATA_ERR, f"the log does not take this input: {exc}") from None
     finally:
         await log.stop()
 
