@@ -15,7 +15,8 @@ SCHEMA_VERSION = 1
 
 # Identifiers are opaque strings chosen by producers (message ids) or by the engine
 # (event, run and turn ids). Bounded so that a hostile value cannot bloat the state.
-Identifier = Annotated[str, StringConstraints(min_length=1, max_length=256)]
+MAX_ID_CHARS = 256
+Identifier = Annotated[str, StringConstraints(min_length=1, max_length=MAX_ID_CHARS)]
 EpochMillis = Annotated[int, Field(ge=0, lt=2**53)]
 # Every integer on the wire stays below 2**53: exact in any JSON reader, and what decoded
 # always re-encodes (a value beyond 64 bits would decode, then make `encode` raise).

@@ -1,8 +1,8 @@
 """Approving, denying and resuming a paused turn: the input event an operator's command
 writes, decided from the conversation's folded state.
 
-Each input's id is derived from the turn it answers (`approval:TURN:CALL`,
-`resume:TURN`), so running the same command twice writes a duplicate the fold ignores,
+Each input's id is derived from the turn it answers (`approval:TURN:CALL`, see
+`approval_key`; `resume:TURN`), so running the same command twice writes a duplicate the fold ignores,
 not a second turn. A different second decision (deny after approve, another note) would
 conflict on that id and be dead-lettered, so it is refused here while the first one waits
 for its claim. Pure: the caller passes the event id and the time.
@@ -10,10 +10,12 @@ for its claim. Pure: the caller passes the event id and the time.
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 from typing import Literal
 
 from turnstile.events import Approval, InputInjected, ResumeRequested, logical_turn_id
+from turnstile.events.base import MAX_ID_CHARS
 from turnstile.events.inputs import MAX_CONTENT_CHARS
 from turnstile.handlers.claim import DebouncePolicy
 from turnstile.projections import ConversationState
@@ -46,6 +48,16 @@ def _last_turn(state: ConversationState) -> TurnRecord | Refused:
     if not state.turns:
         return Refused(f"{who} has no turns: nothing is paused")
     return next(reversed(state.turns.values()))
+
+
+def approval_key(turn_id: str, call_id: str) -> str:
+    """`approval:TURN:CALL`, the id of the decision on a call: an input id is at most 256
+    characters, a call id too, so a call id that would not fit (over 182 characters after a
+    64-character turn id) is named by its sha256 instead: a decision on it stays possible."""
+    key = f"approval:{turn_id}:{call_id}"
+    if len(key) <= MAX_ID_CHARS:
+        return key
+    return f"approval:{turn_id}:sha256:{hashlib.sha256(call_id.encode()).hexdigest()}"
 
 
 def _note_problem(note: str | None) -> Refused | None:
@@ -102,7 +114,7 @@ def decide_approval(
     room = MAX_CONTENT_CHARS - len(head) - len(tail)
     shown = call.arguments if len(call.arguments) <= room else call.arguments[: room - 1] + "…"
     content = head + shown + tail
-    key = f"approval:{last.turn_id}:{call.call_id}"
+    key = approval_key(last.turn_id, call.call_id)
     if conflict := _conflict(state, key, content, f"a decision on call {call.call_id!r} of turn {turn}"):
         return conflict
     event = InputInjected(

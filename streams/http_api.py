@@ -53,6 +53,7 @@ from aiohttp import web
 from pydantic import ValidationError
 
 from turnstile.events import InputInjected, content_fingerprint, encode
+from turnstile.events.base import MAX_ID_CHARS as MAX_CALL_ID_CHARS
 from turnstile.handlers.claim import DebouncePolicy
 from turnstile.handlers.operations import VERBS, Refused, decide_operation
 from turnstile.projections import STATUSES, ConversationState, Status
@@ -417,8 +418,10 @@ def build_app(
         call_id, note = body.get("call_id"), body.get("note")
         if not (call_id is None or isinstance(call_id, str)) or not (note is None or isinstance(note, str)):
             return _error(400, "call_id and note must be strings")
-        if call_id is not None and (problem := id_problem("call_id", call_id)):
-            return _error(400, problem)
+        # A call id is the model's (any 1..256 characters a tool call may carry): whatever the
+        # turn paused on can be decided here, as with `turnstile approve`.
+        if call_id is not None and not 1 <= len(call_id) <= MAX_CALL_ID_CHARS:
+            return _error(400, f"call_id must be 1..{MAX_CALL_ID_CHARS} characters")
         if verb != "resume" and call_id is None:  # a malformed request, not a refused decision
             return _error(400, f'{verb} needs {{"call_id": "..."}}: the call the turn paused on')
         view = await reads.conversation(conversation)

@@ -67,7 +67,9 @@ async def test_deny_and_resume_and_the_requests_that_are_refused(tmp_path: Path)
             ("/conversations/c1/approve", {"call_id": 5}, 400),
             ("/conversations/c1/approve", {"call_id": "call-1", "extra": 1}, 400),
             ("/conversations/c1/resume", {"call_id": "call-1"}, 400),
-            ("/conversations/c1/approve", {"call_id": "a\nb"}, 400),
+            ("/conversations/c1/approve", {"call_id": "c" * 257}, 400),  # longer than any tool call's
+            ("/conversations/c1/approve", {"call_id": ""}, 400),
+            ("/conversations/c1/approve", {"call_id": "a\nb"}, 409),  # a model's id may be so: not the paused one
             ("/conversations/c1/explode", {}, 404),
             ("/conversations/nobody/resume", {}, 404),
         ):

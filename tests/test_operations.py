@@ -52,6 +52,22 @@ def test_given_a_turn_paused_for_approval_when_its_call_is_approved_then_an_appr
     assert decided.turn_id == logical_turn_id(["approval:t1:call-1"])
 
 
+def test_given_a_call_id_as_long_as_a_tool_call_may_have_when_approved_then_the_decision_fits_an_input_id() -> None:
+    for call_id in ("c" * 182, "c" * 183, "c" * 256, "call\n1"):
+        long_call = ToolCall(call_id=call_id, name="send_email", arguments="{}")
+        paused = new_state("c1")
+        paused.turns["t" * 64] = TurnRecord("t" * 64, ("m1",), "paused", 1, long_call)
+        decided = decide_approval(paused, call_id, True, None, event_id="e", now_ms=5)
+        # (an input id over 256 characters made the event invalid: a 500, and no way to decide)
+        assert isinstance(decided, Operation) and isinstance(decided.event, InputInjected), call_id
+        key = decided.event.occurrence_key
+        assert len(key) <= 256 and decide_approval(paused, call_id, True, None, event_id="e", now_ms=5) == decided
+        assert key == (f"approval:{'t' * 64}:{call_id}" if len(call_id) <= 182 else key)
+        assert decided.event.approval is not None and decided.event.approval.call_id == call_id
+        assert apply_event(paused, decided.event) is None  # the fold takes it, as the grant of that call
+        assert paused.pending[key].grant is not None
+
+
 def test_given_no_paused_approval_when_approving_then_the_refusal_says_why() -> None:
     wrong = decide_approval(state_with("paused", CALL), "call-9", False, None, event_id="e", now_ms=5)
     assert wrong == Refused("turn t1 waits for approval of call 'call-1' (send_email), not 'call-9'")
