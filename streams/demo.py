@@ -20,24 +20,32 @@ from turnstile.streams.runtime import SystemClock
 from turnstile.streams.timeline import describe
 from turnstile.streams.worker import Worker, WorkerConfig
 
-CONVERSATION = "demo-conversation"
-
 
 async def run_demo(data_dir: Path | None = None, model_delay_s: float = 2.0, follow_up_after_s: float = 2.0) -> int:
-    directory = data_dir or Path(tempfile.mkdtemp(prefix="turnstile-demo-"))
+    """On `data_dir` (kept: each run is a conversation of its own in it), or a temporary
+    folder removed after."""
+    if data_dir is not None:
+        return await _demo(data_dir, model_delay_s, follow_up_after_s)
+    with tempfile.TemporaryDirectory(prefix="turnstile-demo-") as directory:
+        return await _demo(Path(directory), model_delay_s, follow_up_after_s)
+
+
+async def _demo(directory: Path, model_delay_s: float, follow_up_after_s: float) -> int:
     log = FileLog(directory)
     clock = SystemClock()
     worker = Worker(log, ScriptedProvider(delay_s=model_delay_s), WorkerConfig(debounce=DebouncePolicy()), clock)
     stop = asyncio.Event()
     running = asyncio.create_task(worker.run(stop))
     start = clock.now_ms()
-    print(f"embedded log in {directory}\n")
-    await publish(log, message_event(CONVERSATION, "check the dates", clock.now_ms(), "msg-1"))
+    # A run's own conversation: a kept folder's earlier runs are other conversations.
+    conversation = f"demo-{start}"
+    print(f"embedded log in {directory}, conversation {conversation}\n")
+    await publish(log, message_event(conversation, "check the dates", clock.now_ms(), "msg-1"))
     await asyncio.sleep(follow_up_after_s)
-    await publish(log, message_event(CONVERSATION, "also compare the refund rules", clock.now_ms(), "msg-2"))
+    await publish(log, message_event(conversation, "also compare the refund rules", clock.now_ms(), "msg-2"))
 
     def answered() -> int:
-        state = worker.states.get(CONVERSATION)
+        state = worker.states.get(conversation)
         return sum(len(t.input_ids) for t in state.turns.values()) if state else 0
 
     for _ in range(400):
@@ -50,7 +58,7 @@ async def run_demo(data_dir: Path | None = None, model_delay_s: float = 2.0, fol
     timeline = [
         event
         for record in log.read_all(log.topics.events)
-        if not isinstance(event := decode(record.value), DecodeError) and event.conversation_id == CONVERSATION
+        if not isinstance(event := decode(record.value), DecodeError) and event.conversation_id == conversation
     ]
     for event in timeline:
         print(f"+{(event.occurred_at - start) / 1000:6.2f}s  {describe(event)}")

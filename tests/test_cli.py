@@ -18,15 +18,25 @@ CLI = [sys.executable, "-m", "turnstile.streams.cli"]
 ROOT = Path(__file__).parent.parent
 
 
-def turnstile(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=timeout, cwd=ROOT, check=False)
+def turnstile(*args: str, timeout: float = 60, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*CLI, *args], capture_output=True, text=True, timeout=timeout, cwd=ROOT, check=False, env=env
+    )
 
 
-def test_demo_shows_the_follow_up_answered_in_its_own_turn_once():
-    result = turnstile("demo", timeout=120)
+def test_demo_shows_the_follow_up_answered_in_its_own_turn_once_and_leaves_no_folder(tmp_path):
+    result = turnstile("demo", timeout=120, env={**os.environ, "TMPDIR": str(tmp_path)})
     assert result.returncode == 0, result.stdout + result.stderr
     assert "OK: each message was claimed by exactly one turn and answered once" in result.stdout
     assert result.stdout.count("TurnCompleted") == 2
+    assert list(tmp_path.iterdir()) == []  # its temporary log is removed
+
+
+def test_the_demo_runs_again_on_a_folder_it_kept(tmp_path):
+    for _ in range(2):  # the second run said UNEXPECTED: it sent the first run's message ids again
+        result = turnstile("demo", "--data", str(tmp_path / "kept"), timeout=120)
+        assert result.returncode == 0, result.stdout + result.stderr
+        assert result.stdout.count("TurnCompleted") == 2 and "+-" not in result.stdout
 
 
 def run_worker_until(where: list[str], conversation: str, completions: int, *run_args: str) -> str:
