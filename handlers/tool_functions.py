@@ -17,7 +17,7 @@ from typing import Any, TypedDict, Unpack, get_type_hints, overload
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, create_model
 
-from turnstile.handlers.tools import Tool, ToolKind
+from turnstile.handlers.tools import Reconciler, Tool, ToolKind
 
 ToolCallable = Callable[..., Any]
 
@@ -39,14 +39,17 @@ def _docstring_parts(doc: str | None) -> tuple[str, dict[str, str]]:
     return " ".join(description.split()), arguments
 
 
-def arguments_model(function: ToolCallable, name: str) -> type[BaseModel]:
-    """The pydantic model of `function`'s parameters. Every parameter needs an annotation:
-    the model is told the type, and an unannotated argument would accept anything."""
+def arguments_model(function: ToolCallable, name: str, passed_by_engine: tuple[str, ...] = ()) -> type[BaseModel]:
+    """The pydantic model of `function`'s parameters (but those the engine passes itself).
+    Every parameter needs an annotation: the model is told the type, and an unannotated
+    argument would accept anything."""
     signature = inspect.signature(function)
     hints = get_type_hints(function)
     _, described = _docstring_parts(function.__doc__)
     fields: dict[str, Any] = {}
     for parameter in signature.parameters.values():
+        if parameter.name in passed_by_engine:
+            continue
         if parameter.kind in (parameter.VAR_POSITIONAL, parameter.VAR_KEYWORD, parameter.POSITIONAL_ONLY):
             raise TypeError(f"tool {name!r}: parameter {parameter.name!r} must be a plain or keyword argument")
         if parameter.name not in hints:
@@ -76,6 +79,13 @@ class ToolFlags(TypedDict, total=False):
     side_effect: bool
     isolated_ok: bool
     needs_approval: bool
+    idempotent: bool
+    reconcile: Reconciler | None
+
+
+# The parameter an idempotent tool's function takes the call's idempotency key in: passed by
+# the engine, not shown to the model as an argument.
+IDEMPOTENCY_KEY = "idempotency_key"
 
 
 def tool_from_function(
@@ -86,22 +96,36 @@ def tool_from_function(
     side_effect: bool = False,
     isolated_ok: bool = False,
     needs_approval: bool = False,
+    idempotent: bool = False,
+    reconcile: Reconciler | None = None,
 ) -> Tool:
+    """`idempotent` and `reconcile` say how a call left started and unfinished (its worker
+    stopped) is settled, so they are for side effects only: `idempotent` runs it again with
+    the same key (the function takes `idempotency_key: str`); `reconcile(call)` asks
+    whether it acted (its result, or None: it did not)."""
     tool_name = name or function.__name__
-    model = arguments_model(function, tool_name)
+    if (idempotent or reconcile is not None) and not side_effect:
+        raise TypeError(f"tool {tool_name!r}: idempotent= and reconcile= settle a side effect: add side_effect=True")
+    takes_key = IDEMPOTENCY_KEY in inspect.signature(function).parameters
+    if idempotent != takes_key:
+        problem = "an idempotent tool's function needs" if idempotent else "only an idempotent=True tool takes"
+        raise TypeError(f"tool {tool_name!r}: {problem} a parameter {IDEMPOTENCY_KEY}: str")
+    model = arguments_model(function, tool_name, passed_by_engine=(IDEMPOTENCY_KEY,))
     summary, _ = _docstring_parts(function.__doc__)
     if not (description or summary):
         raise TypeError(f"tool {tool_name!r} needs a description: give it a docstring or description=")
     fields = tuple(model.model_fields)
     is_async = inspect.iscoroutinefunction(function)
 
-    async def run(arguments: BaseModel) -> str:
+    async def run(arguments: BaseModel, *key: str) -> str:
         values = {field: getattr(arguments, field) for field in fields}
+        if key:  # an idempotent tool's call: run(arguments, idempotency_key)
+            values[IDEMPOTENCY_KEY] = key[0]
         result = await function(**values) if is_async else function(**values)
         return _result_text(result)
 
     kind: ToolKind = "side_effect" if side_effect else "read_only"
-    return Tool(tool_name, description or summary, model, run, kind, isolated_ok, needs_approval)
+    return Tool(tool_name, description or summary, model, run, kind, isolated_ok, needs_approval, idempotent, reconcile)
 
 
 @overload

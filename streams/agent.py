@@ -31,8 +31,6 @@ from turnstile.streams.serving import LogPlace, WorkerOptions, serve
 from turnstile.streams.turn_runner import Route, TurnSettings
 from turnstile.streams.worker import WorkerConfig
 
-_DEFAULT_BASE_URLS = {"openai": "https://api.openai.com/v1", "anthropic": "https://api.anthropic.com"}
-
 
 @dataclass(frozen=True, slots=True)
 class Model:
@@ -53,7 +51,7 @@ class Model:
         # Made where the agent's code says it, refused there: not at the first request.
         if not self.name:
             raise ValueError("a model needs a name")
-        if self.family not in _DEFAULT_BASE_URLS:
+        if self.family not in ("openai", "anthropic"):
             raise ValueError(f"model {self.name!r}: family is 'openai' or 'anthropic', not {self.family!r}")
         if self.base_url is not None and not self.base_url.startswith(("http://", "https://")):
             raise ValueError(f"model {self.name!r}: base_url {self.base_url!r} is not an http:// or https:// URL")
@@ -61,18 +59,10 @@ class Model:
             raise ValueError(f"model {self.name!r}: api_key_env names no environment variable")
 
     def provider(self) -> Provider:
-        from turnstile.streams.provider_http import HttpProvider
-
-        key = os.environ.get(self.api_key_env)
-        base_url = self.base_url or _DEFAULT_BASE_URLS[self.family]
-        if self.family == "anthropic":
-            from turnstile.handlers.providers.anthropic_messages import AnthropicMessages
-
-            return HttpProvider(AnthropicMessages(), base_url, key)
-        from turnstile.handlers.providers.openai_chat import OpenAIChat
+        from turnstile.streams.provider_http import http_provider
 
         legacy = frozenset({self.name}) if self.legacy_max_tokens else frozenset()
-        return HttpProvider(OpenAIChat(legacy_max_tokens=legacy), base_url, key)
+        return http_provider(self.family, self.base_url, os.environ.get(self.api_key_env), self.api_key_env, legacy)
 
 
 TestReply = str | ModelReply | Exception

@@ -285,3 +285,30 @@ def _owned_client(timeout_s: float) -> httpx.AsyncClient:
 def _shared_ssl_context() -> ssl.SSLContext:
     # Loading the CA bundle takes tens of milliseconds per client; one context serves all.
     return httpx.create_ssl_context()
+
+
+# The providers' own endpoints. OpenAI's base URL ends with its /v1 (a request goes to
+# `{base_url}/chat/completions`); Anthropic's does not (`{base_url}/v1/messages`): an
+# OpenAI-compatible server is named as `http://host:port/v1`.
+DEFAULT_BASE_URLS = {"openai": "https://api.openai.com/v1", "anthropic": "https://api.anthropic.com"}
+
+
+def http_provider(
+    family: str,
+    base_url: str | None,
+    api_key: str | None,
+    key_env: str,
+    legacy_max_tokens: frozenset[str] = frozenset(),
+) -> HttpProvider:
+    """The provider of a model of `family` ("openai" or "anthropic") at `base_url` (None: the
+    provider's own); `key_env` names where the key was read from, for the warning when none was."""
+    if not api_key:
+        # A local OpenAI-compatible server may need none; a hosted API answers 401 to every turn.
+        log.warning("%s is not set: requests to %s carry no API key", key_env, base_url or DEFAULT_BASE_URLS[family])
+    if family == "anthropic":
+        from turnstile.handlers.providers.anthropic_messages import AnthropicMessages
+
+        return HttpProvider(AnthropicMessages(), base_url or DEFAULT_BASE_URLS[family], api_key)
+    from turnstile.handlers.providers.openai_chat import OpenAIChat
+
+    return HttpProvider(OpenAIChat(legacy_max_tokens=legacy_max_tokens), base_url or DEFAULT_BASE_URLS[family], api_key)

@@ -28,7 +28,6 @@ from turnstile.streams.turn_runner import Route, TurnSettings
 from turnstile.streams.worker import WorkerConfig
 
 log = logging.getLogger(__name__)
-_DEFAULT_BASE_URLS = {"openai": "https://api.openai.com/v1", "anthropic": "https://api.anthropic.com"}
 SECRET = "***"
 
 
@@ -45,16 +44,10 @@ def worker_options(config: Config) -> WorkerOptions:
 def provider(model: ModelConfig, api_key: str | None) -> Provider:
     if model.provider == "scripted":
         return ScriptedProvider(delay_s=model.scripted_delay_s)
-    from turnstile.streams.provider_http import HttpProvider
+    from turnstile.streams.provider_http import http_provider
 
-    base_url = model.base_url or _DEFAULT_BASE_URLS[model.provider]
-    if model.provider == "anthropic":
-        from turnstile.handlers.providers.anthropic_messages import AnthropicMessages
-
-        return HttpProvider(AnthropicMessages(), base_url, api_key)
-    from turnstile.handlers.providers.openai_chat import OpenAIChat
-
-    return HttpProvider(OpenAIChat(legacy_max_tokens=frozenset(model.legacy_max_tokens)), base_url, api_key)
+    legacy = frozenset(model.legacy_max_tokens)
+    return http_provider(model.provider, model.base_url, api_key, "TURNSTILE_API_KEY", legacy)
 
 
 def prices(config: Config) -> PriceTable:

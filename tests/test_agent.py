@@ -39,6 +39,16 @@ def test_every_public_name_resolves_and_is_documented() -> None:
         turnstile.NotAThing  # noqa: B018
 
 
+def test_a_model_whose_key_variable_is_unset_is_named_when_its_provider_is_made(monkeypatch, caplog) -> None:
+    monkeypatch.delenv("NO_SUCH_KEY_VAR", raising=False)
+    Model("claude-x", family="anthropic", api_key_env="NO_SUCH_KEY_VAR").provider()
+    assert "NO_SUCH_KEY_VAR is not set: requests to https://api.anthropic.com carry no API key" in caplog.text
+    monkeypatch.setenv("A_KEY_VAR", "sk-test")
+    caplog.clear()
+    Model("gpt-x", base_url="http://127.0.0.1:9/v1", api_key_env="A_KEY_VAR").provider()
+    assert "carry no API key" not in caplog.text
+
+
 def readme_agent() -> types.ModuleType:
     """The code of the README's "Your agent in 20 lines", as a module."""
     readme = (ROOT / "README.md").read_text()

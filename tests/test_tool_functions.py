@@ -72,3 +72,48 @@ def test_a_parameter_without_annotation_or_a_tool_without_description_is_refused
 
     with pytest.raises(TypeError, match="'undocumented' needs a description"):
         tool(undocumented)
+
+
+def test_a_side_effect_is_declared_idempotent_with_its_key_or_with_a_reconciler() -> None:
+    keys: list[str] = []
+
+    @tool(side_effect=True, idempotent=True)
+    async def transfer(to: str, amount: int, idempotency_key: str) -> str:
+        """Send money."""
+        keys.append(idempotency_key)
+        return f"sent {amount} to {to}"
+
+    # the model is shown the arguments, not the key; the engine passes the key on every run
+    assert set(transfer.arguments.model_json_schema()["properties"]) == {"to", "amount"}
+    assert (transfer.idempotent, transfer.recovery) == (True, "idempotent")
+    call = ToolCall(call_id="c", name="transfer", arguments='{"to": "bob", "amount": 5}')
+    valid = validate_call(ToolRegistry([transfer]), call, False)
+    assert isinstance(valid, ValidCall)
+    assert asyncio.run(valid.tool.run(valid.arguments, "turn-1:c")) == "sent 5 to bob" and keys == ["turn-1:c"]
+
+    async def sent(call: ToolCall) -> str | None:
+        return None
+
+    @tool(side_effect=True, reconcile=sent)
+    def refund(order_id: str) -> str:
+        """Refund an order."""
+        return "refunded"
+
+    assert (refund.reconcile, refund.recovery) == (sent, "reconcile")
+
+
+def test_idempotent_or_reconcile_without_a_side_effect_or_without_the_key_is_refused_when_declared() -> None:
+    def send(to: str, idempotency_key: str) -> str:
+        """Send."""
+        return to
+
+    def plain(to: str) -> str:
+        """Send."""
+        return to
+
+    with pytest.raises(TypeError, match="settle a side effect: add side_effect=True"):
+        tool(idempotent=True)(send)
+    with pytest.raises(TypeError, match="an idempotent tool's function needs a parameter idempotency_key: str"):
+        tool(side_effect=True, idempotent=True)(plain)
+    with pytest.raises(TypeError, match="only an idempotent=True tool takes a parameter idempotency_key"):
+        tool(side_effect=True)(send)

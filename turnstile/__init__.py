@@ -11,6 +11,7 @@ The public API, for declaring and running your own agent:
 - `ModelPrice`: USD per million tokens of input, cached input, cache writes and output.
 - `TurnBudget`: bounds of one logical turn (iterations, tool calls, cost, wall clock).
 - `DebouncePolicy`: how long a conversation must be quiet before its messages are claimed.
+- `DoubleTextPolicy`: what a message arriving mid-turn does, by default and per conversation.
 - `LogPlace`: where the log is (a Kafka broker, or the embedded file log in a folder).
 - `__version__`: the installed distribution's version.
 
@@ -33,7 +34,7 @@ except PackageNotFoundError:  # a source tree on sys.path without an install
 
 if TYPE_CHECKING:
     from turnstile.handlers.budget import TurnBudget
-    from turnstile.handlers.claim import DebouncePolicy
+    from turnstile.handlers.claim import DebouncePolicy, DoubleTextPolicy
     from turnstile.handlers.pricing import ModelPrice
     from turnstile.handlers.tool_functions import tool
     from turnstile.handlers.tools import Tool
@@ -49,11 +50,12 @@ _PUBLIC = {
     "ModelPrice": "turnstile.handlers.pricing",
     "TurnBudget": "turnstile.handlers.budget",
     "DebouncePolicy": "turnstile.handlers.claim",
+    "DoubleTextPolicy": "turnstile.handlers.claim",
     "LogPlace": "turnstile.streams.serving",
 }
 
-__all__ = ["Agent", "DebouncePolicy", "LogPlace", "Model", "ModelPrice", "TestModel", "Tool", "TurnBudget",
-           "__version__", "tool"]
+__all__ = ["Agent", "DebouncePolicy", "DoubleTextPolicy", "LogPlace", "Model", "ModelPrice", "TestModel", "Tool",
+           "TurnBudget", "__version__", "tool"]
 
 
 def __getattr__(name: str) -> object:
