@@ -50,6 +50,15 @@ def _last_turn(state: ConversationState) -> TurnRecord | Refused:
     return next(reversed(state.turns.values()))
 
 
+def awaiting_approval(state: ConversationState) -> TurnRecord | None:
+    """The conversation's last turn when it is paused for an approval (its `pending_call`,
+    the call to approve or deny) and no turn runs; else None."""
+    last = _last_turn(state)
+    if isinstance(last, Refused) or last.outcome != "paused" or last.pending_call is None:
+        return None
+    return last
+
+
 def approval_key(turn_id: str, call_id: str) -> str:
     """`approval:TURN:CALL`, the id of the decision on a call: an input id is at most 256
     characters, a call id too, so a call id that would not fit (over 182 characters after a

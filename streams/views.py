@@ -30,6 +30,7 @@ from turnstile.events import (
     TurnPaused,
     decode,
 )
+from turnstile.handlers.operations import awaiting_approval
 from turnstile.projections import ConversationState, apply_event, new_state
 from turnstile.streams.log import Record
 from turnstile.streams.timeline import describe
@@ -229,6 +230,10 @@ def state_json(view: ConversationView) -> dict[str, Any]:
             "tool_calls": active.tool_calls,
         },
         "turns": [turn_summary_json(t) for t in turn_summaries(view)],
+        # What `POST .../approve|deny` takes, without reading it out of the turn's hint.
+        "awaiting_approval": None
+        if (paused := awaiting_approval(state)) is None or (call := paused.pending_call) is None
+        else {"turn_id": paused.turn_id, "call_id": call.call_id, "tool": call.name, "arguments": call.arguments},
     }
 
 

@@ -31,6 +31,8 @@ async def test_a_paused_call_is_approved_over_http_and_its_turn_is_the_one_answe
         assert (await client.post("/conversations/c1/messages", json={"content": "mail me"})).status_code == 202
         log = FileLog(tmp_path)
         await until_status(client, "c1")
+        waiting = (await client.get("/conversations/c1")).json()["awaiting_approval"]
+        assert (waiting["call_id"], waiting["tool"]) == ("call-1", "send_email") and "a@b.c" in waiting["arguments"]
 
         wrong = await client.post("/conversations/c1/approve", json={"call_id": "call-9"})
         assert wrong.status_code == 409 and "not 'call-9'" in wrong.json()["error"]
@@ -48,6 +50,7 @@ async def test_a_paused_call_is_approved_over_http_and_its_turn_is_the_one_answe
         assert [e.turn_id for e in events if isinstance(e, TurnClaimed)][-1] == body["turn_id"]
         assert sent == ["a@b.c"]
         await until_status(client, "c1", "idle")
+        assert (await client.get("/conversations/c1")).json()["awaiting_approval"] is None
         # Twice is harmless: the input's id is derived from the paused turn, and it is decided now.
         again = await client.post("/conversations/c1/approve", json={"call_id": "call-1"})
         assert again.status_code == 409 and "nothing paused" in again.json()["error"]
