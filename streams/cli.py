@@ -95,7 +95,7 @@ async def _wait_for_broker(bootstrap: str, patience_s: float) -> None:
                 UNAVAILABLE,
                 f"cannot reach the Kafka broker at {bootstrap}"
                 + (f" after {patience_s:g} s" if patience_s else "")
-                + ": is it running? (bash infra/kafka/start.sh starts one)",
+                + ": is it running and is the address right? (without --broker, the embedded log needs none)",
             )
         print(f"turnstile: broker {bootstrap} not reachable, retrying in {wait:g} s", file=sys.stderr, flush=True)
         await asyncio.sleep(wait)

@@ -422,16 +422,16 @@ class Worker:
         grace = self.config.drain_grace_s
         if not self.runners or grace <= 0:
             return
-        log.warning("stopping: %d turns in flight may take up to %.0f s to end", len(self.runners), grace)
+        log.warning("stopping: %s in flight may take up to %.0f s to end", _turns(len(self.runners)), grace)
         await self._step_until(lambda: not self.runners, grace)
         slots = list(self.runners.values())
         if not slots:
             return
         step_s = self.config.revoke_grace_s
-        log.warning("stopping: grace over; %d turns finish their step in progress (up to %.0f s)", len(slots), step_s)
+        log.warning("stopping: grace over; %s finish their step in progress (up to %.0f s)", _turns(len(slots)), step_s)
         await self._step_until(lambda: _held(slots), step_s)
         busy = sum(not slot.at_rest for slot in slots)
-        log.warning("stopping: %d turns left to the next owner (%d cut off mid-step)", len(self.runners), busy)
+        log.warning("stopping: %s left to the next owner (%d cut off mid-step)", _turns(len(self.runners)), busy)
 
     async def _step_until(self, done: Callable[[], bool], within_s: float) -> None:
         deadline = asyncio.get_running_loop().time() + within_s
@@ -630,6 +630,10 @@ class Worker:
         work = runner.claim_and_run(plan) if plan is not None else runner.recover()
         slot.interrupt = runner.interrupt
         slot.start(work).add_done_callback(lambda _t: self._dirty.add(conversation))
+
+
+def _turns(count: int) -> str:
+    return "1 turn" if count == 1 else f"{count} turns"
 
 
 def _held(slots: list[RunnerSlot]) -> bool:

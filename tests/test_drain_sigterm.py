@@ -53,7 +53,7 @@ pytestmark = pytest.mark.kafka
 SHORT_GRACE_S = 2  # --drain-grace-s of the cases whose step outlasts it
 EXIT_S = 60  # how long a stopping worker may take before the test gives up on it
 # What the worker says on stderr when its drain begins, and when the grace is over.
-DRAINING, GRACE_OVER = "turns in flight may take up to", "stopping: grace over"
+DRAINING, GRACE_OVER = "in flight may take up to", "stopping: grace over"
 
 # The agent a user would write. Its side-effecting tool records each run; it then holds
 # until the test lets it go (after the worker has said its grace is over), so it runs
