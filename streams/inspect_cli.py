@@ -144,5 +144,6 @@ async def inspect(
 ) -> ConversationView:
     records = await conversation_records(conversation_id, broker=broker, data=data, topics=topics)
     view = build_view(conversation_id, records)
-    render(view, console or Console())
+    if view.state.events_applied or view.undecodable:  # else nothing to show: the caller says not found
+        render(view, console or Console())
     return view

@@ -146,6 +146,7 @@ def test_on_a_log_that_is_there_an_unknown_conversation_is_not_found(tmp_path):
     assert turnstile("send", "--conversation", "c1", "--text", "hi", cwd=tmp_path).returncode == 0
     unknown = turnstile("inspect", "nobody", cwd=tmp_path)
     assert unknown.returncode == 1 and "no event of conversation 'nobody'" in unknown.stderr
+    assert unknown.stdout == ""  # not an empty panel first
 
 
 def test_a_message_over_the_size_limit_is_refused_with_the_limit_named(tmp_path):
