@@ -67,6 +67,10 @@ class _Strict(BaseModel):
         # `topics.events = ""` the data folder itself); the environment's empty is unset.
         if isinstance(value, str) and not value.strip() and _is(annotation, str, Path):
             raise ValueError("is empty: give a value or leave the key out")
+        # ... so is one in a list of names (`fallbacks = [""]`) or a table's (`{"" = "reject"}`).
+        names = value if isinstance(value, list | tuple) else value.keys() if isinstance(value, dict) else ()
+        if any(isinstance(name, str) and not name.strip() for name in names):
+            raise ValueError("holds an empty name: give each a value or leave it out")
         return value
 
 

@@ -77,6 +77,10 @@ def test_an_unknown_key_is_refused_naming_it_and_the_file():
         # An empty name: `topics.events = ""` wrote the log into the data folder itself.
         ({"file": {"topics": {"events": ""}}}, 78, "turnstile.toml: topics.events: is empty: give a value or leave"),
         ({"flags": ["--group", " "]}, 2, "--group: group: is empty"),
+        ({"file": {"double_text": {"per_conversation": {"": "reject"}}}}, 78,
+         "turnstile.toml: double_text.per_conversation: holds an empty name"),
+        ({"file": {"model": {"fallbacks": ["gpt-x", " "]}}}, 78,
+         "turnstile.toml: model.fallbacks: holds an empty name"),
         # TOML splits an unquoted model name at its dots: it said `prices.gpt-4.input: Field required`.
         ({"file": {"prices": {"gpt-4": {"1-mini": {"input": 1, "output": 2}}}}}, 78,
          'turnstile.toml: prices: a model name with dots needs quotes: [prices."gpt-4.1-mini"]'),
