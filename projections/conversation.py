@@ -307,15 +307,30 @@ def _finish(state: ConversationState, outcome: TerminalOutcome) -> Rejection | N
 
 
 def _closing_text(outcome: TerminalOutcome) -> str:
-    """What later turns see of this one: the reply, or a plain note of how it ended."""
+    """What later turns see of this one: the reply, or a plain note of how it ended. A turn
+    that ended without its answer also names the side effects it made (or may have made):
+    a later turn -- a resume, or the user's "try again" -- must not make them again unaware."""
     match outcome:
         case TurnCompleted():
             return outcome.reply
         case TurnFailed():
-            return f"[This turn failed: {outcome.error}]"
+            return f"[This turn failed: {outcome.error}]{_side_effects(outcome)}"
         case TurnPaused():
             return f"{outcome.kept}\n[Paused ({outcome.reason}): {outcome.resume_hint}]".lstrip()
         case TurnExhausted() if outcome.allowance == "output_tokens":
-            return f"{outcome.last_text or ''}\n[Stopped: the reply was cut off at its output token limit]".lstrip()
+            stopped = "[Stopped: the reply was cut off at its output token limit]"
+            return f"{outcome.last_text or ''}\n{stopped}{_side_effects(outcome)}".lstrip()
         case TurnExhausted():
-            return f"{outcome.last_text or ''}\n[Stopped: iteration allowance used without a final answer]".lstrip()
+            stopped = "[Stopped: iteration allowance used without a final answer]"
+            return f"{outcome.last_text or ''}\n{stopped}{_side_effects(outcome)}".lstrip()
+
+
+_DID = {"succeeded": "done", "failed": "failed (no effect recorded)", "unknown": "may have acted (no result recorded)"}
+
+
+def _side_effects(outcome: TurnFailed | TurnExhausted) -> str:
+    calls = [op for op in outcome.operations if op.side_effect]
+    if not calls:
+        return ""
+    lines = "\n".join(f"- {op.tool} (call {op.call_id}): {_DID[op.status]}" for op in calls)
+    return f"\nSide effects of this turn, not to be repeated unless asked:\n{lines}"

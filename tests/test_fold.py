@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from builders import CONV, claim, completed, eid, message, started
 
-from turnstile.events import AttemptFailed, decode, encode
+from turnstile.events import AttemptFailed, TurnFailed, decode, encode
+from turnstile.events.outcomes import OperationRecord
 from turnstile.projections import apply_event, new_state
 
 
@@ -103,3 +104,23 @@ def test_a_run_closed_by_attempt_failed_cannot_complete_the_turn():
     assert verdicts[4] is not None and "already closed" in verdicts[4].reason
     assert state.active is not None and state.active.turn_id == c.turn_id
     assert state.turns == {}
+
+
+def test_a_failed_turn_tells_later_turns_which_side_effects_it_made():
+    # Given a turn that sent an email, started a transfer that never finished, and failed
+    c = claim(["a"], 1000, 0)
+    ops = (
+        OperationRecord(call_id="c1", tool="send_email", side_effect=True, status="succeeded"),
+        OperationRecord(call_id="c2", tool="search", side_effect=False, status="succeeded"),
+        OperationRecord(call_id="c3", tool="transfer", side_effect=True, status="unknown"),
+    )
+    done = completed(c, 3000)
+    failed = TurnFailed(**done.model_dump(include={"event_id", "conversation_id", "occurred_at", "turn_id", "run_id",
+                                                   "attempt", "metrics"}),
+                        statuses={"a": "failed"}, operations=ops, error="the provider could not be reached")
+    state, _ = fold([message("a", 100), c, started(c, 1001), failed])
+    # then what a resume (or the user's "try again") is sent names them, not only the failure
+    closing = state.history[-1].content
+    assert closing.startswith("[This turn failed: the provider could not be reached]")
+    assert "- send_email (call c1): done" in closing and "- transfer (call c3): may have acted" in closing
+    assert "search" not in closing  # read-only calls are no side effects
