@@ -54,8 +54,9 @@ class InputInjected(Envelope):
 
 
 class ResumeRequested(Envelope):
-    """The user asks to continue after a paused or failed turn. It is a new logical turn:
-    the user has seen the previous outcome."""
+    """The user asks to continue after a paused (on a budget), failed or exhausted turn. It
+    is a new logical turn: the user has seen the previous outcome. A turn paused for an
+    approval is continued by the approval's `InputInjected`, not by this."""
 
     type: Literal["ResumeRequested"] = "ResumeRequested"
     request_id: Identifier

@@ -149,6 +149,9 @@ def resume_refusal(state: ConversationState, resume: ResumeRequested) -> str | N
         return f"{named} is not a turn of this conversation; nothing was resumed."
     if record.outcome not in RESUMABLE:
         return f"{named} {record.outcome}: only a paused, failed or exhausted turn is resumed; nothing was resumed."
+    if record.pending_call is not None:  # its approval decides it: a resume would leave the grant open
+        call = record.pending_call.call_id
+        return f"{named} waits for the approval of call {call}: approve or deny it; nothing was resumed."
     return None
 
 

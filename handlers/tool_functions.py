@@ -106,10 +106,12 @@ def tool_from_function(
     tool_name = name or function.__name__
     if (idempotent or reconcile is not None) and not side_effect:
         raise TypeError(f"tool {tool_name!r}: idempotent= and reconcile= settle a side effect: add side_effect=True")
-    takes_key = IDEMPOTENCY_KEY in inspect.signature(function).parameters
-    if idempotent != takes_key:
+    if reconcile is not None and not inspect.iscoroutinefunction(reconcile):
+        raise TypeError(f"tool {tool_name!r}: reconcile= is an async function (call) -> result | None")
+    key = inspect.signature(function).parameters.get(IDEMPOTENCY_KEY)
+    if idempotent != (key is not None) or (key is not None and key.kind == key.POSITIONAL_ONLY):
         problem = "an idempotent tool's function needs" if idempotent else "only an idempotent=True tool takes"
-        raise TypeError(f"tool {tool_name!r}: {problem} a parameter {IDEMPOTENCY_KEY}: str")
+        raise TypeError(f"tool {tool_name!r}: {problem} a (keyword) parameter {IDEMPOTENCY_KEY}: str")
     model = arguments_model(function, tool_name, passed_by_engine=(IDEMPOTENCY_KEY,))
     summary, _ = _docstring_parts(function.__doc__)
     if not (description or summary):

@@ -508,7 +508,7 @@ class HttpServer:
         site = web.TCPSite(self._runner, self.host, self.port)
         await site.start()
         host, port = self._runner.addresses[0][:2]
-        self.url = f"http://{host}:{port}"
+        self.url = f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"  # IPv6 in brackets
         log.info("HTTP on %s", self.url)
 
     async def stop(self) -> None:
@@ -523,7 +523,7 @@ def read_token(env: Mapping[str, str], token_file: Path | None) -> str | None:
     if token_file is None:
         return env.get("TURNSTILE_HTTP_TOKEN", "").strip() or None
     try:
-        lines = token_file.read_text(encoding="utf-8").splitlines()
+        lines = token_file.read_text(encoding="utf-8-sig").splitlines()  # (an editor's BOM is no part of it)
     except UnicodeDecodeError:
         raise ValueError(f"the token file {token_file} is not UTF-8 text") from None
     token = lines[0].strip() if lines else ""

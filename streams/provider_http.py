@@ -304,7 +304,8 @@ def http_provider(
     provider's own); `key_env` names where the key was read from, for the warning when none was."""
     if not api_key:
         # A local OpenAI-compatible server may need none; a hosted API answers 401 to every turn.
-        log.warning("%s is not set: requests to %s carry no API key", key_env, base_url or DEFAULT_BASE_URLS[family])
+        where = base_url or DEFAULT_BASE_URLS[family]
+        log.warning("%s is not set (or empty): requests to %s carry no API key", key_env, where)
     if family == "anthropic":
         from turnstile.handlers.providers.anthropic_messages import AnthropicMessages
 

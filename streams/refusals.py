@@ -1,5 +1,6 @@
 """The refusals a worker owes: `MessageRejected` for a message that arrived mid-turn under
-the `reject` double-text policy, or for a resume that names no paused turn.
+the `reject` double-text policy, or for a resume that names no paused, failed or exhausted
+turn (`handlers.claim.resume_refusal`).
 
 A refused input is noted when it is folded (`note`); its refusal is written in the
 background; until that refusal is folded back, the input is still pending, so the

@@ -70,7 +70,8 @@ def describe(event: Event) -> str:
         case TurnPaused():
             detail = f"PAUSED ({event.reason}): {_short(event.resume_hint)}"
         case TurnExhausted():
-            detail = "EXHAUSTED: iteration allowance used"
+            used = "output token limit reached" if event.allowance == "output_tokens" else "iteration allowance used"
+            detail = f"EXHAUSTED: {used}"
         case TurnInterrupted():
             detail = f"INTERRUPTED by message {event.message_id} (its inputs go back to pending)"
         case _:  # every event type has its line: mypy names the one left out

@@ -151,7 +151,7 @@ class Worker:
         # stop lets the one in progress end before it closes what the callback uses.
         self._rebalancing = asyncio.Lock()
         self._loading = False  # an assignment is loading the snapshots of fresh partitions
-        # Refusals (double text, resumes of no paused turn) owed and not yet folded back.
+        # Refusals (double text, resumes of no resumable turn) owed and not yet folded back.
         self.refusals = Refusals(self.config.double_text, self._write_refusal, self._retry_soon, self._due)
         # Per conversation, its history rendered as prompt messages, kept across its turns
         # (history is append-only): a turn start then does not re-render all of it.

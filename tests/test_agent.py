@@ -42,7 +42,8 @@ def test_every_public_name_resolves_and_is_documented() -> None:
 def test_a_model_whose_key_variable_is_unset_is_named_when_its_provider_is_made(monkeypatch, caplog) -> None:
     monkeypatch.delenv("NO_SUCH_KEY_VAR", raising=False)
     Model("claude-x", family="anthropic", api_key_env="NO_SUCH_KEY_VAR").provider()
-    assert "NO_SUCH_KEY_VAR is not set: requests to https://api.anthropic.com carry no API key" in caplog.text
+    unset = "NO_SUCH_KEY_VAR is not set (or empty): requests to https://api.anthropic.com carry no API key"
+    assert unset in caplog.text
     monkeypatch.setenv("A_KEY_VAR", "sk-test")
     caplog.clear()
     Model("gpt-x", base_url="http://127.0.0.1:9/v1", api_key_env="A_KEY_VAR").provider()

@@ -263,3 +263,18 @@ async def test_a_turn_failed_on_a_provider_outage_is_resumed_by_the_operation_an
     report = audit(world.log.read_all(world.log.topics.events))
     assert report.ok, report
     assert of_type(events_of(world.log, "c1"), "MessageRejected") == []
+
+
+def test_a_resume_of_a_turn_paused_for_an_approval_is_refused_the_approval_decides_it():
+    from turnstile.events import ToolCall
+    from turnstile.handlers.claim import DoubleTextPolicy, refusal_on_arrival
+    from turnstile.projections.state import TurnRecord
+
+    state = conversation()
+    call = ToolCall(call_id="call_1", name="transfer", arguments="{}")
+    state.turns["t-approval"] = TurnRecord("t-approval", ("m0",), "paused", 1, call)
+    raw = resume("t-approval", START, "r1")  # written by a producer, not by `turnstile resume`
+    assert apply_event(state, raw) is None
+    refusal = refusal_on_arrival(DoubleTextPolicy(), state, raw)
+    # (accepted, it left the call's approval open after a turn that never decided it)
+    assert refusal is not None and "waits for the approval of call call_1: approve or deny it" in refusal.text

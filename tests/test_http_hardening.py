@@ -102,6 +102,8 @@ def test_the_token_comes_from_a_file_or_the_environment(tmp_path):
         read_token({}, tmp_path / "empty")
     (tmp_path / "two-lines").write_text("t3\n# rotated 2026-12-06\n")
     assert read_token({}, tmp_path / "two-lines") == "t3"  # its first line, as documented
+    (tmp_path / "bom").write_bytes(b"\xef\xbb\xbft4\n")
+    assert read_token({}, tmp_path / "bom") == "t4"
     (tmp_path / "binary").write_bytes(b"\xff\xfe\n")
     with pytest.raises(ValueError, match=r"token file .*binary is not UTF-8 text"):
         read_token({}, tmp_path / "binary")

@@ -113,7 +113,18 @@ def test_idempotent_or_reconcile_without_a_side_effect_or_without_the_key_is_ref
 
     with pytest.raises(TypeError, match="settle a side effect: add side_effect=True"):
         tool(idempotent=True)(send)
-    with pytest.raises(TypeError, match="an idempotent tool's function needs a parameter idempotency_key: str"):
+    def positional(idempotency_key: str, /, to: str) -> str:
+        """Send."""
+        return to
+
+    def sync_check(call: ToolCall) -> str | None:
+        return None
+
+    with pytest.raises(TypeError, match=r"an idempotent tool's function needs a \(keyword\) parameter idempotency_key"):
         tool(side_effect=True, idempotent=True)(plain)
-    with pytest.raises(TypeError, match="only an idempotent=True tool takes a parameter idempotency_key"):
+    with pytest.raises(TypeError, match=r"an idempotent tool's function needs a \(keyword\) parameter idempotency_key"):
+        tool(side_effect=True, idempotent=True)(positional)  # the engine passes it by name
+    with pytest.raises(TypeError, match=r"only an idempotent=True tool takes a \(keyword\) parameter idempotency_key"):
         tool(side_effect=True)(send)
+    with pytest.raises(TypeError, match="reconcile= is an async function"):
+        tool(side_effect=True, reconcile=sync_check)(plain)  # type: ignore[arg-type]
