@@ -145,7 +145,8 @@ async def _run(args: argparse.Namespace) -> int:
 async def _send(args: argparse.Namespace) -> int:
     from turnstile.events.identity import content_fingerprint
     from turnstile.streams.http_api import id_problem
-    from turnstile.streams.operations_cli import first_use, publish_input
+    from turnstile.streams.http_reads import Unavailable
+    from turnstile.streams.operations_cli import first_use, publish_input, unchecked
 
     # The ids HTTP and the console take (1..200 characters, no control character): one sent
     # from here that they refuse could never be read or approved there.
@@ -162,7 +163,9 @@ async def _send(args: argparse.Namespace) -> int:
     event = message_event(args.conversation, text, SystemClock().now_ms(), args.message_id)
     partition, offset = await publish_input(place, event)
     reused = args.message_id is not None and await first_use(place, args.conversation, args.message_id)
-    if reused and reused != content_fingerprint(text):
+    if isinstance(reused, Unavailable):
+        unchecked(f"message {args.message_id!r}", reused)
+    elif reused and reused != content_fingerprint(text):
         # The id was used before for other content: this one is dead-lettered, never answered.
         raise CliError(DATA_ERR, f"message id {args.message_id!r} was already used for other content")
     print(f"sent message {event.message_id} to {place.topics.events}[{partition}]@{offset}")

@@ -287,11 +287,14 @@ def build_app(
             return None
         return seen, state
 
-    async def first_use(conversation: str, message_id: str, partition: int, offset: int) -> str | Unavailable:
+    async def first_use(
+        conversation: str, message_id: str, partition: int, offset: int, unknown: str
+    ) -> str | Unavailable:
         """The fingerprint the id's first use on the log carries, once the record just appended
         at `partition`@`offset` is folded: by this worker when the partition is live here,
         else from the conversation's snapshot and the tail of its partition. The log's order
-        decides, so every process gives the same answer."""
+        decides, so every process gives the same answer. `unknown`: what the client does when
+        that cannot be known yet (a 503)."""
         if watch is not None and worker is not None and worker.live_here(conversation):
             folded = await watch.until_folded(partition, offset, VERDICT_WAIT_S)
             found = folded_use(conversation, message_id) if folded else None
@@ -303,12 +306,8 @@ def build_app(
                 return view
             if (seen := view.state.seen_inputs.get(message_id)) is not None:
                 return seen
-        return Unavailable(
-            503,
-            f"message {message_id!r} is on the log at {partition}@{offset}, but whether it was the id's first use is"
-            " not known yet; send it again with the same id and content (it is answered once)",
-            1,
-        )
+        where = f"{message_id!r} is on the log at {partition}@{offset}"
+        return Unavailable(503, f"{where}, but whether it came first is not known yet; {unknown}", 1)
 
     def conflict(message_id: str) -> web.Response:
         return _error(409, f"message id {message_id!r} was already used for other content")
@@ -349,7 +348,8 @@ def build_app(
         except RecordRefused as exc:  # within the body's limit, its JSON escaped past the log's
             return _error(413, f"the log does not take this record: {exc}")
         if message_id is not None:  # the client's id may have been used before, by anyone
-            first = await first_use(conversation, message_id, partition, offset)
+            again = "send it again with the same id and content (it is answered once)"
+            first = await first_use(conversation, message_id, partition, offset, again)
             if isinstance(first, Unavailable):
                 return unavailable(first)
             if first != fingerprint:
@@ -441,7 +441,9 @@ def build_app(
         input_id = event.occurrence_key if isinstance(event, InputInjected) else event.request_id
         # Decided from a state that may not hold a decision just written by another request
         # (approve, then deny at once): the log's order says which came first, as for a message.
-        first = await first_use(conversation, input_id, partition, offset)
+        # (Not "send it again": once its turn is claimed, the same decision is refused as late.)
+        see = f"GET /conversations/{conversation} shows whether a turn claimed it (awaiting_approval is then null)"
+        first = await first_use(conversation, input_id, partition, offset, see)
         if isinstance(first, Unavailable):
             return unavailable(first)
         if first != content_fingerprint(event.content):

@@ -6,6 +6,7 @@ as a new logical turn, whose id is printed."""
 from __future__ import annotations
 
 import argparse
+import sys
 import uuid
 from collections.abc import Callable
 
@@ -13,6 +14,7 @@ from turnstile.events import InputEvent, InputInjected
 from turnstile.events.identity import content_fingerprint
 from turnstile.handlers.operations import Refused, decide_operation
 from turnstile.streams.cli_errors import DATA_ERR, NOT_FOUND, CliError
+from turnstile.streams.http_reads import PartitionReads, Reads, Unavailable
 from turnstile.streams.log import RecordRefused
 from turnstile.streams.publisher import publish
 from turnstile.streams.runtime import SystemClock
@@ -33,12 +35,20 @@ async def publish_input(place: LogPlace, event: InputEvent) -> tuple[int, int]:
         await log.stop()
 
 
-async def first_use(place: LogPlace, conversation: str, input_id: str) -> str | None:
+async def first_use(place: LogPlace, conversation: str, input_id: str) -> str | Unavailable | None:
     """The content fingerprint of the input id's first use on the log (read after an append:
     if it is not the appended content's, the append was a conflicting duplicate, which every
-    reader ignores and the worker dead-letters)."""
-    records = await place.open().reader().conversation(conversation)
-    return build_view(conversation, records).state.seen_inputs.get(input_id)
+    reader ignores and the worker dead-letters). Read as the HTTP port reads a conversation
+    it does not hold: its snapshot and the rest of its partition, bounded; `Unavailable` when
+    that read fails (the append stands)."""
+    view = await Reads(None, PartitionReads(place.open().reader(), place.topics)).logged(conversation)
+    return view if isinstance(view, Unavailable) else view.state.seen_inputs.get(input_id)
+
+
+def unchecked(what: str, why: Unavailable) -> None:
+    """The append stands; whether it came first could not be read."""
+    print(f"turnstile: {what} is on the log, but whether it came first could not be checked: {why.message}",
+          file=sys.stderr)  # fmt: skip
 
 
 async def operate(args: argparse.Namespace, place: LogPlace) -> int:
@@ -54,7 +64,10 @@ async def operate(args: argparse.Namespace, place: LogPlace) -> int:
     what = {"approve": "approval", "deny": "denial", "resume": "resume request"}[args.command]
     # Decided from the log as it was read: another decision may have been written since.
     input_id = event.occurrence_key if isinstance(event, InputInjected) else event.request_id
-    if await first_use(place, args.conversation, input_id) != content_fingerprint(event.content):
+    first = await first_use(place, args.conversation, input_id)
+    if isinstance(first, Unavailable):
+        unchecked(f"the {what}", first)
+    elif first != content_fingerprint(event.content):
         raise CliError(NOT_FOUND, f"another decision ({input_id}) was written first; the first one stands")
     print(f"{what} written to {place.topics.events}[{partition}]@{offset}; new logical turn {decided.turn_id}")
     return 0
