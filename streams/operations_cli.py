@@ -13,13 +13,14 @@ from collections.abc import Callable
 from turnstile.events import InputEvent, InputInjected
 from turnstile.events.identity import content_fingerprint
 from turnstile.handlers.operations import Refused, decide_operation
-from turnstile.streams.cli_errors import DATA_ERR, NOT_FOUND, CliError
+from turnstile.projections import new_state
+from turnstile.streams.cli_errors import DATA_ERR, NOT_FOUND, UNAVAILABLE, CliError
 from turnstile.streams.http_reads import PartitionReads, Reads, Unavailable
 from turnstile.streams.log import RecordRefused
 from turnstile.streams.publisher import publish
 from turnstile.streams.runtime import SystemClock
 from turnstile.streams.serving import LogPlace
-from turnstile.streams.views import build_view
+from turnstile.streams.views import ConversationView
 
 
 async def publish_input(place: LogPlace, event: InputEvent) -> tuple[int, int]:
@@ -41,8 +42,15 @@ async def first_use(place: LogPlace, conversation: str, input_id: str) -> str | 
     reader ignores and the worker dead-letters). Read as the HTTP port reads a conversation
     it does not hold: its snapshot and the rest of its partition, bounded; `Unavailable` when
     that read fails (the append stands)."""
-    view = await Reads(None, PartitionReads(place.open().reader(), place.topics)).logged(conversation)
+    view = await logged(place, conversation)
     return view if isinstance(view, Unavailable) else view.state.seen_inputs.get(input_id)
+
+
+async def logged(place: LogPlace, conversation: str) -> ConversationView | Unavailable:
+    """The conversation as its snapshot and the rest of its partition have it (bounded), as
+    the HTTP port reads one it does not hold: a decision needs the state, not every turn's
+    timeline, and a long partition is not read whole."""
+    return await Reads(None, PartitionReads(place.open().reader(), place.topics)).logged(conversation)
 
 
 def unchecked(what: str, why: Unavailable) -> None:
@@ -52,8 +60,10 @@ def unchecked(what: str, why: Unavailable) -> None:
 
 
 async def operate(args: argparse.Namespace, place: LogPlace) -> int:
-    records = await place.open().reader().conversation(args.conversation)
-    state = build_view(args.conversation, records).state
+    view = await logged(place, args.conversation)
+    if isinstance(view, Unavailable) and view.status != 404:  # (404: no event; the decision says so)
+        raise CliError(UNAVAILABLE, view.message)
+    state = new_state(args.conversation) if isinstance(view, Unavailable) else view.state
     event_id, now_ms = uuid.uuid4().hex, SystemClock().now_ms()
     call_id = None if args.command == "resume" else args.call_id
     decided = decide_operation(state, args.command, call_id, args.note, event_id=event_id, now_ms=now_ms)
