@@ -13,11 +13,13 @@ import contextlib
 import importlib
 import os
 import sys
+import tempfile
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Literal, Unpack, overload
 
-from turnstile.events import ToolCall, Usage
+from turnstile.events import OUTCOME_TYPES, DecodeError, Event, ToolCall, TurnCompleted, Usage, decode
 from turnstile.handlers.budget import TurnBudget
 from turnstile.handlers.claim import DebouncePolicy, DoubleText, DoubleTextPolicy
 from turnstile.handlers.pricing import ModelPrice, PriceTable
@@ -27,9 +29,12 @@ from turnstile.handlers.schedule import Schedule
 from turnstile.handlers.tool_functions import ToolCallable, ToolFlags, tool_from_function
 from turnstile.handlers.tools import Tool, ToolRegistry
 from turnstile.streams.config_file import shipped_prices
+from turnstile.streams.file_log import FileLog
+from turnstile.streams.publisher import message_event, publish
+from turnstile.streams.runtime import SystemClock
 from turnstile.streams.serving import LogPlace, WorkerOptions, serve
 from turnstile.streams.turn_runner import Route, TurnSettings
-from turnstile.streams.worker import WorkerConfig
+from turnstile.streams.worker import Worker, WorkerConfig
 
 
 @dataclass(frozen=True, slots=True)
@@ -250,6 +255,45 @@ class Agent:
             by_model[m.name] = made[endpoint]
         return by_model
 
+    async def answer(
+        self, text: str, *, conversation: str = "c1", data: Path | None = None, timeout_s: float = 30.0
+    ) -> Answered:
+        """Send `text` to `conversation` and run the agent on an embedded log -- a temporary
+        folder, or `data` (kept: a later call goes on with the conversation) -- until the turn
+        that claims the message has its outcome. For your tests, with a `TestModel`: no
+        broker, no port, nothing printed; a `TimeoutError` past `timeout_s`."""
+        if data is not None:
+            return await self._answer(text, conversation, data, timeout_s)
+        with tempfile.TemporaryDirectory(prefix="turnstile-answer-") as folder:
+            return await self._answer(text, conversation, Path(folder), timeout_s)
+
+    async def _answer(self, text: str, conversation: str, data: Path, timeout_s: float) -> Answered:
+        log = FileLog(data)
+        message = message_event(conversation, text, SystemClock().now_ms())
+        await publish(log, message)
+        providers = self.providers()
+        config = self.worker_config(providers, {"drain_grace_s": 0.0})  # the outcome is on the log: stop at once
+        stop = asyncio.Event()
+        running = asyncio.create_task(Worker(log, providers[self.model.name], config).run(stop))
+        events: list[Event] = []
+        try:
+            async with asyncio.timeout(timeout_s):
+                async for record in log.follow(log.topics.events, from_end=False):
+                    event = decode(record.value)
+                    if isinstance(event, DecodeError) or event.conversation_id != conversation:
+                        continue
+                    events.append(event)
+                    if isinstance(event, OUTCOME_TYPES) and message.message_id in event.statuses:
+                        return Answered(event, events)
+        except TimeoutError:
+            raise TimeoutError(f"no outcome for the message to {conversation!r} within {timeout_s:g} s") from None
+        finally:
+            stop.set()
+            await running
+            for provider in {id(p): p for p in providers.values()}.values():
+                await provider.aclose()
+        raise AssertionError("the log's follower ended")  # it follows until cancelled
+
     async def serve(
         self,
         place: LogPlace | None = None,
@@ -272,6 +316,21 @@ class Agent:
             http_token=http_token, stop=stop,
             signals=stop is None, effective_config=effective_config,
         )
+
+
+@dataclass(frozen=True, slots=True)
+class Answered:
+    """What `Agent.answer` returns: the outcome of the turn that answered the message
+    (`TurnCompleted`, `TurnPaused`, `TurnFailed` or `TurnExhausted`) and the conversation's
+    events on the log up to it, in order."""
+
+    outcome: Event
+    events: list[Event]
+
+    @property
+    def reply(self) -> str | None:
+        """The reply, when the turn completed."""
+        return self.outcome.reply if isinstance(self.outcome, TurnCompleted) else None
 
 
 def load_agent(target: str) -> Agent:

@@ -16,13 +16,11 @@ from kafka_fixtures import fresh_topics, kafka_bootstrap  # noqa: F401  (fixture
 from provider_server import ProviderServer, Reply
 from test_cli import run_worker_until
 from test_cli import turnstile as turnstile_cli
-from worker_harness import events_of
 
 import turnstile
-from turnstile import Agent, LogPlace, Model, TestModel
-from turnstile.events import Event, MessageReceived, ToolCallFinished, TurnCompleted, decode, encode
+from turnstile import Agent, Model, TestModel
+from turnstile.events import ToolCallFinished, TurnCompleted, encode
 from turnstile.streams.agent import load_agent
-from turnstile.streams.file_log import FileLog
 from turnstile.streams.kafka_log import KafkaLog
 from turnstile.streams.log import Topics
 from turnstile.streams.publisher import KafkaPublisher, message_event
@@ -61,35 +59,21 @@ def readme_agent() -> types.ModuleType:
     return module
 
 
-async def answer(agent: Agent, data: Path, text: str, conversation: str = "c1") -> list[Event]:
-    """Serves `agent` on the embedded log in `data` until `text` has an outcome."""
-    log = FileLog(data, Topics())
-    message = MessageReceived(event_id="e1", conversation_id=conversation, occurred_at=int(time.time() * 1000),
-                              message_id="m1", content=text)
-    await log.append(log.topics.events, conversation, encode(message))
-    stop = asyncio.Event()
-    serving = asyncio.create_task(agent.serve(LogPlace(data=data), stop=stop, worker={"drain_grace_s": 0}))
-    try:
-        async with asyncio.timeout(30):
-            async for record in log.follow(log.topics.events, from_end=False):
-                if isinstance(decode(record.value), TurnCompleted):
-                    break
-    finally:
-        stop.set()
-    assert await asyncio.wait_for(serving, 10) == 0
-    return events_of(log, conversation)
-
-
 def test_the_readme_agent_calls_its_tool_and_answers_with_the_test_model(tmp_path: Path) -> None:
     agent = readme_agent().agent  # made outside any event loop
     model = TestModel(replies=[TestModel.calls("lookup_order", '{"order_id": "A-1001"}'), "A-1001 has shipped."])
     with agent.override(model=model):
-        events = asyncio.run(answer(agent, tmp_path, "Where is A-1001?"))
+        answered = asyncio.run(agent.answer("Where is A-1001?", data=tmp_path))
     assert agent.model.name == "gpt-4.1-mini" and len(agent.fallbacks) == 1  # restored after the block
-    finished = [e for e in events if isinstance(e, ToolCallFinished)]
+    finished = [e for e in answered.events if isinstance(e, ToolCallFinished)]
     assert [(f.ok, f.result) for f in finished] == [(True, "shipped")]
-    completed = [e for e in events if isinstance(e, TurnCompleted)]
-    assert [c.reply for c in completed] == ["A-1001 has shipped."]
+    assert answered.reply == "A-1001 has shipped." and isinstance(answered.outcome, TurnCompleted)
+    # a later call on the same folder goes on with the conversation: the model sees the first
+    later = TestModel(replies=["It left on Monday."])
+    with agent.override(model=later):
+        again = asyncio.run(agent.answer("When?", data=tmp_path))
+    assert again.reply == "It left on Monday." and again.events[: len(answered.events)] == answered.events
+    assert "A-1001 has shipped." in [m.content for m in later.requests[-1].messages]
     first = model.requests[0]
     assert first.messages[0].content.startswith("You answer questions about orders.")
     assert [t.name for t in first.tools] == ["lookup_order"]

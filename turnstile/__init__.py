@@ -3,7 +3,8 @@
 The public API, for declaring and running your own agent:
 
 - `Agent`: a name, system prompt, model with fallbacks, tools, budgets, debounce and
-  double-text policy; `turnstile run module:agent` or `await agent.serve()` runs it.
+  double-text policy; `turnstile run module:agent` or `await agent.serve()` runs it, and
+  `await agent.answer(text)` runs it until one message is answered (for your tests).
 - `Model`: a model behind the OpenAI or Anthropic HTTP API, with its `ModelPrice`.
 - `TestModel`: a scripted, in-process model for your own tests.
 - `tool`: a decorator turning a typed function into a `Tool` (also `@agent.tool`).
