@@ -47,6 +47,10 @@ _BUDGET, _DEBOUNCE, _TOPICS, _WORKER = TurnBudget(), DebouncePolicy(), Topics(),
 _EVICTION = _WORKER.eviction
 
 
+# The validation context of the file's own layer (values as TOML typed them).
+TOML = {"layer": "toml"}
+
+
 class _Strict(BaseModel):
     # No inf or NaN anywhere: a limit or a price of either is meaningless (and NaN compares
     # false with every bound).
@@ -63,6 +67,16 @@ class _Strict(BaseModel):
         # strings "1"/"true"/"on" still are).
         if isinstance(value, int | float) and not isinstance(value, bool) and _is(annotation, bool):
             raise ValueError(f"expected true or false, not {value}")
+        # TOML has numbers and booleans: in the file, a string or a fraction for one is a typo
+        # pydantic alone would take ("10" for 10, 1.5 cut to 1). The environment's are strings.
+        if info.context == TOML and _is(annotation, int, float, bool) and not _is(annotation, str, Path):
+            kind = "true or false" if _is(annotation, bool) else "a number"
+            if isinstance(value, str):
+                quoted = value.strip().lower() in ("true", "false") or _number(value) is not None
+                hint = ": leave out the quotes" if quoted else ""
+                raise ValueError(f"expected {kind}, not the string {value!r}{hint}")
+            if isinstance(value, float) and _is(annotation, int) and not _is(annotation, float):
+                raise ValueError(f"expected a whole number, not {value}")
         # An empty name, folder or address is no value (`data = ""` is the current folder,
         # `topics.events = ""` the data folder itself); the environment's empty is unset.
         if isinstance(value, str) and not value.strip() and _is(annotation, str, Path):
@@ -72,6 +86,13 @@ class _Strict(BaseModel):
         if any(isinstance(name, str) and not name.strip() for name in names):
             raise ValueError("holds an empty name: give each a value or leave it out")
         return value
+
+
+def _number(text: str) -> float | None:
+    try:
+        return float(text)
+    except ValueError:
+        return None
 
 
 def _is(annotation: Any, *kinds: type) -> bool:
@@ -427,7 +448,7 @@ def resolve(
     sources: dict[KeyPath, str] = {}
     if file is not None:
         try:
-            Config.model_validate(file)
+            Config.model_validate(file, context=TOML)
         except ValidationError as exc:
             raise CliError(CONFIG, f"{file_name}: {_sentence(exc.errors()[0])}") from None
         flat = flatten(file)

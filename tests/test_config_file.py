@@ -51,7 +51,8 @@ def test_an_unknown_key_is_refused_naming_it_and_the_file():
 @pytest.mark.parametrize(
     ("layers", "code", "says"),
     [
-        ({"file": {"debounce": {"quiet_ms": "soon"}}}, 78, "turnstile.toml: debounce.quiet_ms: Input should be"),
+        ({"file": {"debounce": {"quiet_ms": "soon"}}}, 78,
+         "turnstile.toml: debounce.quiet_ms: expected a number, not the string 'soon'"),
         ({"env": {"TURNSTILE_SESSION_TIMEOUT_S": "2"}}, 78, "env TURNSTILE_SESSION_TIMEOUT_S: session_timeout_s: 2 is"),
         ({"flags": ["--session-timeout-s", "1"]}, 2, "--session-timeout-s: session_timeout_s: 1 is outside 6..300 s"),
         ({"env": {"TURNSTILE_BROKER": "http://x:1"}}, 78, "env TURNSTILE_BROKER: broker: 'http://x:1' is not a Kafka"),
@@ -74,6 +75,12 @@ def test_an_unknown_key_is_refused_naming_it_and_the_file():
         # ... and TOML's 1 is no boolean: pydantic alone would read `stream = 1` as true.
         ({"file": {"stream": 1}}, 78, "turnstile.toml: stream: expected true or false, not 1"),
         ({"file": {"trace": 0.0}}, 78, "turnstile.toml: trace: expected true or false, not 0.0"),
+        # ... and TOML's strings and fractions are no numbers: pydantic alone took "10" and 1.0.
+        ({"file": {"session_timeout_s": "10"}}, 78,
+         "turnstile.toml: session_timeout_s: expected a number, not the string '10': leave out the quotes"),
+        ({"file": {"budget": {"max_iterations": 1.0}}}, 78,
+         "turnstile.toml: budget.max_iterations: expected a whole number, not 1.0"),
+        ({"file": {"stream": "yes"}}, 78, "turnstile.toml: stream: expected true or false, not the string 'yes'"),
         # An empty name: `topics.events = ""` wrote the log into the data folder itself.
         ({"file": {"topics": {"events": ""}}}, 78, "turnstile.toml: topics.events: is empty: give a value or leave"),
         ({"flags": ["--group", " "]}, 2, "--group: group: is empty"),
