@@ -299,14 +299,15 @@ def _finish(state: ConversationState, outcome: TerminalOutcome) -> Rejection | N
     kind = _OUTCOME_KIND[type(outcome)]
     for item in turn.inputs:
         state.history.append(HistoryEntry("user", item.content, item.occurred_at, turn.turn_id))
-    state.history.append(HistoryEntry("assistant", _closing_text(outcome), outcome.occurred_at, turn.turn_id, kind))
+    closing = _closing_text(outcome, turn.journal)
+    state.history.append(HistoryEntry("assistant", closing, outcome.occurred_at, turn.turn_id, kind))
     pending_call = outcome.pending_call if isinstance(outcome, TurnPaused) else None
     state.turns[turn.turn_id] = TurnRecord(turn.turn_id, turn.input_ids, kind, turn.attempt, pending_call)
     state.active = None
     return None
 
 
-def _closing_text(outcome: TerminalOutcome) -> str:
+def _closing_text(outcome: TerminalOutcome, journal: list[Event]) -> str:
     """What later turns see of this one: the reply, or a plain note of how it ended. A turn
     that ended without its answer also names the side effects it made (or may have made):
     a later turn -- a resume, or the user's "try again" -- must not make them again unaware."""
@@ -314,23 +315,28 @@ def _closing_text(outcome: TerminalOutcome) -> str:
         case TurnCompleted():
             return outcome.reply
         case TurnFailed():
-            return f"[This turn failed: {outcome.error}]{_side_effects(outcome)}"
+            return f"[This turn failed: {outcome.error}]{_side_effects(outcome, journal)}"
         case TurnPaused():
             return f"{outcome.kept}\n[Paused ({outcome.reason}): {outcome.resume_hint}]".lstrip()
         case TurnExhausted() if outcome.allowance == "output_tokens":
             stopped = "[Stopped: the reply was cut off at its output token limit]"
-            return f"{outcome.last_text or ''}\n{stopped}{_side_effects(outcome)}".lstrip()
+            return f"{outcome.last_text or ''}\n{stopped}{_side_effects(outcome, journal)}".lstrip()
         case TurnExhausted():
             stopped = "[Stopped: iteration allowance used without a final answer]"
-            return f"{outcome.last_text or ''}\n{stopped}{_side_effects(outcome)}".lstrip()
+            return f"{outcome.last_text or ''}\n{stopped}{_side_effects(outcome, journal)}".lstrip()
 
 
 _DID = {"succeeded": "done", "failed": "failed (no effect recorded)", "unknown": "may have acted (no result recorded)"}
 
 
-def _side_effects(outcome: TurnFailed | TurnExhausted) -> str:
+def _side_effects(outcome: TurnFailed | TurnExhausted, journal: list[Event]) -> str:
+    """The side effects of the outcome's operations, with the arguments the journal has of
+    them (the attempt that ended the turn and the runs it resumed)."""
     calls = [op for op in outcome.operations if op.side_effect]
     if not calls:
         return ""
-    lines = "\n".join(f"- {op.tool} (call {op.call_id}): {_DID[op.status]}" for op in calls)
+    arguments = {e.call_id: e.arguments for e in journal if isinstance(e, ToolCallStarted)}
+    lines = "\n".join(
+        f"- {op.tool}({arguments.get(op.call_id, '…')}) (call {op.call_id}): {_DID[op.status]}" for op in calls
+    )
     return f"\nSide effects of this turn, not to be repeated unless asked:\n{lines}"

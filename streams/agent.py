@@ -78,7 +78,9 @@ class TestModel:
     """A model for your own tests, in process and free: it answers each request with the
     next of `replies` (text, a `ModelReply` such as `TestModel.calls(...)`, or an exception
     the provider raises), or with `respond(request)`; with neither it quotes the user's
-    latest input back. Every request it got is in `.requests` once the agent has served."""
+    latest input back. Every request it got is in `.requests` once the agent has served;
+    `replies` are taken in order across every time it serves (one `agent.answer` after
+    another goes on where the last stopped)."""
 
     __test__ = False  # not a pytest test class, despite the name
 
@@ -101,11 +103,10 @@ class TestModel:
         return [r for provider in self._served for r in provider.requests]
 
     def provider(self) -> Provider:
-        remaining = list(self.replies)
-
         def script(request: ModelRequest) -> Scripted:
-            if remaining:
-                reply = remaining.pop(0)
+            taken = len(self.requests) - 1  # this request is the last of them (recorded first)
+            if taken < len(self.replies):
+                reply = self.replies[taken]
             elif self.respond is not None:
                 reply = self.respond(request)
             else:

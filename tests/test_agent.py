@@ -61,19 +61,21 @@ def readme_agent() -> types.ModuleType:
 
 def test_the_readme_agent_calls_its_tool_and_answers_with_the_test_model(tmp_path: Path) -> None:
     agent = readme_agent().agent  # made outside any event loop
-    model = TestModel(replies=[TestModel.calls("lookup_order", '{"order_id": "A-1001"}'), "A-1001 has shipped."])
+    model = TestModel(
+        replies=[TestModel.calls("lookup_order", '{"order_id": "A-1001"}'), "A-1001 has shipped.", "It left on Monday."]
+    )
     with agent.override(model=model):
         answered = asyncio.run(agent.answer("Where is A-1001?", data=tmp_path))
     assert agent.model.name == "gpt-4.1-mini" and len(agent.fallbacks) == 1  # restored after the block
     finished = [e for e in answered.events if isinstance(e, ToolCallFinished)]
     assert [(f.ok, f.result) for f in finished] == [(True, "shipped")]
     assert answered.reply == "A-1001 has shipped." and isinstance(answered.outcome, TurnCompleted)
-    # a later call on the same folder goes on with the conversation: the model sees the first
-    later = TestModel(replies=["It left on Monday."])
-    with agent.override(model=later):
+    # a later call on the same folder goes on with the conversation (the model sees the first),
+    # and the model with its replies (it answered each call with the first ones again)
+    with agent.override(model=model):
         again = asyncio.run(agent.answer("When?", data=tmp_path))
     assert again.reply == "It left on Monday." and again.events[: len(answered.events)] == answered.events
-    assert "A-1001 has shipped." in [m.content for m in later.requests[-1].messages]
+    assert "A-1001 has shipped." in [m.content for m in model.requests[-1].messages]
     first = model.requests[0]
     assert first.messages[0].content.startswith("You answer questions about orders.")
     assert [t.name for t in first.tools] == ["lookup_order"]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from builders import CONV, claim, completed, eid, message, started
 
-from turnstile.events import AttemptFailed, TurnFailed, decode, encode
+from turnstile.events import AttemptFailed, ToolCallStarted, TurnFailed, decode, encode
 from turnstile.events.outcomes import OperationRecord
 from turnstile.projections import apply_event, new_state
 
@@ -118,9 +118,13 @@ def test_a_failed_turn_tells_later_turns_which_side_effects_it_made():
     failed = TurnFailed(**done.model_dump(include={"event_id", "conversation_id", "occurred_at", "turn_id", "run_id",
                                                    "attempt", "metrics"}),
                         statuses={"a": "failed"}, operations=ops, error="the provider could not be reached")
-    state, _ = fold([message("a", 100), c, started(c, 1001), failed])
+    sent = ToolCallStarted(**done.model_dump(include={"conversation_id", "turn_id", "run_id", "attempt"}),
+                           event_id=eid(), occurred_at=1500, iteration=1, call_id="c1", tool="send_email",
+                           arguments='{"to": "ann"}', side_effect=True)  # fmt: skip
+    state, _ = fold([message("a", 100), c, started(c, 1001), sent, failed])
     # then what a resume (or the user's "try again") is sent names them, not only the failure
     closing = state.history[-1].content
     assert closing.startswith("[This turn failed: the provider could not be reached]")
-    assert "- send_email (call c1): done" in closing and "- transfer (call c3): may have acted" in closing
+    # (with its arguments when the journal has its start; not the transfer's: not started here)
+    assert '- send_email({"to": "ann"}) (call c1): done' in closing and "- transfer(…) (call c3): may have" in closing
     assert "search" not in closing  # read-only calls are no side effects

@@ -150,7 +150,9 @@ async def serve_until(agent: Agent, data: Path, done: Callable[[Event], bool]) -
 
 def test_approve_on_the_command_line_lets_the_paused_call_run_in_the_turn_it_names(tmp_path: Path) -> None:
     sent: list[str] = []
-    model = TestModel(replies=[TestModel.calls("send_email", '{"to": "a@b.c"}'), "Sent."])
+    # The call, paused; after the approval the model makes it again (then it runs), and answers.
+    call = TestModel.calls("send_email", '{"to": "a@b.c"}')
+    model = TestModel(replies=[call, call, "Sent."])
     agent = Agent("mail", model=model)
 
     @agent.tool(side_effect=True, needs_approval=True)
