@@ -23,7 +23,7 @@ from turnstile.projections.snapshot import SnapshotError, decode_snapshot
 from turnstile.streams.log import LogReader, ReadTooLarge, Record, Topics
 from turnstile.streams.read_model import Fetching, NotOwned, ReadModel, Replaying
 from turnstile.streams.snapshots import Start, head_start, start_of
-from turnstile.streams.views import ConversationView, TurnView, build_view
+from turnstile.streams.views import ConversationView, TurnView, build_view, turn_named
 
 log = logging.getLogger(__name__)
 
@@ -131,6 +131,7 @@ class Reads:
         view = await self.conversation(conversation)
         if isinstance(view, Unavailable):
             return view
+        turn_id = turn_named(view, turn_id)
         turn = view.turns.get(turn_id)
         known = turn_id in view.state.turns or (view.state.active is not None and view.state.active.turn_id == turn_id)
         if known and (turn is None or turn.entries_dropped):  # older than the snapshot, or dropped from memory

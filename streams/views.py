@@ -121,6 +121,22 @@ class ConversationView:
         _record(self, record, event, ignored)
 
 
+# A turn is named by its id or by its first characters, as the pages and `inspect` show it.
+MIN_TURN_PREFIX = 8
+
+
+def turn_named(view: ConversationView, turn_id: str) -> str:
+    """The id of the view's turn that `turn_id` names: itself, or the one turn (of the view,
+    of the state, or the active one) whose id it begins when it has 8+ characters; else
+    `turn_id` unchanged (no such turn, or more than one)."""
+    state = view.state
+    known = {*view.turns, *state.turns, *(() if state.active is None else (state.active.turn_id,))}
+    if turn_id in known or len(turn_id) < MIN_TURN_PREFIX:
+        return turn_id
+    matches = [t for t in known if t.startswith(turn_id)]
+    return matches[0] if len(matches) == 1 else turn_id
+
+
 def build_view(conversation_id: str, records: list[Record], start: ConversationState | None = None) -> ConversationView:
     """Fold the records of `conversation_id` (others are skipped) in log order, into `start`
     (a snapshot's state, whose turns have no timelines: `ConversationView`) or a new state."""

@@ -73,6 +73,10 @@ async def test_gets_of_owned_conversations_never_read_the_log_and_the_list_pages
             [turn] = state["turns"]
             timeline = (await client.get(f"/conversations/c3/turns/{turn['turn_id']}")).json()
             assert [e["type"] for e in timeline["timeline"]][-1] == "TurnCompleted"
+            # its first 8 characters name it too, as the pages and export-turn show it (7 do not)
+            short = (await client.get(f"/conversations/c3/turns/{turn['turn_id'][:8]}")).json()
+            assert short["turn_id"] == turn["turn_id"] and short["timeline"] == timeline["timeline"]
+            assert (await client.get(f"/conversations/c3/turns/{turn['turn_id'][:7]}")).status_code == 404
             assert (await client.get("/conversations/nobody")).status_code == 404  # owned partition, no event
 
             first = (await client.get("/conversations", params={"limit": 2})).json()

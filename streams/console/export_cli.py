@@ -12,15 +12,13 @@ from pathlib import Path
 from turnstile.streams.cli_errors import CANT_CREATE, NOT_FOUND, CliError
 from turnstile.streams.console.pages import turn_page
 from turnstile.streams.serving import LogPlace
-from turnstile.streams.views import build_view
+from turnstile.streams.views import build_view, turn_named
 
 
 async def export_turn(args: argparse.Namespace, place: LogPlace) -> int:
     records = await place.open().reader().conversation(args.conversation)
     view = build_view(args.conversation, records)
-    turn = view.turns.get(args.turn_id)
-    if turn is None and len(args.turn_id) >= 8:  # a prefix, as the pages and inspect show ids
-        turn = next((t for t in view.turns.values() if t.turn_id.startswith(args.turn_id)), None)
+    turn = view.turns.get(turn_named(view, args.turn_id))
     if turn is None:
         raise CliError(NOT_FOUND, f"no turn {args.turn_id!r} in conversation {args.conversation!r} on {place}")
     out = args.output or Path(f"turn-{turn.turn_id[:12]}.html")
