@@ -40,6 +40,11 @@ class Operation:
     # next claim takes them (more inputs arriving before the claim would change it).
     turn_id: str
 
+    @property
+    def input_id(self) -> str:
+        """The id the event's input is pending under (and judged a duplicate or conflict by)."""
+        return self.event.occurrence_key if isinstance(self.event, InputInjected) else self.event.request_id
+
 
 def _last_turn(state: ConversationState) -> TurnRecord | Refused:
     who = f"conversation {state.conversation_id!r}"

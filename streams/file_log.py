@@ -252,7 +252,7 @@ class FileLog:
         partition: int | None = None,
         headers: Mapping[str, str] | None = None,
     ) -> tuple[int, int]:
-        if len(value) > (limit := value_limit(BROKER_DEFAULT_MAX_MESSAGE_BYTES, key)):
+        if len(value) > (limit := self.max_value_bytes(topic, key)):
             raise RecordRefused(f"a record of {len(value):,} bytes is over what {topic} takes ({limit:,})")
         if partition is None:
             partition = partition_for(key or "", self._partition_count(topic))

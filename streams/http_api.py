@@ -52,7 +52,7 @@ import orjson
 from aiohttp import web
 from pydantic import ValidationError
 
-from turnstile.events import InputInjected, content_fingerprint, encode
+from turnstile.events import content_fingerprint, encode
 from turnstile.events.base import MAX_ID_CHARS as MAX_CALL_ID_CHARS
 from turnstile.handlers.claim import DebouncePolicy
 from turnstile.handlers.operations import VERBS, Refused, decide_operation
@@ -438,7 +438,7 @@ def build_app(
             partition, offset = await log_.append(log_.topics.events, conversation, encode(event))
         except RecordRefused as exc:  # within the body's limit, its JSON escaped past the log's
             return _error(413, f"the log does not take this record: {exc}")
-        input_id = event.occurrence_key if isinstance(event, InputInjected) else event.request_id
+        input_id = decided.input_id
         # Decided from a state that may not hold a decision just written by another request
         # (approve, then deny at once): the log's order says which came first, as for a message.
         # (Not "send it again": once its turn is claimed, the same decision is refused as late.)

@@ -10,7 +10,7 @@ import sys
 import uuid
 from collections.abc import Callable
 
-from turnstile.events import InputEvent, InputInjected
+from turnstile.events import InputEvent
 from turnstile.events.identity import content_fingerprint
 from turnstile.handlers.operations import Refused, decide_operation
 from turnstile.projections import new_state
@@ -73,7 +73,7 @@ async def operate(args: argparse.Namespace, place: LogPlace) -> int:
     partition, offset = await publish_input(place, event)
     what = {"approve": "approval", "deny": "denial", "resume": "resume request"}[args.command]
     # Decided from the log as it was read: another decision may have been written since.
-    input_id = event.occurrence_key if isinstance(event, InputInjected) else event.request_id
+    input_id = decided.input_id
     first = await first_use(place, args.conversation, input_id)
     if isinstance(first, Unavailable):
         unchecked(f"the {what}", first)
