@@ -39,12 +39,12 @@ def kcat() -> str:
     return found
 
 
-def kcat_publish(kcat: str, bootstrap: str, topic: str, key: str, value: dict[str, object]) -> None:
+def kcat_publish(kcat: str, bootstrap: str, topic: str, key: str, value: dict[str, object], *options: str) -> None:
     """The README's command: key and value on one line, split at the first '|'. Kafka's
     default partitioner (murmur2) must be asked for: librdkafka's default is another hash,
     and a conversation must land where the workers write its events."""
     line = f"{key}|{json.dumps(value)}\n"
-    command = [kcat, "-P", "-b", bootstrap, "-t", topic, "-K", "|", "-X", "topic.partitioner=murmur2_random"]
+    command = [kcat, "-P", "-b", bootstrap, "-t", topic, "-K", "|", "-X", "topic.partitioner=murmur2_random", *options]
     subprocess.run(command, input=line, text=True, check=True, timeout=30)
 
 
@@ -124,3 +124,44 @@ def test_the_readme_python_publisher_example_runs_as_written(
     assert (partition, offset) == (partition_for("c1", 8), 0)
     [record] = kcat_read(kcat, kafka_bootstrap, fresh_topics.events)
     assert record["key"] == "c1" and json.loads(str(record["payload"]))["message_id"] == "m-1"
+
+
+def test_a_message_a_producer_compressed_with_any_kafka_codec_is_answered(
+    kcat: str, kafka_bootstrap: str, fresh_topics: Topics  # noqa: F811
+) -> None:
+    """Many producers compress (Java's `compression.type=lz4` or `zstd` is a common default of
+    a platform team): the broker keeps the producer's batches as they came, so the engine's
+    consumer must decode every codec Kafka has. The content is a few kB of repeated text,
+    since librdkafka sends a batch uncompressed when compression would not shrink it."""
+    codecs = ["none", "gzip", "snappy", "lz4", "zstd"]
+    where = ["--broker", f"kafka://{kafka_bootstrap}", "--events-topic", fresh_topics.events,
+             "--outcomes-topic", fresh_topics.outcomes, "--dlq-topic", fresh_topics.dead_letters,
+             "--deltas-topic", fresh_topics.deltas]  # fmt: skip
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "turnstile.streams.cli", "run", *where, "--group", f"g-{uuid.uuid4().hex[:8]}",
+         "--quiet-ms", "0"],
+        cwd=ROOT, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        for codec in codecs:
+            conversation = f"zip-{codec}-{uuid.uuid4().hex[:6]}"
+            message = {
+                "type": "MessageReceived",
+                "event_id": uuid.uuid4().hex,
+                "conversation_id": conversation,
+                "occurred_at": int(time.time() * 1000),
+                "message_id": f"m-{codec}",
+                "content": f"sent with {codec}: " + "the same words again " * 200,
+            }
+            kcat_publish(kcat, kafka_bootstrap, fresh_topics.events, conversation, message, "-z", codec)
+        deadline = time.monotonic() + 60
+        while len(outcomes := kcat_read(kcat, kafka_bootstrap, fresh_topics.outcomes)) < len(codecs):
+            assert worker.poll() is None, worker.stderr.read() if worker.stderr else "the worker stopped"
+            assert time.monotonic() < deadline, f"{len(outcomes)} of {len(codecs)} answered in time"
+            time.sleep(0.5)
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        assert worker.wait(timeout=30) == 0, worker.stderr.read() if worker.stderr else ""
+    answered = {json.loads(str(r["payload"]))["statuses"].popitem()[0] for r in outcomes}
+    assert answered == {f"m-{codec}" for codec in codecs}
+    assert kcat_read(kcat, kafka_bootstrap, fresh_topics.dead_letters) == []
