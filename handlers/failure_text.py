@@ -64,6 +64,15 @@ def failed_by_owner(reason: str, side_effect_ran: bool) -> str:
 INTERNAL_ERROR = "The turn failed because of an internal error."
 
 
+def too_large_to_record(what: str, event: str, size: int, limit: int, spent: str) -> str:
+    """`what`: the model's reply or a tool's result; `spent`: what a reply that could not be
+    recorded cost, or ""."""
+    return (
+        f"{what} is too large to record{spent}: as {event} it is {size:,} bytes, over the "
+        f"{limit:,} the events topic takes. Ask for a shorter answer, or raise the topic's max.message.bytes."
+    )
+
+
 def unresumable(tool: str, call_id: str) -> str:
     return (
         f"A tool with side effects ({tool}, call {call_id}) started before the worker "

@@ -38,6 +38,7 @@ from turnstile.events import (
     ToolCallFinished,
     ToolCallStarted,
     TurnInterrupted,
+    encode,
 )
 from turnstile.events.lifecycle import ProtocolFailureKind
 from turnstile.events.outcomes import PauseReason
@@ -55,7 +56,13 @@ from turnstile.handlers.budget import (
 from turnstile.handlers.claim import claim_event
 from turnstile.handlers.compaction import compact_tool_exchanges
 from turnstile.handlers.context import build_context
-from turnstile.handlers.failure_text import INTERNAL_ERROR, failed_by_owner, provider_failure, reconcile_unknown
+from turnstile.handlers.failure_text import (
+    INTERNAL_ERROR,
+    failed_by_owner,
+    provider_failure,
+    reconcile_unknown,
+    too_large_to_record,
+)
 from turnstile.handlers.fallback import FallTo, RouteInfo, next_route
 from turnstile.handlers.pauses import (
     DoneCall,
@@ -145,6 +152,9 @@ class TurnMachine:
     # The conversation's history as messages, kept by the worker across turns (see
     # `build_context`).
     rendered: list[ChatMessage] = field(default_factory=list)
+    # The largest event value the log takes for this conversation (None: no limit). An event
+    # over it is never asked for: the log would refuse it on every attempt.
+    max_event_bytes: int | None = None
     now_ms: int = 0  # the time of the observation being decided
     # -- the attempt in progress
     route: int = 0
@@ -179,25 +189,37 @@ def machine_for(
     primary_family: ProtocolFamily,
     new_id: Callable[[], str],
     rendered: list[ChatMessage] | None = None,
+    max_event_bytes: int | None = None,
 ) -> TurnMachine:
     """A machine for the turn of `state` (claimed next, or active and taken over)."""
     fallbacks = (RouteInfo(r.model, r.provider.family) for r in settings.fallbacks)
     routes = (RouteInfo(settings.model, primary_family), *fallbacks)
-    return TurnMachine(state, settings, routes, new_id, rendered if rendered is not None else [])
+    return TurnMachine(state, settings, routes, new_id, rendered if rendered is not None else [], max_event_bytes)
+
+
+class EventTooLarge(Exception):
+    """An event the machine was about to ask for is over the log's limit (not folded)."""
+
+    def __init__(self, event: Event, size: int, limit: int) -> None:
+        super().__init__(f"{event.type} of {size:,} bytes is over the log's limit of {limit:,}")
+        self.event, self.size, self.limit = event, size, limit
 
 
 class _Out:
-    """The commands of one step: appends (folded as they are made), then one effect."""
+    """The commands of one step: appends (measured, then folded as they are made), then one effect."""
 
     def __init__(self, machine: TurnMachine) -> None:
         self.machine = machine
         self.commands: list[Command] = []
 
     def emit(self, event: Event, wait: bool = True) -> None:
+        value, limit = encode(event), self.machine.max_event_bytes
+        if limit is not None and len(value) > limit:
+            raise EventTooLarge(event, len(value), limit)
         rejection = apply_event(self.machine.state, event)
         if rejection is not None:
             raise RuntimeError(f"refusing to write {event.type}: the fold rejects it ({rejection.reason})")
-        self.commands.append(Append(event, wait))
+        self.commands.append(Append(event, wait, value))
 
     def then(self, command: Command) -> None:
         self.commands.append(command)
@@ -211,6 +233,8 @@ def decide(machine: TurnMachine, observation: Observation) -> tuple[Command, ...
     out = _Out(machine)
     try:
         _dispatch(machine, observation, out)
+    except EventTooLarge as exc:
+        _too_large(machine, out, exc)
     except Exception as exc:  # a bug must still end the turn with a durable outcome
         if isinstance(observation, Crashed):
             raise
@@ -352,6 +376,25 @@ def _crashed(m: TurnMachine, out: _Out, error: str) -> None:
     if m.turn.attempt_state == "open":
         out.emit(AttemptFailed(**_stamp(m), reason=f"internal error: {error}", retryable=False))
     _fail(m, out, INTERNAL_ERROR)
+
+
+def _too_large(m: TurnMachine, out: _Out, exc: EventTooLarge) -> None:
+    """The step's event the log would refuse is not written: the attempt fails for good
+    (the same reply would be refused again, and another costs as much), and the turn with
+    it, saying why. What the step wrote before it stands."""
+    out.commands = [c for c in out.commands if isinstance(c, Append | Report)]
+    out.then(Report(f"a turn of {m.state.conversation_id} cannot be recorded: {exc}"))
+    if m.state.active is None:
+        out.then(Finish())
+        return
+    if m.turn.attempt_state == "open":
+        out.emit(AttemptFailed(**_stamp(m), reason=str(exc), retryable=False))
+    event, spent = exc.event, ""
+    if isinstance(event, ModelResponded):  # not recorded, so no metric counts it
+        cost = "" if event.cost_usd is None else f", ${event.cost_usd:.4f}"
+        spent = f" ({event.usage.output_tokens:,} output tokens{cost})"
+    what = "The tool's result" if isinstance(event, ToolCallFinished) else "The model's reply"
+    _fail(m, out, too_large_to_record(what, event.type, exc.size, exc.limit, spent))
 
 
 # -- the loop ------------------------------------------------------------------------

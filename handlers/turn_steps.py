@@ -24,11 +24,13 @@ from turnstile.handlers.provider import ModelReply, ModelRequest, ProviderError
 
 @dataclass(frozen=True, slots=True)
 class Append:
-    """Append `event` to the log. `wait=False`: the next command follows at once with
-    nothing done outside the log in between, so one round trip acknowledges both."""
+    """Append `event` to the log, as `value` (its encoding, which the machine measured
+    against the log's limit). `wait=False`: the next command follows at once with nothing
+    done outside the log in between, so one round trip acknowledges both."""
 
     event: Event
-    wait: bool = True
+    wait: bool
+    value: bytes
 
 
 @dataclass(frozen=True, slots=True)

@@ -71,12 +71,14 @@ class RunnerSlot:
             log.warning("%s: %s; its tool did not run", self.conversation_id, stop)
 
     # -- the runner's side ---------------------------------------------------------------
-    async def append(self, event: Event, wait: bool = True) -> None:
-        """`wait=False` returns once the event is in the log's order; the next append that
-        waits also waits for its acknowledgement (one round trip for both). A fenced event
-        always waits: its tool must not run before the read-back, whatever the caller asked."""
+    async def append(self, event: Event, wait: bool = True, value: bytes | None = None) -> None:
+        """`value`: the event's encoding, when the caller has made it. `wait=False` returns
+        once the event is in the log's order; the next append that waits also waits for its
+        acknowledgement (one round trip for both). A fenced event always waits: its tool must
+        not run before the read-back, whatever the caller asked."""
         verdict = self._verdicts[event.event_id] = asyncio.get_running_loop().create_future()
-        value = encode(event)
+        if value is None:
+            value = encode(event)
         self._written[value] = event
         self._unacked.append(await self._send(value))
         self.run_id = getattr(event, "run_id", self.run_id)

@@ -58,10 +58,11 @@ log = logging.getLogger(__name__)
 
 
 class AppendEvent(Protocol):
-    """Appends one event to the log. `wait=False` returns once the event is in the log's
-    order, without its acknowledgement; the next append that waits waits for both."""
+    """Appends one event to the log, as `value` when given (its encoding, already made).
+    `wait=False` returns once the event is in the log's order, without its acknowledgement;
+    the next append that waits waits for both."""
 
-    def __call__(self, event: Event, wait: bool = True) -> Awaitable[None]: ...
+    def __call__(self, event: Event, wait: bool = True, value: bytes | None = None) -> Awaitable[None]: ...
 
 
 # Told of every step once its appends are on the log: what was observed, what was decided
@@ -81,8 +82,10 @@ class TurnRunner:
         rendered: list[ChatMessage] | None = None,
         replies: ReplyStreams | None = None,
         on_step: StepHook | None = None,
+        max_event_bytes: int | None = None,
     ) -> None:
-        self.machine: TurnMachine = machine_for(state, settings, provider.family, new_id, rendered)
+        """`max_event_bytes`: the largest event value the log takes for this conversation."""
+        self.machine: TurnMachine = machine_for(state, settings, provider.family, new_id, rendered, max_event_bytes)
         self._providers = (provider, *(r.provider for r in settings.fallbacks))
         self._append = append
         self._now_ms = now_ms
@@ -159,9 +162,9 @@ class TurnRunner:
         """Appends the step's events in order; the effect to carry out next, if any."""
         for command in commands:
             match command:
-                case Append(event=event, wait=wait):
+                case Append(event=event, wait=wait, value=value):
                     try:
-                        await self._append(event, wait)
+                        await self._append(event, wait, value)
                     except asyncio.CancelledError:
                         if isinstance(event, ToolCallStarted):
                             await self._stopped_before_tool()
@@ -184,7 +187,7 @@ class TurnRunner:
         for command in commands:
             if isinstance(command, Append):
                 try:
-                    await self._append(command.event, wait=False)
+                    await self._append(command.event, False, command.value)
                 except Exception:
                     log.warning("could not record that a call of %s did not start", self.state.conversation_id)
 

@@ -626,7 +626,10 @@ class Worker:
         slot = self.runners[conversation] = RunnerSlot(conversation, partition, send)
         rendered = self._rendered.setdefault(conversation, [])
         turn, ids = self.config.turn, self.ids.new
-        runner = TurnRunner(private, slot.append, self.provider, turn, self.clock.now_ms, ids, rendered, self.replies)
+        limit = self.log.max_value_bytes(self.log.topics.events, conversation)
+        runner = TurnRunner(
+            private, slot.append, self.provider, turn, self.clock.now_ms, ids, rendered, self.replies, None, limit
+        )
         work = runner.claim_and_run(plan) if plan is not None else runner.recover()
         slot.interrupt = runner.interrupt
         slot.start(work).add_done_callback(lambda _t: self._dirty.add(conversation))

@@ -130,7 +130,7 @@ class Harness:
         assert isinstance(plan, ClaimPlan)
         self.deadline_at = self.clock.now + settings.budget.deadline_ms
 
-        async def append(event: Event, wait: bool = True) -> None:
+        async def append(event: Event, wait: bool = True, value: bytes | None = None) -> None:
             self.events.append(event)
 
         runner = TurnRunner(state, append, self, settings, self.clock.now_ms, lambda: f"id-{next(self.ids)}")

@@ -280,7 +280,7 @@ async def record(scenario: Scenario, directory: Path) -> list[dict[str, Any]]:
     def runner(prefix: str, on_step: StepHook | None, dies: bool) -> TurnRunner:
         written: dict[str, int] = {}
 
-        async def append(event: Event, wait: bool = True) -> None:
+        async def append(event: Event, wait: bool = True, value: bytes | None = None) -> None:
             await _put(log, event)
             written[event.type] = written.get(event.type, 0) + 1
             if dies and scenario.die_after == (event.type, written[event.type]):

@@ -204,7 +204,7 @@ async def test_a_run_stopped_before_its_tool_body_began_records_that_the_call_di
 
     written: list[object] = []
 
-    async def append(event, wait=True):  # type: ignore[no-untyped-def]
+    async def append(event, wait=True, value=None):  # type: ignore[no-untyped-def]
         written.append(event)
         if isinstance(event, ToolCallStarted):
             raise asyncio.CancelledError("revoked while the start was being acknowledged")

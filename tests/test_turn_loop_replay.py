@@ -52,7 +52,7 @@ async def test_the_state_folded_from_the_log_equals_the_runners_state_after_ever
     snapshots: list[tuple[int, ConversationState]] = []
     runner: TurnRunner
 
-    async def append(event: Event, wait: bool = True) -> None:
+    async def append(event: Event, wait: bool = True, value: bytes | None = None) -> None:
         await log.append(log.topics.events, event.conversation_id, encode(event))
 
     def step(_seen: object, _commands: object) -> None:

@@ -29,6 +29,7 @@ from turnstile.events import (
     TurnFailed,
     TurnPaused,
     Usage,
+    encode,
 )
 from turnstile.events.inputs import Approval
 from turnstile.handlers.budget import TurnBudget
@@ -477,6 +478,67 @@ def test_model_responded_is_recorded_with_its_cost():
     responded = events(decide(m, ModelAnswered(reply("x", out=1000), T0)))[0]
     assert isinstance(responded, ModelResponded) and responded.cost_usd == pytest.approx((100 * 1 + 1000 * 2) / 1e6)
 
+
+
+# -- the log's size limit ---------------------------------------------------------------------
+def answered_under(limit: int | None, text: str) -> tuple[Command, ...]:
+    """A final reply of `text`, decided by a machine whose log takes events of `limit` bytes."""
+    m = machine()
+    m.max_event_bytes = limit
+    claimed(m)
+    return decide(m, ModelAnswered(reply(text, out=1000), T0 + 5))
+
+
+def sizes(commands: tuple[Command, ...]) -> dict[str, int]:
+    return {c.event.type: len(c.value) for c in commands if isinstance(c, Append)}
+
+
+def test_each_event_is_written_as_the_bytes_the_machine_measured():
+    commands = answered_under(None, "a long answer " * 100)
+    assert all(c.value == encode(c.event) for c in commands if isinstance(c, Append))
+
+
+def test_a_reply_exactly_at_the_logs_limit_is_recorded_and_completes_the_turn():
+    whole = sizes(answered_under(None, "a long answer " * 100))
+    assert whole["TurnCompleted"] > whole["ModelResponded"]  # the outcome carries the reply too
+    assert types(answered_under(whole["TurnCompleted"], "a long answer " * 100)) == [
+        "ModelResponded", "TurnCompleted", "Finish"
+    ]  # fmt: skip
+
+
+def test_a_reply_a_byte_over_the_limit_is_not_written_and_the_turn_fails_at_once_saying_what_it_cost():
+    whole = sizes(answered_under(None, "a long answer " * 100))
+    commands = answered_under(whole["ModelResponded"] - 1, "a long answer " * 100)
+    assert types(commands) == ["Report", "AttemptFailed", "TurnFailed", "Finish"]
+    failed_attempt, outcome = events(commands)
+    assert isinstance(failed_attempt, AttemptFailed) and not failed_attempt.retryable  # not asked again
+    assert isinstance(outcome, TurnFailed) and outcome.error == (
+        "The model's reply is too large to record (1,000 output tokens, $0.0021): as ModelResponded it is "
+        f"{whole['ModelResponded']:,} bytes, over the {whole['ModelResponded'] - 1:,} the events topic takes. "
+        "Ask for a shorter answer, or raise the topic's max.message.bytes."
+    )
+
+
+def test_a_reply_recorded_whose_outcome_is_over_the_limit_fails_the_turn_instead_of_completing_it():
+    whole = sizes(answered_under(None, "a long answer " * 100))
+    commands = answered_under(whole["TurnCompleted"] - 1, "a long answer " * 100)
+    # the reply is on the log with its cost; the outcome that would carry it again is not
+    assert types(commands) == ["ModelResponded", "Report", "AttemptFailed", "TurnFailed", "Finish"]
+    outcome = events(commands)[-1]
+    assert isinstance(outcome, TurnFailed)
+    assert outcome.error.startswith("The model's reply is too large to record: as TurnCompleted it is")
+
+
+def test_a_tool_result_over_the_limit_fails_the_turn_naming_the_result_not_the_reply():
+    m = machine()
+    m.max_event_bytes = 2_000
+    claimed(m)
+    decide(m, ModelAnswered(reply("looking", ("c1", "search", '{"q": "a"}')), T0 + 10))
+    commands = decide(m, ToolReturned("found " * 1_000, T0 + 20))
+    assert types(commands) == ["Report", "AttemptFailed", "TurnFailed", "Finish"]
+    outcome = events(commands)[-1]
+    assert isinstance(outcome, TurnFailed)
+    assert outcome.error.startswith("The tool's result is too large to record: as ToolCallFinished it is")
 
 # -- more budgets and approvals -------------------------------------------------------------
 def test_the_tool_call_allowance_pauses_before_the_next_call_keeping_it_as_blocked():

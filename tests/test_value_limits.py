@@ -1,7 +1,7 @@
 """The largest value the embedded log takes, at its edges. It takes what a Kafka topic with
 the broker's defaults takes and no more, so what runs embedded runs on a default broker;
 every reader (the worker, tail, inspect, the views) decodes all it took; and a turn whose
-reply is over the limit fails with the reason instead of writing what no reader would read
+reply is over the limit fails at once with the reason instead of writing what no reader would read
 (a message of 200,000 characters may be 1.2 MB of JSON: a control character escapes to
 six bytes)."""
 
@@ -14,7 +14,7 @@ import sys
 import pytest
 from worker_harness import FAST, events_of, running, until
 
-from turnstile.events import AttemptFailed, MessageReceived, TurnCompleted, TurnFailed, encode
+from turnstile.events import AttemptFailed, MessageReceived, ModelResponded, TurnCompleted, TurnFailed, encode
 from turnstile.handlers.provider import ModelReply, ModelRequest
 from turnstile.handlers.providers.scripted import Scripted, ScriptedProvider, echo_reply
 from turnstile.projections.audit import audit
@@ -81,13 +81,23 @@ async def test_a_reply_over_the_limit_fails_its_turn_with_the_reason_and_writes_
     with pytest.raises(RecordRefused):
         await log.append(log.topics.events, CONV, encode(big))
     await log.append(log.topics.events, CONV, encode(message_of(LIMIT)))  # the echo's event is over the limit
-    async with running(log, ScriptedProvider(), FAST):
+    calls: list[ModelRequest] = []
+
+    def echo(request: ModelRequest) -> Scripted:
+        calls.append(request)
+        return Scripted(echo_reply(request))
+
+    async with running(log, ScriptedProvider(echo), FAST):
         await until(lambda: any(isinstance(e, TurnFailed) for e in events_of(log, CONV)), 30)
-    # each attempt's reply was refused by the log (another reply might fit: each is retried,
-    # as after a crash, its run taken over) until the turn failed; nothing over the limit is
-    # on the log, and every reader reads all of it
-    attempts = [e for e in events_of(log, CONV) if isinstance(e, AttemptFailed)]
-    assert len(attempts) == FAST.turn.max_attempts
+    # the reply is not written (the log would refuse it), nor asked for again (another costs
+    # as much): the attempt and the turn fail at once, saying why in what the user reads
+    [attempt] = [e for e in events_of(log, CONV) if isinstance(e, AttemptFailed)]
+    assert not attempt.retryable and "ModelResponded of 1,048," in attempt.reason and len(calls) == 1
+    [failed] = [e for e in events_of(log, CONV) if isinstance(e, TurnFailed)]
+    assert failed.error.startswith("The model's reply is too large to record (")
+    assert f"over the {LIMIT:,} the events topic takes" in failed.error
+    # nothing over the limit is on the log, and every reader reads all of it
+    assert not any(isinstance(e, ModelResponded) for e in events_of(log, CONV))
     assert build_view(CONV, log.read_all(log.topics.events)).undecodable == 0
     assert audit(log.read_all(log.topics.events)).ok
 
