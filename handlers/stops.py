@@ -3,14 +3,16 @@ stop kind) -- never by its text alone.
 
 * A refusal or a content filter ends the turn failed, with a reason and the provider's
   words kept: never "completed" with an empty reply. Tools it asked for do not run.
-* Tool calls run (a reply cut off inside a call's arguments is caught by the arguments'
-  validation and sent back as a protocol failure, like any malformed call).
+* A reply cut off by its output allowance (OpenAI `length`, Anthropic `max_tokens`, or the
+  context window) ends the turn exhausted on `output_tokens`, keeping the partial text:
+  never completed as if it were whole. The tools it asked for do not run: the last call's
+  arguments may be cut off, and asking again with the same allowance would be cut off
+  again (the model is not told why, so it would repeat the call until the repeat policy
+  stopped the turn, blaming the model). A resume with a larger allowance goes on.
+* Tool calls run.
 * A paused reply (Anthropic `pause_turn`) is sent back as it is and the loop asks again;
   each continuation is an iteration, so the iteration allowance bounds them. The text of
   every part is the reply.
-* A reply cut off by its output allowance (OpenAI `length`, Anthropic `max_tokens`, or the
-  context window) ends the turn exhausted on `output_tokens`, keeping the partial text:
-  never completed as if it were whole.
 * Otherwise the reply completes the turn.
 """
 
@@ -61,10 +63,10 @@ def after_reply(reply: ModelReply, earlier: str = "") -> AfterReply:
         return Refused("refusal", error, reply.text)
     if reply.stop == "content_filter":
         return Refused("content_filter", "The provider's content filter stopped the reply.", text or None)
+    if reply.stop == "truncated":
+        return CutOff(text or None)
     if reply.tool_calls:
         return RunTools()
     if reply.stop == "pause":
         return AskAgain()
-    if reply.stop == "truncated":
-        return CutOff(text or None)
     return Complete(text)

@@ -116,15 +116,19 @@ async def test_a_reply_cut_off_by_its_output_allowance_is_exhausted_never_comple
     assert (outcome.allowance, outcome.last_text, outcome.statuses) == ("output_tokens", partial, {"m1": "exhausted"})
 
 
-async def test_a_reply_cut_off_inside_a_tool_call_is_sent_back_as_a_protocol_failure(world):
+async def test_a_reply_cut_off_inside_a_tool_call_ends_exhausted_and_the_call_never_runs(world):
+    # Asking again under the same allowance would be cut off again (and the model, told only
+    # that the arguments are not JSON, repeats the call until the repeat policy blames it).
     probe = Api("openai")
-    probe.mock.push(reply(fixture("openai", "cut_tool_arguments")), probe.text("Sorry, let me answer directly."))
+    probe.mock.push(reply(fixture("openai", "cut_tool_arguments")))
     async with probe.mock.client() as client:
         outcome, events = await one_turn(world, probe.provider(client), "gpt-test")
 
-    [failure] = of_type(events, "ProtocolFailure")
-    assert failure.kind == "malformed_arguments"
-    assert outcome.type == "TurnCompleted" and world.searches == []
+    assert (outcome.type, outcome.allowance) == ("TurnExhausted", "output_tokens")
+    assert outcome.statuses == {"m1": "exhausted"}
+    assert world.searches == [] and of_type(events, "ProtocolFailure") == [] and len(probe.mock.bodies) == 1
+    [responded] = of_type(events, "ModelResponded")  # what the model said, cut call and its cost included
+    assert responded.tool_calls[0].arguments == '{"q": "fa' and responded.usage.output_tokens == 16
 
 
 async def test_pause_turn_continues_with_the_paused_reply_sent_back(world):

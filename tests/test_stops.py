@@ -22,7 +22,9 @@ def said(stop: StopKind, text: str | None = "text", calls: tuple[ToolCall, ...] 
         (said("end", None), "", Complete("")),
         (said("end", "rest"), "first ", Complete("first rest")),
         (said("tool_use", None, CALL), "", RunTools()),
-        (said("truncated", None, CALL), "", RunTools()),  # the call's validation decides
+        # Cut off by the allowance: its calls do not run (the last one's arguments may be cut).
+        (said("truncated", None, CALL), "", CutOff(None)),
+        (said("truncated", "let me look", CALL), "", CutOff("let me look")),
         (said("pause", "searching "), "", AskAgain()),
         (said("truncated", "half a"), "the first ", CutOff("the first half a")),
         (said("truncated", None), "", CutOff(None)),

@@ -159,13 +159,39 @@ async def test_a_stream_that_just_stops_is_a_connection_error(sides: dict[str, F
     assert "stream ended before the reply did" in caught.value.message
 
 
-async def test_a_tool_input_cut_off_mid_stream_never_runs_on_a_guess(anthropic: Family) -> None:
-    anthropic.api.push(streamed(stream_fixture("anthropic", "stream_cut_tool_input")))
+@pytest.mark.parametrize(
+    ("name", "text", "output_tokens"),
+    [("stream_cut_tool_input", None, 16), ("stream_text_then_cut_tool_input", "I'll save it in notes.txt.", 124)],
+)
+async def test_a_tool_input_cut_off_by_max_tokens_is_left_out_and_the_reply_is_a_cut_off_one(
+    anthropic: Family, name: str, text: str | None, output_tokens: int
+) -> None:
+    # (the SDK's accumulator ends the same stream normally, stop_reason max_tokens)
+    anthropic.api.push(streamed(stream_fixture("anthropic", name)))
+
+    reply = await anthropic.provider.complete(HELLO, Collected())
+
+    assert (reply.stop, reply.text, reply.tool_calls) == ("truncated", text, ())  # never run on a guess
+    assert reply.usage == Usage(input_tokens=48, output_tokens=output_tokens)  # billed, so counted
+    assert [block["type"] for block in reply.native] == ([] if text is None else ["text"])
+
+
+async def test_a_whole_tool_input_that_is_not_json_is_a_malformed_reply(anthropic: Family) -> None:
+    anthropic.api.push(streamed(stream_fixture("anthropic", "stream_invalid_tool_input")))
 
     with pytest.raises(ProviderError) as caught:
         await anthropic.provider.complete(HELLO, Collected())
 
-    assert caught.value.kind == "malformed_response" and "cut off" in caught.value.message
+    assert caught.value.kind == "malformed_response" and "is not JSON: '{\"q\": fares}'" in caught.value.message
+
+
+async def test_a_null_count_in_message_delta_leaves_message_starts_standing(anthropic: Family) -> None:
+    anthropic.api.push(streamed(stream_fixture("anthropic", "stream_null_usage_delta")))
+
+    reply = await anthropic.provider.complete(HELLO, Collected())
+
+    # as the SDK accumulates it: input 48 + cache read 200 + cache write 50, output 5
+    assert reply.usage == Usage(input_tokens=298, output_tokens=5, cached_input_tokens=200, cache_write_tokens=50)
 
 
 async def test_an_http_error_to_a_streamed_request_is_read_as_an_error(openai: Family) -> None:

@@ -234,14 +234,20 @@ class AnthropicMessagesStream:
     """`message_start` (the message, content empty, input usage), then per content block
     `content_block_start`, deltas (`text_delta`, `input_json_delta` fragments of a tool's
     input, `thinking_delta`, `signature_delta`, `citations_delta`) and `content_block_stop`;
-    `message_delta` with the stop reason and output usage; `message_stop`. `ping` is
-    ignored; `error` (e.g. `overloaded_error`) fails the request."""
+    `message_delta` with the stop reason and output usage (a count it gives as null leaves
+    `message_start`'s standing, as the SDK's accumulator does); `message_stop`. `ping` is
+    ignored; `error` (e.g. `overloaded_error`) fails the request.
+
+    A tool input that does not parse is a malformed reply, unless the reply was cut off by
+    its output allowance (`max_tokens`): then the call was cut off mid-input, and is left
+    out (never run on a guess); the reply is a cut-off one, its text and usage kept."""
 
     def __init__(self) -> None:
         self._done = False
         self._message: dict[str, Any] = {}
         self._blocks: dict[int, dict[str, Any]] = {}
         self._json: dict[int, list[str]] = {}
+        self._unparsed: dict[int, str] = {}  # tool inputs that are not JSON, by block
 
     @property
     def done(self) -> bool:
@@ -265,7 +271,8 @@ class AnthropicMessagesStream:
         elif kind == "message_delta":
             self._message.update(optional_object(data.get("delta"), "message_delta.delta"))
             usage = optional_object(data.get("usage"), "message_delta.usage")
-            self._message["usage"] = {**optional_object(self._message.get("usage"), "usage"), **usage}
+            given = {name: count for name, count in usage.items() if count is not None}
+            self._message["usage"] = {**optional_object(self._message.get("usage"), "usage"), **given}
         elif kind == "message_stop":
             self._done = True
         return None
@@ -304,10 +311,15 @@ class AnthropicMessagesStream:
         try:
             block["input"] = orjson.loads(text) if text else {}
         except orjson.JSONDecodeError:
-            # Cut off mid-input: never run a call on a guess at its arguments.
-            raise malformed(f"content[{index}] (tool_use) input was cut off: {text[:80]!r}") from None
+            self._unparsed[index] = text  # judged once the stop reason is known
 
     def payload(self) -> dict[str, Any]:
         for index in sorted(self._json):  # a tool input whose block never stopped
             self._close(index)
-        return {**self._message, "content": [block for _, block in sorted(self._blocks.items())]}
+        if self._unparsed:
+            index, text = min(self._unparsed.items())
+            if _STOPS.get(str(self._message.get("stop_reason"))) != "truncated":
+                # Never run a call on a guess at its arguments.
+                raise malformed(f"content[{index}] (tool_use) input is not JSON: {text[:80]!r}")
+        blocks = (block for index, block in sorted(self._blocks.items()) if index not in self._unparsed)
+        return {**self._message, "content": list(blocks)}
