@@ -282,6 +282,16 @@ class KafkaLog:
         end: int | None = self._consumer.highwater(TopicPartition(self.topics.events, partition))
         return end
 
+    async def read_position(self, partition: int) -> int | None:
+        """The consumer's position: read_committed, it passes transaction markers and aborted
+        records without delivering them. Valid at once for a partition of the assignment
+        (the worker's listener seeks each one), so this awaits nothing."""
+        tp = TopicPartition(self.topics.events, partition)
+        if self._consumer is None or tp not in self._consumer.assignment():
+            return None
+        position: int = await self._consumer.position(tp)
+        return position
+
     def reader(self) -> KafkaReader:
         return KafkaReader(self.bootstrap, self.topics)
 

@@ -193,6 +193,12 @@ class EventLog(Protocol):
         """The last known end of an events partition this process consumes (None: unknown)."""
         ...
 
+    async def read_position(self, partition: int) -> int | None:
+        """The offset the consumer reads next in an events partition it consumes, past the
+        offsets that hold no record for it (a transaction's commit or abort marker, records of
+        an aborted transaction); None where every offset is a record or it is not known."""
+        ...
+
     def reader(self) -> LogReader:
         """A reader of this log's topics in no group."""
         ...

@@ -391,6 +391,8 @@ class Worker:
                 break
             await self._consume(record)
             await self.pace.let_the_loop_run(replaying)
+        if replaying and self._rebalances == polled_at:
+            await self._past_undelivered()
         self._decide()
         done = await self.checkpoint.commit_due(self.partitions.committable())
         if done is not None:
@@ -480,17 +482,33 @@ class Worker:
             return None
         return record.key.decode("utf-8", "replace")
 
+    async def _past_undelivered(self) -> None:
+        """A replaying partition whose last offsets hold no record the consumer delivers (a
+        transaction's commit or abort marker, an aborted transaction's records) is folded to
+        its end all the same: the consumer's position has passed them, so the fold's does too.
+        Otherwise its replay would wait for a record that may never come."""
+        for partition, part in self.partitions.items():
+            if part.live or not part.reading:
+                continue
+            read = await self.log.read_position(partition)
+            if read is not None and read > part.at.position and self.partitions.get(partition) is part:
+                part.at.position = read
+                self._maybe_live(part, partition, was_live=False)
+
+    def _maybe_live(self, part: OwnedPartition, partition: int, was_live: bool) -> None:
+        if not was_live and part.live:
+            self._went_live(part)
+            if part.suspended:
+                self.handover.continue_kept(partition)
+            self.pace.note(self._replaying())
+
     def _fold(self, record: Record, part: OwnedPartition) -> None:
         if record.offset < part.at.position:
             return  # folded already (read back while the partition was being revoked)
         was_live = part.live
         effects = self.checkpoint.advance(record)
         in_snapshot = part.loaded is not None and part.loaded.folded_already(record)
-        if not was_live and part.live:
-            self._went_live(part)
-            if part.suspended:
-                self.handover.continue_kept(record.partition)
-            self.pace.note(self._replaying())
+        self._maybe_live(part, record.partition, was_live)
         if in_snapshot:
             return
         event = self._decoded(record, effects)

@@ -4,7 +4,9 @@
 * messages of one conversation published out of their timestamp order: one turn renders
   them in timestamp order;
 * a burst of 500 messages to one conversation, stamped within one second: bounded turns
-  (`max_batch`), none lost, none twice.
+  (`max_batch`), none lost, none twice;
+* a transactional producer whose markers (and an aborted record) end the partition: the
+  replay still reaches the end.
 
 Plus the fold's side of "published twice" for turn events: an exact duplicate of a step
 (same event id) is ignored, so it cannot count tokens or tool calls twice.
@@ -17,6 +19,7 @@ import uuid
 from collections.abc import Awaitable, Callable
 
 import pytest
+from aiokafka import AIOKafkaProducer
 from builders import claim, message, started
 from fault_audit import LogAudit, check_invariants, counts, dead_letters, record, until_settled
 from kafka_fixtures import fresh_topics, kafka_bootstrap  # noqa: F401  (fixtures)
@@ -141,3 +144,33 @@ def test_an_exact_duplicate_of_a_turn_event_is_ignored_by_the_fold() -> None:
     rejection = apply_event(state, responded)
     assert rejection is not None and not rejection.conflict and "duplicate" in rejection.reason
     assert (turn.input_tokens, turn.output_tokens, turn.cost_usd, turn.iterations, state.events_applied) == before
+
+
+async def test_a_partition_ending_in_transaction_markers_replays_to_its_end_and_answers(
+    kafka_bootstrap: str, fresh_topics: Topics  # noqa: F811
+) -> None:
+    # Given, before any worker runs: a message committed in a transaction, then one in an
+    # aborted transaction. The partition's last offsets hold the commit marker, the aborted
+    # record and the abort marker, none of which a read_committed consumer delivers.
+    committed = message_event("conv-txn", "sent in a transaction", NOW(), "t1")
+    aborted = message_event("conv-txn", "never committed", NOW(), "t2")
+    producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap, transactional_id=f"tx-{uuid.uuid4().hex[:8]}")
+    await producer.start()
+    try:
+        async with producer.transaction():
+            await producer.send_and_wait(fresh_topics.events, encode(committed), key=b"conv-txn")
+        await producer.begin_transaction()
+        await producer.send_and_wait(fresh_topics.events, encode(aborted), key=b"conv-txn")
+        await producer.abort_transaction()
+    finally:
+        await producer.stop()
+
+    async def nothing_more(_publisher: KafkaLog) -> None:
+        return None
+
+    # When a worker is assigned the partition, its replay reaches the partition's end (it
+    # waited for a record that never came), and the committed message is answered
+    config = WorkerConfig(debounce=DebouncePolicy(quiet_ms=0, max_wait_ms=0))
+    audit, _ = await run_until_settled(kafka_bootstrap, fresh_topics, config, nothing_more, ["t1"], timeout_s=60)
+    check_invariants(audit)
+    assert [c.input_ids for c in audit.of_type(TurnClaimed)] == [("t1",)]  # the aborted one never
