@@ -28,8 +28,9 @@ class Record:
     offset: int
     key: bytes | None
     value: bytes | None
-    # Record headers, as written (e.g. the publisher's W3C `traceparent`).
-    headers: tuple[tuple[str, bytes], ...] = ()
+    # Record headers, as written (e.g. the publisher's W3C `traceparent`); a header's value
+    # may be null on Kafka.
+    headers: tuple[tuple[str, bytes | None], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -51,7 +51,7 @@ if TYPE_CHECKING:
 
 # Inputs whose trace context is remembered until a turn claims them; a bound, not a time.
 INPUTS_KEPT = 100_000
-Headers = Sequence[tuple[str, bytes]]
+Headers = Sequence[tuple[str, bytes | None]]
 
 
 def trace_headers() -> dict[str, str]:
@@ -94,7 +94,7 @@ class TurnTracer:
             return
         from opentelemetry import propagate, trace
 
-        carrier = {name: value.decode("latin-1") for name, value in headers}
+        carrier = {name: value.decode("latin-1") for name, value in headers if value is not None}
         context = propagate.extract(carrier)
         if not trace.get_current_span(context).get_span_context().is_valid:
             return

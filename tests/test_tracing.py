@@ -181,3 +181,31 @@ def test_a_turn_withdrawn_by_a_new_message_ends_its_spans_as_interrupted(spans):
     finished = {s.name: s for s in exporter.get_finished_spans()}
     assert set(finished) == {"turnstile.turn", "turnstile.attempt"}
     assert finished["turnstile.turn"].attributes["turnstile.outcome"] == "interrupted"
+
+
+
+def test_a_header_without_a_value_breaks_nothing_and_a_valid_one_beside_it_still_links(spans):
+    # Kafka's header values are nullable (`kcat -H traceparent` sends one)
+    from builders import claim, message, started
+
+    from turnstile.events import TurnInterrupted
+    from turnstile.projections import apply_event, new_state
+    from turnstile.streams.tracing import TurnTracer
+
+    provider, exporter = spans
+    exporter.clear()
+    tracer, state = TurnTracer(lambda _model: "openai", provider), new_state("conv-1")
+    tracer.note_input(message("m0", 5), (("traceparent", None),))  # no context, no error
+    valid = b"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+    first = message("m1", 10)
+    tracer.note_input(first, (("baggage", None), ("traceparent", valid)))
+    c = claim(["m1"], 20, 0)
+    cut = TurnInterrupted(
+        event_id="e-i", conversation_id="conv-1", occurred_at=40, turn_id=c.turn_id, run_id=c.run_id, attempt=1,
+        message_id="m2",
+    )  # fmt: skip
+    for event in (first, c, started(c, 21), message("m2", 30), cut):
+        assert apply_event(state, event) is None
+        tracer.on_event(state, event)
+    [turn] = [s for s in exporter.get_finished_spans() if s.name == "turnstile.turn"]
+    assert format(turn.context.trace_id, "032x") == "0af7651916cd43dd8448eb211c80319c"
