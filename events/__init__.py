@@ -1,7 +1,7 @@
 """turnstile's public contract: every event on the log, its envelope and its codec."""
 
 from turnstile.events.base import SCHEMA_VERSION, Envelope, TurnEnvelope
-from turnstile.events.codec import DecodeError, decode, encode
+from turnstile.events.codec import DecodeError, decode, decode_record, encode
 from turnstile.events.dead_letter import DeadLetter
 from turnstile.events.identity import content_fingerprint, logical_turn_id
 from turnstile.events.inputs import Approval, InputInjected, MessageReceived, ResumeRequested
@@ -80,6 +80,7 @@ __all__ = [
     "Usage",
     "content_fingerprint",
     "decode",
+    "decode_record",
     "encode",
     "logical_turn_id",
 ]

@@ -42,7 +42,8 @@ def decode(
     if max_bytes is not None and len(value) > max_bytes:
         return DecodeError("too_large", f"value is {len(value)} bytes, the limit is {max_bytes}")
     try:
-        event = EVENT_ADAPTER.validate_json(value)
+        # Strict, as the published JSON Schema: "1767225600000" or true is no integer.
+        event = EVENT_ADAPTER.validate_json(value, strict=True)
     except ValidationError as exc:
         error = _classify(exc)
         if not upcasters or error.reason != "invalid_event":
@@ -51,6 +52,20 @@ def decode(
     if upcasters and event.schema_version < upcasters.current:
         return _decode_upcast(value, upcasters, None)
     return event
+
+
+def decode_record(
+    key: bytes | None, value: bytes | None, max_bytes: int | None = None, upcasters: Upcasters = UPCASTERS
+) -> Event | DecodeError:
+    """The event a record of the events topic carries, as every reader judges it: its value
+    decoded, under its conversation id as the key. A record under another key is not where
+    that conversation's events are (Kafka's partitioner puts each key in its partition), so
+    the workers dead-letter it and no reader folds it."""
+    event = decode(value, max_bytes, upcasters)
+    if isinstance(event, DecodeError) or key == event.conversation_id.encode():
+        return event
+    text = key.decode("utf-8", "replace") if key is not None else None
+    return DecodeError("key_mismatch", f"key {text!r} is not the conversation id {event.conversation_id!r}")
 
 
 def _decode_upcast(value: bytes, upcasters: Upcasters, error: DecodeError | None) -> Event | DecodeError:
@@ -66,7 +81,8 @@ def _decode_upcast(value: bytes, upcasters: Upcasters, error: DecodeError | None
     if error is not None and version == upcasters.current:
         return error
     try:
-        return EVENT_ADAPTER.validate_python(upcasters.upcast(raw))
+        # As JSON again: strict as the fast path (a number never from a string, nor a bool).
+        return EVENT_ADAPTER.validate_json(orjson.dumps(upcasters.upcast(raw)), strict=True)
     except ValidationError as exc:
         return _classify(exc)
     except UpcastError as exc:

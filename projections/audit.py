@@ -36,7 +36,7 @@ from turnstile.events import (
     TurnFailed,
     TurnInterrupted,
     TurnPaused,
-    decode,
+    decode_record,
     logical_turn_id,
 )
 from turnstile.events.upcast import UPCASTERS, Upcasters
@@ -331,15 +331,10 @@ class Auditor:
         self._records += 1
         self._at = (record.partition, record.offset)
         self._ends[record.partition] = record.offset + 1
-        event = decode(record.value, self.max_value_bytes, self.upcasters)
+        # What the workers dead-letter without folding it, the auditor does not fold either.
+        event = decode_record(record.key, record.value, self.max_value_bytes, self.upcasters)
         if isinstance(event, DecodeError):
             self._undecodable.append(self._finding(None, None, f"{event.reason}: {event.detail}"))
-            return
-        key = record.key.decode("utf-8", "replace") if record.key is not None else None
-        if key != event.conversation_id:
-            # The workers dead-letter it without folding it, and so does the auditor.
-            detail = f"key_mismatch: key {key!r} is not the conversation id {event.conversation_id!r}"
-            self._undecodable.append(self._finding(event.conversation_id, None, detail))
             return
         self._events += 1
         self._check_partition(event.conversation_id, record.partition)

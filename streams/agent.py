@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal, Unpack, overload
 
-from turnstile.events import OUTCOME_TYPES, DecodeError, Event, ToolCall, TurnCompleted, Usage, decode
+from turnstile.events import OUTCOME_TYPES, DecodeError, Event, ToolCall, TurnCompleted, Usage, decode_record
 from turnstile.handlers.budget import TurnBudget
 from turnstile.handlers.claim import DebouncePolicy, DoubleText, DoubleTextPolicy
 from turnstile.handlers.pricing import ModelPrice, PriceTable
@@ -280,7 +280,7 @@ class Agent:
         try:
             async with asyncio.timeout(timeout_s):
                 async for record in log.follow(log.topics.events, from_end=False):
-                    event = decode(record.value)
+                    event = decode_record(record.key, record.value)
                     if isinstance(event, DecodeError) or event.conversation_id != conversation:
                         continue
                     events.append(event)

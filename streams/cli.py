@@ -10,7 +10,7 @@ import os
 import sys
 from pathlib import Path
 
-from turnstile.events import DecodeError, decode
+from turnstile.events import DecodeError, decode_record
 from turnstile.handlers.claim import DOUBLE_TEXT_POLICIES
 from turnstile.handlers.pricing import ModelPrice, parse_price
 from turnstile.handlers.schedule import Schedule, parse_schedules
@@ -188,8 +188,8 @@ async def _tail(args: argparse.Namespace) -> int:
     config: config_file.Config = args.resolved.config
     records = await _place(config, args.command).open().reader().read(config.topics.events)
     for record in records:
-        event = decode(record.value)
-        if isinstance(event, DecodeError):
+        event = decode_record(record.key, record.value)
+        if isinstance(event, DecodeError):  # dead-lettered by the workers, not folded
             continue
         if args.conversation in (None, event.conversation_id):
             # Ids and content are a client's: printed inert, no escape sequence reaches the terminal.

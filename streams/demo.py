@@ -11,7 +11,7 @@ import asyncio
 import tempfile
 from pathlib import Path
 
-from turnstile.events import DecodeError, Event, MessageReceived, TurnClaimed, TurnCompleted, decode
+from turnstile.events import DecodeError, Event, MessageReceived, TurnClaimed, TurnCompleted, decode_record
 from turnstile.handlers.claim import DebouncePolicy
 from turnstile.handlers.providers.scripted import ScriptedProvider
 from turnstile.streams.file_log import FileLog
@@ -55,11 +55,8 @@ async def _demo(directory: Path, model_delay_s: float, follow_up_after_s: float)
     stop.set()
     await running
 
-    timeline = [
-        event
-        for record in log.read_all(log.topics.events)
-        if not isinstance(event := decode(record.value), DecodeError) and event.conversation_id == conversation
-    ]
+    events = (decode_record(record.key, record.value) for record in log.read_all(log.topics.events))
+    timeline = [e for e in events if not isinstance(e, DecodeError) and e.conversation_id == conversation]
     for event in timeline:
         print(f"+{(event.occurred_at - start) / 1000:6.2f}s  {describe(event)}")
     return _verdict(timeline)

@@ -27,7 +27,7 @@ from typing import Any, Literal
 
 import orjson
 
-from turnstile.events import OUTCOME_TYPES, AttemptFailed, DecodeError, Event, TurnInterrupted, decode
+from turnstile.events import OUTCOME_TYPES, AttemptFailed, DecodeError, Event, TurnInterrupted, decode_record
 from turnstile.events.deltas import ReplyDelta, decode_delta
 from turnstile.streams.log import Record
 
@@ -165,7 +165,7 @@ class ReplyHub:
         async for record in follow():
             if record.value is None:
                 continue
-            event = decode(record.value)
+            event = decode_record(record.key, record.value)  # as the workers fold it
             if not isinstance(event, DecodeError):
                 self.on_event(event)
 

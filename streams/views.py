@@ -29,6 +29,7 @@ from turnstile.events import (
     TurnInterrupted,
     TurnPaused,
     decode,
+    decode_record,
 )
 from turnstile.handlers.operations import awaiting_approval
 from turnstile.projections import ConversationState, apply_event, new_state
@@ -142,9 +143,9 @@ def build_view(conversation_id: str, records: list[Record], start: ConversationS
     (a snapshot's state, whose turns have no timelines: `ConversationView`) or a new state."""
     view = ConversationView(start if start is not None else new_state(conversation_id))
     for record in records:
-        event = decode(record.value)
+        event = decode_record(record.key, record.value)
         if isinstance(event, DecodeError):
-            view.undecodable += 1
+            view.undecodable += 1  # (a record under another key: the workers dead-letter it)
             continue
         if event.conversation_id != conversation_id:
             continue

@@ -30,7 +30,7 @@ from turnstile.events import (
     DecodeError,
     Event,
     MessageRejected,
-    decode,
+    decode_record,
     encode,
 )
 from turnstile.handlers.claim import (
@@ -549,13 +549,9 @@ class Worker:
             own = slot.written_as(value)
             if own is not None:
                 return own
-        event = decode(value, limit)
+        event = decode_record(record.key, value, limit)
         if isinstance(event, DecodeError):
             self._dead_letter(record, event, effects)
-            return None
-        if key != event.conversation_id:
-            err = DecodeError("key_mismatch", f"key {key!r} is not the conversation id {event.conversation_id!r}")
-            self._dead_letter(record, err, effects)
             return None
         return event
 

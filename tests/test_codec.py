@@ -9,7 +9,7 @@ import pytest
 from builders import claim, completed, message, started
 from log_generator import generated_log
 
-from turnstile.events import DeadLetter, DecodeError, MessageReceived, decode, encode
+from turnstile.events import DeadLetter, DecodeError, MessageReceived, decode, decode_record, encode
 
 
 @pytest.mark.parametrize(
@@ -32,6 +32,13 @@ def test_every_event_round_trips_through_json(event):
         (b'{"type": "MessageReceived", "event_id": "e", "conversation_id": "c", "occurred_at": "soon",'
          b' "message_id": "m", "content": "x"}', "invalid_event"),
         (b'[1, 2, 3]', "invalid_event"),
+        # strict, as the published JSON Schema: a number in a string, or a boolean, is no integer
+        (b'{"type": "MessageReceived", "event_id": "e", "conversation_id": "c", "occurred_at": "1767225600000",'
+         b' "message_id": "m", "content": "x"}', "invalid_event"),
+        (b'{"type": "MessageReceived", "event_id": "e", "conversation_id": "c", "occurred_at": true,'
+         b' "message_id": "m", "content": "x"}', "invalid_event"),
+        (b'{"type": "MessageReceived", "schema_version": true, "event_id": "e", "conversation_id": "c",'
+         b' "occurred_at": 1, "message_id": "m", "content": "x"}', "invalid_event"),
     ],
 )
 def test_bad_values_decode_to_a_reason(raw, reason):
@@ -47,6 +54,21 @@ def test_unknown_fields_are_refused_not_dropped():
     result = decode(orjson.dumps(value))
     assert isinstance(result, DecodeError) and "surprise" in result.detail
 
+
+
+@pytest.mark.parametrize(
+    ("key", "detail"),
+    [
+        (None, "key None is not the conversation id 'conv-1'"),
+        (b"evil", "key 'evil' is not the conversation id 'conv-1'"),
+        (b"conv-1 ", "key 'conv-1 ' is not the conversation id 'conv-1'"),
+        (b"\xff", "key '\ufffd' is not the conversation id 'conv-1'"),
+    ],
+)
+def test_a_record_under_a_key_other_than_its_conversation_is_not_an_event_of_it(key, detail):
+    event = message("m1", 5, conv="conv-1")
+    assert decode_record(b"conv-1", encode(event)) == event
+    assert decode_record(key, encode(event)) == DecodeError("key_mismatch", detail)
 
 def test_values_over_the_limit_are_refused_before_parsing():
     result = decode(encode(message("m1", 5, content="x" * 5000)), max_bytes=1000)

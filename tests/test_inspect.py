@@ -73,6 +73,22 @@ async def test_inspect_shows_history_pending_active_turn_and_timelines(tmp_path)
     assert turns[0].duration_ms is not None and turns[0].cost_usd == 0.0
 
 
+
+def test_records_the_workers_dead_letter_for_their_key_are_shown_by_no_reader(tmp_path, capsys):
+    # Given a conversation with one message, then a message and a claim of it for the same
+    # conversation written under another key (the workers dead-letter both as key_mismatch)
+    log = FileLog(tmp_path)
+    real = message("m1", 10, conv="c1")
+    for key, event in (("c1", real), ("evil", message("m2", 20, conv="c1")), ("evil", claim(["m2"], 30, 1, conv="c1"))):
+        asyncio.run(log.append(log.topics.events, key, encode(event)))
+    # then the view of c1 holds only m1, pending, and counts the two as not folded
+    view = build_view("c1", log.read_all(log.topics.events))
+    assert (list(view.state.pending), view.state.active, view.undecodable) == (["m1"], None, 2)
+    # and tail lists only m1 (`tail` shows what the workers fold)
+    assert cli.main(["tail", "--data", str(tmp_path), "--conversation", "c1"]) == 0
+    out = capsys.readouterr().out
+    assert "m1" in out and "m2" not in out and "claimed" not in out.lower()
+
 async def test_views_as_json(tmp_path):
     log = await two_turns_and_one_pending(tmp_path)
     view = build_view("c1", log.read_all(log.topics.events))
