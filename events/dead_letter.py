@@ -21,7 +21,8 @@ class DeadLetter(BaseModel):
     When the whole value does not fit in a record of the dead-letter topic,
     `value_truncated` is set and `value_base64` holds a prefix only; `value_bytes` and
     `value_sha256` describe the whole value, which stays on the events topic at
-    `partition`@`offset` to be fetched from there."""
+    `partition`@`offset` to be fetched from there. A key so long that the letter would not
+    fit even without the value is cut too (`key_truncated`; the whole key is there as well)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -35,6 +36,7 @@ class DeadLetter(BaseModel):
     value_bytes: int | None = None
     value_sha256: str | None = None
     value_truncated: bool = False
+    key_truncated: bool = False
 
     @classmethod
     def of(
@@ -66,6 +68,10 @@ class DeadLetter(BaseModel):
         if max_bytes is None or len(whole.encode()) <= max_bytes:
             return whole
         cut = whole.model_copy(update={"value_base64": "", "value_truncated": True})
+        if whole.key and len(cut.encode()) > max_bytes:  # it is the key that does not fit
+            if len(whole.model_copy(update={"key": "", "key_truncated": True}).encode()) <= max_bytes:
+                return _key_cut(whole, max_bytes)  # the whole value, and as much of the key as fits
+            cut = cut.model_copy(update={"key": "", "key_truncated": True})
         # base64 has no character JSON escapes: the letter grows by exactly 4 per 3 bytes.
         room = max_bytes - len(cut.encode())
         if room < 0:
@@ -79,3 +85,17 @@ class DeadLetter(BaseModel):
     def original_value(self) -> bytes:
         """The bytes carried: the whole value, or its prefix when `value_truncated`."""
         return base64.b64decode(self.value_base64)
+
+
+def _key_cut(letter: DeadLetter, max_bytes: int) -> DeadLetter:
+    """`letter` with the longest prefix of its key that keeps it within `max_bytes` (a key's
+    characters may take up to six bytes each once escaped, so the length is searched)."""
+    key = letter.key or ""
+    fits, over = 0, len(key)
+    while over - fits > 1:
+        middle = (fits + over) // 2
+        if len(letter.model_copy(update={"key": key[:middle], "key_truncated": True}).encode()) <= max_bytes:
+            fits = middle
+        else:
+            over = middle
+    return letter.model_copy(update={"key": key[:fits], "key_truncated": True})

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -102,7 +103,11 @@ class Checkpoint:
     async def _write(self, topic: str, record: Record, value: bytes, error: DecodeError | None) -> None:
         """Step 3."""
         if error is not None:
-            key, value = self._letter(record, value, error)
+            try:
+                key, value = self._letter(record, value, error)
+            except ValueError as exc:  # no letter fits the topic at all: said, never silent
+                self._refused(topic, record, value, RecordRefused(str(exc)))
+                return
         else:
             key = None if record.key is None else record.key.decode("utf-8", "replace")
         delay = EFFECT_BACKOFF_S
@@ -120,13 +125,17 @@ class Checkpoint:
                 delay = min(delay * 2, EFFECT_BACKOFF_MAX_S)
 
     def _letter(self, record: Record, value: bytes, error: DecodeError) -> tuple[str | None, bytes]:
-        """The dead letter of `record` (key, value), sized for the dead-letter topic."""
+        """The dead letter of `record` (key, value), sized for the dead-letter topic: under
+        the record's key, unless that key leaves no room for a letter beside it (the record
+        goes unkeyed, its letter carrying a prefix of the key; the whole is on the events topic)."""
         topics = self._log.topics
         key = None if record.key is None else record.key.decode("utf-8", "backslashreplace")
-        limit = self._log.max_value_bytes(topics.dead_letters, key)
-        letter = DeadLetter.of(topics.events, record.partition, record.offset, record.key, value, error.reason,
-                               error.detail, limit)
-        return key, letter.encode()
+        of = functools.partial(DeadLetter.of, topics.events, record.partition, record.offset, record.key, value,
+                               error.reason, error.detail)  # fmt: skip
+        try:
+            return key, of(self._log.max_value_bytes(topics.dead_letters, key)).encode()
+        except ValueError:
+            return None, of(self._log.max_value_bytes(topics.dead_letters, None)).encode()
 
     def _refused(self, topic: str, record: Record, value: bytes, exc: RecordRefused) -> None:
         self._on_skipped(topic)

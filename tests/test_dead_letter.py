@@ -60,3 +60,22 @@ def test_given_a_limit_smaller_than_the_letter_without_its_value_when_dead_lette
 def test_given_a_very_long_detail_when_dead_lettered_then_it_is_cut_so_the_bytes_keep_their_room() -> None:
     got = DeadLetter.of("t", 0, 0, b"k", b"v", "invalid_event", "e" * 100_000)
     assert len(got.detail) < 10_000 and got.original_value() == b"v"
+
+
+def test_given_a_key_too_long_for_the_limit_when_dead_lettered_then_the_key_is_cut_and_the_value_kept() -> None:
+    key, value = b"k" * 5000, b"not json"
+    whole = len(letter(None, value, key).encode())
+    assert letter(whole, value, key).key == key.decode()  # exactly at the limit: all of it
+    limit = whole - 100  # under what the letter takes even without its value: the key is over
+    got = letter(limit, value, key)
+    assert got.key_truncated and not got.value_truncated and got.original_value() == value
+    assert len(got.encode()) <= limit and key.decode().startswith(got.key or "x")
+    longer = got.model_copy(update={"key": key.decode()[: len(got.key or "") + 1]})
+    assert len(longer.encode()) > limit  # the longest prefix that fits
+
+
+def test_given_a_limit_the_key_alone_is_over_when_dead_lettered_then_the_key_goes_and_a_value_prefix_stays() -> None:
+    key, value = b"k" * 5000, b"v" * 5000
+    got = letter(3000, value, key)
+    assert got.key == "" and got.key_truncated and got.value_truncated and len(got.encode()) <= 3000
+    assert value.startswith(got.original_value()) and len(got.original_value()) > 1000

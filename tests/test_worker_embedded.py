@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
 from builders import claim, message, started
 from worker_harness import FAST, ReplayCalls, events_of, running, until
 
@@ -121,6 +122,26 @@ async def test_bad_values_go_to_the_dead_letter_topic_and_the_partition_keeps_mo
     ]
     assert letters[0].original_value() == b"{not json"
 
+
+
+@pytest.mark.parametrize(("key_bytes", "keyed"), [(600_000, True), (1_048_200, False)])
+async def test_a_bad_value_under_a_huge_key_is_still_dead_lettered(tmp_path, key_bytes, keyed):
+    # Given a bad value under a key so long that key and letter together would not fit the
+    # dead-letter topic (the letter carries the key too); at 1,048,200 bytes the key leaves
+    # no room for any letter beside it
+    log = FileLog(tmp_path, partitions=1)
+    huge = "k" * key_bytes
+    await log.append(log.topics.events, huge, b"not json")
+    await publish(log, message_event("c1", "hello", NOW(), "m1"))
+    async with running(log, ScriptedProvider()) as worker:
+        await until(lambda: "c1" in worker.states and len(worker.states["c1"].history) == 2)
+    # then its letter is there, with a prefix of the key (the whole stays at its offset)
+    [record] = log.read_all(log.topics.dead_letters)
+    letter = DeadLetter.model_validate_json(record.value)
+    assert (letter.offset, letter.reason, letter.key_truncated) == (0, "not_json", True)
+    assert letter.original_value() == b"not json" and not letter.value_truncated
+    assert huge.startswith(letter.key or "x") and len(letter.key or "") > 1000
+    assert record.key == (huge.encode() if keyed else None)  # keyed as it was where a letter fits beside it
 
 async def test_a_restarted_worker_rebuilds_the_same_state_and_repeats_nothing(tmp_path):
     log = FileLog(tmp_path)
