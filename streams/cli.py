@@ -148,11 +148,11 @@ async def _send(args: argparse.Namespace) -> int:
     from turnstile.streams.http_reads import Unavailable
     from turnstile.streams.operations_cli import first_use, publish_input, unchecked
 
-    # The ids HTTP and the console take (1..200 characters, no control character): one sent
+    # The ids HTTP and the console take (1..256 characters, no control character): one sent
     # from here that they refuse could never be read or approved there.
     for what, value in (("the conversation id", args.conversation), ("the message id", args.message_id)):
         if value is not None and (problem := id_problem(what, value)):
-            raise CliError(DATA_ERR, f"{problem} (ids are 1..200 characters without control characters)")
+            raise CliError(DATA_ERR, f"{problem} (ids are 1..256 characters without control characters)")
     place = _place(args.resolved.config, args.command)
     text = args.text
     if text == "-":

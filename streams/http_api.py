@@ -22,8 +22,8 @@
 With a token (`TURNSTILE_HTTP_TOKEN` or `--http-token-file`) every request but the two
 probes needs `Authorization: Bearer <token>` (401 otherwise); a non-loopback address is
 refused without one. Every error, the framework's 404/405/413 included, is a JSON
-`{"error": ..., "status": ...}`. Ids in paths and bodies are 1-200 characters with no
-control character (400 otherwise).
+`{"error": ..., "status": ...}`. Ids in paths and bodies are 1-256 characters (as in the
+events) with no control character (400 otherwise).
 
 Reads are served from the worker's state (`streams/read_model.py`) for the conversations
 it owns, without reading the log; for another worker's partition, from the conversation's
@@ -53,7 +53,7 @@ from aiohttp import web
 from pydantic import ValidationError
 
 from turnstile.events import content_fingerprint, encode
-from turnstile.events.base import MAX_ID_CHARS as MAX_CALL_ID_CHARS
+from turnstile.events.base import MAX_ID_CHARS
 from turnstile.handlers.claim import DebouncePolicy
 from turnstile.handlers.operations import VERBS, Refused, decide_operation
 from turnstile.projections import STATUSES, ConversationState, Status
@@ -77,7 +77,6 @@ log = logging.getLogger(__name__)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 Middleware = Callable[[web.Request, Handler], Awaitable[web.StreamResponse]]
 MAX_BODY_BYTES = 256 * 1024
-MAX_ID_CHARS = 200
 # How long a POST with the client's message id waits for the fold to say whether this use of
 # the id was its first (normally the time the worker takes to read its own append back).
 VERDICT_WAIT_S = 5.0
@@ -420,8 +419,8 @@ def build_app(
             return _error(400, "call_id and note must be strings")
         # A call id is the model's (any 1..256 characters a tool call may carry): whatever the
         # turn paused on can be decided here, as with `turnstile approve`.
-        if call_id is not None and not 1 <= len(call_id) <= MAX_CALL_ID_CHARS:
-            return _error(400, f"call_id must be 1..{MAX_CALL_ID_CHARS} characters")
+        if call_id is not None and not 1 <= len(call_id) <= MAX_ID_CHARS:
+            return _error(400, f"call_id must be 1..{MAX_ID_CHARS} characters")
         if verb != "resume" and call_id is None:  # a malformed request, not a refused decision
             return _error(400, f'{verb} needs {{"call_id": "..."}}: the call the turn paused on')
         view = await reads.conversation(conversation)

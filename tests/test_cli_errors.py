@@ -56,7 +56,7 @@ def closed_port() -> int:
         (["run", "nosuch:agent"], 2, "turnstile run: nosuch:agent: no module named 'nosuch' in"),  # was a traceback
         # ids HTTP and the console refuse were sent, and could then never be read or approved there
         (["send", "--conversation", "a\x1bb", "--text", "hi"], 65, "the conversation id contains a control character"),
-        (["send", "--conversation", "c" * 201, "--text", "hi"], 65, "the conversation id is longer than 200"),
+        (["send", "--conversation", "c" * 257, "--text", "hi"], 65, "the conversation id is longer than 256"),
         (["send", "--conversation", "c1", "--message-id", "m\n", "--text", "hi"], 65, "the message id contains a"),
         # The auditor's bounds: a negative stall age made every waiting input stalled, a NaN
         # limit checked nothing; both were taken.

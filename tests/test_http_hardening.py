@@ -157,24 +157,29 @@ async def test_ids_are_validated(tmp_path):
     log = FileLog(tmp_path)
     worker = Worker(log, ScriptedProvider(), FAST)
     async with port(worker) as client:
-        bad_conversations = ["a%0Ab", "a%1B%5B31mred", "x" * 201, "tab%09"]
+        bad_conversations = ["a%0Ab", "a%1B%5B31mred", "x" * 257, "tab%09"]
         for conversation in bad_conversations:
             response = await client.post(f"/conversations/{conversation}/messages", json={"content": "hi"})
             assert response.status_code == 400, conversation
             assert "conversation id" in response.json()["error"]
             assert (await client.get(f"/conversations/{conversation}")).status_code == 400
-        for message_id, reason in (("", "empty"), ("m\n1", "control character"), ("m" * 201, "longer than")):
+        for message_id, reason in (("", "empty"), ("m\n1", "control character"), ("m" * 257, "longer than")):
             response = await client.post("/conversations/c1/messages", json={"content": "hi", "message_id": message_id})
             assert response.status_code == 400 and reason in response.json()["error"]
         assert (await client.get("/conversations/c1/turns/t%7F1")).status_code == 400
         for content in ("", "   ", "\n\t "):
             response = await client.post("/conversations/c1/messages", json={"content": content})
             assert response.status_code == 400 and "empty or only whitespace" in response.json()["error"]
+        # at the events' own limit (256): every conversation id a publisher may use is reachable
+        longest = "x" * 256
+        body = {"content": "hi", "message_id": "m" * 256}
+        at_limit = await client.post(f"/conversations/{longest}/messages", json=body)
+        assert at_limit.status_code == 202 and (await client.get(f"/conversations/{longest}")).status_code != 400
         ok = await client.post("/conversations/caf%C3%A9%20%5B%2F%5D%3F%23/messages", json={"content": "hi"})
         assert ok.status_code == 202 and ok.json()["conversation_id"] == "café [/]?#"
         # the Location names this conversation, not a path with a query or a fragment
         assert ok.headers["Location"] == "/conversations/caf%C3%A9%20%5B%2F%5D%3F%23"
-    assert [e.conversation_id for e in events_of(log)] == ["café [/]?#"]  # nothing invalid was appended
+    assert [e.conversation_id for e in events_of(log)] == [longest, "café [/]?#"]  # nothing invalid was appended
 
 
 async def test_a_conflicting_reuse_is_409_before_the_fold_as_after(tmp_path):
