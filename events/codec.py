@@ -19,7 +19,8 @@ from turnstile.events.upcast import UPCASTERS, UpcastError, Upcasters
 class DecodeError:
     """Why a value was not accepted. `reason` is a short stable code, `detail` is for people."""
 
-    reason: str  # not_json | invalid_event | too_large | key_mismatch | conflicting_duplicate
+    # not_json | invalid_event | too_large | key_mismatch | conflicting_duplicate | unreadable
+    reason: str
     detail: str
 
 

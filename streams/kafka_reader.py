@@ -13,7 +13,10 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import TopicAlreadyExistsError
 
+from turnstile.streams import kafka_records
 from turnstile.streams.log import ReadTooLarge, Record, Topics, partition_for
+
+kafka_records.install()  # every consumer of the process: an unreadable record is surfaced, not raised
 
 DELTAS_RETENTION_MS = 3_600_000
 # Records a whole-partition read takes from the client at a time: unpacking one fetch of every
@@ -364,5 +367,10 @@ async def follow_topic(bootstrap: str, topic: str, since_ms: int) -> AsyncIterat
 
 
 def record_of(partition: int, message: Any) -> Record:
-    """An aiokafka ConsumerRecord as a `Record`, headers included."""
-    return Record(partition, message.offset, message.key, message.value, tuple(message.headers or ()))
+    """An aiokafka ConsumerRecord as a `Record`, headers included (a stand-in for a record the
+    client could not read says so)."""
+    headers = tuple(message.headers or ())
+    why = kafka_records.unreadable(message.key, message.value, headers)
+    if why is not None:
+        return Record(partition, message.offset, None, None, (), why)
+    return Record(partition, message.offset, message.key, message.value, headers)

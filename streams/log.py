@@ -31,6 +31,9 @@ class Record:
     # Record headers, as written (e.g. the publisher's W3C `traceparent`); a header's value
     # may be null on Kafka.
     headers: tuple[tuple[str, bytes | None], ...] = ()
+    # Why the log's client could not read this record at all (`streams.kafka_records`): it
+    # stands in for it, with no key or value.
+    unreadable: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

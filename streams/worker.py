@@ -542,6 +542,9 @@ class Worker:
         """The record's event, or None once it is dead-lettered. A runner's own append read
         back is the event it wrote (its bytes exactly, within the size limit every reader
         applies): not parsed and validated a second time."""
+        if record.unreadable is not None:
+            self._dead_letter(record, DecodeError("unreadable", record.unreadable), effects)
+            return None
         key = record.key.decode("utf-8", "replace") if record.key is not None else None
         value, limit = record.value, self.config.max_value_bytes
         slot = self.runners.get(key) if key is not None else None

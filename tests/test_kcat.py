@@ -165,3 +165,54 @@ def test_a_message_a_producer_compressed_with_any_kafka_codec_is_answered(
     answered = {json.loads(str(r["payload"]))["statuses"].popitem()[0] for r in outcomes}
     assert answered == {f"m-{codec}" for codec in codecs}
     assert kcat_read(kcat, kafka_bootstrap, fresh_topics.dead_letters) == []
+
+
+def test_a_record_whose_header_name_is_not_utf8_is_dead_lettered_and_the_partition_moves_on(
+    kcat: str, kafka_bootstrap: str, fresh_topics: Topics  # noqa: F811
+) -> None:
+    """Kafka does not check header names (librdkafka, Go and kcat send any bytes), while the
+    Python client decodes them as UTF-8: one such record made every read of its partition
+    raise, the worker stop at every start and every reader with it."""
+    conversation = f"hdr-{uuid.uuid4().hex[:6]}"
+
+    def message(message_id: str) -> str:
+        event = {"type": "MessageReceived", "event_id": uuid.uuid4().hex, "conversation_id": conversation,
+                 "occurred_at": int(time.time() * 1000), "message_id": message_id, "content": f"this is {message_id}"}
+        return f"{conversation}|{json.dumps(event)}\n"  # fmt: skip
+
+    publish = [kcat, "-P", "-b", kafka_bootstrap, "-t", fresh_topics.events, "-K", "|", "-X",
+               "topic.partitioner=murmur2_random"]  # fmt: skip
+    subprocess.run(publish, input=message("a1").encode(), check=True, timeout=30)
+    subprocess.run([*publish, "-H", b"\xff\xfe=x"], input=message("a2").encode(), check=True, timeout=30)
+    subprocess.run(publish, input=message("a3").encode(), check=True, timeout=30)
+    where = ["--broker", f"kafka://{kafka_bootstrap}", "--events-topic", fresh_topics.events,
+             "--outcomes-topic", fresh_topics.outcomes, "--dlq-topic", fresh_topics.dead_letters,
+             "--deltas-topic", fresh_topics.deltas]  # fmt: skip
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "turnstile.streams.cli", "run", *where, "--group", f"g-{uuid.uuid4().hex[:8]}",
+         "--quiet-ms", "0"],
+        cwd=ROOT, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    def answered() -> set[str]:
+        outcomes = kcat_read(kcat, kafka_bootstrap, fresh_topics.outcomes)
+        return {message_id for r in outcomes for message_id in json.loads(str(r["payload"]))["statuses"]}
+
+    try:
+        deadline = time.monotonic() + 60
+        while not (letters := kcat_read(kcat, kafka_bootstrap, fresh_topics.dead_letters)) or len(answered()) < 2:
+            assert worker.poll() is None, worker.stderr.read() if worker.stderr else "the worker stopped"
+            assert time.monotonic() < deadline, "not dead-lettered and answered in time"
+            time.sleep(0.5)
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        assert worker.wait(timeout=30) == 0, worker.stderr.read() if worker.stderr else ""
+    assert answered() == {"a1", "a3"}  # the one before and the one after (in one turn or two)
+    [letter] = [json.loads(str(r["payload"])) for r in letters]
+    assert (letter["offset"], letter["reason"]) == (1, "unreadable") and "utf-8" in letter["detail"]
+    # and a reader reads the partition through it
+    tail = subprocess.run(
+        [sys.executable, "-m", "turnstile.streams.cli", "tail", "--broker", f"kafka://{kafka_bootstrap}",
+         "--events-topic", fresh_topics.events],
+        cwd=ROOT, capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert tail.returncode == 0 and "a3" in tail.stdout, tail.stderr
