@@ -110,11 +110,17 @@ class Tool:
         return self.kind == "side_effect"
 
     @property
+    def has_secrets(self) -> bool:
+        """Some of its arguments are secret: the log keeps its calls redacted, so a call cannot
+        be made again from there (after the worker that had the values stopped)."""
+        return bool(secret_fields(self.arguments))
+
+    @property
     def recovery(self) -> Recovery:
         """How a call of this tool left started and not finished is settled."""
         if not self.side_effect:
             return "rerun"
-        if self.idempotent:
+        if self.idempotent and not self.has_secrets:
             return "idempotent"
         return "reconcile" if self.reconcile is not None else "none"
 

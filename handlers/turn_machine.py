@@ -334,6 +334,10 @@ def _take_over(m: TurnMachine, out: _Out) -> None:
         case "go_on":
             pass
     step = next_step(turn.journal, lambda start: _recovery_of(m, start))
+    if isinstance(step, Resume) and _secrets_left(m, step):
+        # What is left to run needs secret values the log does not keep: the journal cannot
+        # be continued. A new attempt from the inputs, if nothing acted yet; else it fails.
+        step = StartOver()
     if turn.attempt_state != "closed":
         # Retryable says a replay from scratch may follow: never after a side effect
         # started. Continuing the journal is not a replay (see `handlers/resume.py`).
@@ -364,6 +368,19 @@ def _retry_after_backoff(m: TurnMachine, out: _Out, failed_at: int) -> None:
 def _recovery_of(m: TurnMachine, start: ToolCallStarted) -> Recovery:
     tool = m.settings.tools.get(start.tool, isolated=False)
     return tool.recovery if tool is not None else "none"
+
+
+def _secrets_left(m: TurnMachine, step: Resume) -> bool:
+    """A call of the last kept step still to run (not finished, refused or reconciled) is
+    one of a tool with secret arguments: its call on the log has them redacted."""
+    for call in step.steps[-1].tool_calls:
+        settled = call.call_id in step.results or call.call_id in step.refused
+        if settled or step.in_doubt.get(call.call_id) == "reconcile":
+            continue
+        tool = m.settings.tools.get(call.name, isolated=False)
+        if tool is not None and tool.has_secrets:
+            return True
+    return False
 
 
 def _crashed(m: TurnMachine, out: _Out, error: str) -> None:

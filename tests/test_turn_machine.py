@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import pytest
 from builders import message
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, SecretStr
 
 from turnstile.events import (
     STOPPED_MID_ATTEMPT,
@@ -408,6 +408,43 @@ def test_a_takeover_resumes_the_journal_without_asking_the_model_again():
     run = effect(after)  # the idempotent call runs with its stable key
     assert isinstance(run, RunTool) and run.started.tool == "pay" and run.started.idempotency_key is not None
 
+
+
+class Token(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    token: SecretStr
+
+
+SECRET_TOOLS = ToolRegistry(
+    [
+        Tool("look_up", "Look up with a token.", Token, _never),
+        Tool("charge", "Charge with a token.", Token, _never, "side_effect", idempotent=True),
+    ]
+)
+
+
+def test_a_takeover_does_not_run_a_call_from_the_log_whose_secret_it_keeps_redacted():
+    # Given a run that stopped with a read-only call with a secret argument left to run
+    m = machine(settings(tools=SECRET_TOOLS))
+    claimed(m)
+    decide(m, ModelAnswered(reply("", ("c1", "look_up", '{"token": "tok-123"}')), T0))
+    # when another owner takes it over: the log has the call as {"token": "[redacted]"}, so
+    # the journal is not continued (the call would get "[redacted]"): the model is asked again
+    commands = decide(machine(settings(tools=SECRET_TOOLS), state=m.state), TakenOver(T0 + 1_000))
+    assert types(commands) == ["AttemptFailed", "AttemptStarted", "CallModel"]
+    start = events(commands)[1]
+    assert isinstance(start, AttemptStarted) and start.resumes_run_id is None
+
+
+def test_a_takeover_of_an_idempotent_side_effect_with_a_secret_in_doubt_fails_visibly():
+    # (run again with its key, it would act with "[redacted]" for the secret)
+    m = machine(settings(tools=SECRET_TOOLS))
+    claimed(m)
+    decide(m, ModelAnswered(reply("", ("c1", "charge", '{"token": "tok-123"}')), T0))
+    commands = decide(machine(settings(tools=SECRET_TOOLS), state=m.state), TakenOver(T0 + 1_000))
+    outcome = events(commands)[-1]
+    assert isinstance(outcome, TurnFailed) and "cannot be run again safely" in outcome.error
+    assert not any(isinstance(c, RunTool) for c in commands)
 
 def test_a_takeover_of_a_side_effect_in_doubt_with_a_reconciler_asks_it():
     m = machine()
