@@ -9,6 +9,7 @@ function runs only when the runner awaits `Tool.run`.
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import re
 from collections.abc import Callable
@@ -123,7 +124,9 @@ def tool_from_function(
         values = {field: getattr(arguments, field) for field in fields}
         if key:  # an idempotent tool's call: run(arguments, idempotency_key)
             values[IDEMPOTENCY_KEY] = key[0]
-        result = await function(**values) if is_async else function(**values)
+        # A plain function runs in a thread: it would hold every conversation's turns (and
+        # the deadline's cancellation) for as long as it runs on the event loop.
+        result = await function(**values) if is_async else await asyncio.to_thread(function, **values)
         return _result_text(result)
 
     kind: ToolKind = "side_effect" if side_effect else "read_only"

@@ -22,6 +22,7 @@ given the validated arguments parsed from what the model sent.
 from __future__ import annotations
 
 import hashlib
+import re
 import typing
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
@@ -40,6 +41,9 @@ ToolFunction = Callable[..., Awaitable[str]]
 # The result of a call that ran before an interruption, or None when it cannot be known.
 Reconciler = Callable[[ToolCall], Awaitable[str | None]]
 REDACTED = "[redacted]"
+
+# Tool names as OpenAI's and Anthropic's APIs take them (a request with another is refused).
+TOOL_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 
 # Where a model's secrets are: field name -> True (the value is secret) or the secrets of
 # the nested model (or models) the field holds.
@@ -138,6 +142,14 @@ class ToolRegistry:
         for tool in tools:
             if tool.name in self._tools:
                 raise ValueError(f"tool {tool.name!r} is registered twice")
+            if not TOOL_NAME.fullmatch(tool.name):
+                raise ValueError(f"tool {tool.name!r}: a name is 1-64 letters, digits, _ or - (as the model APIs take)")
+            if tool.needs_approval and tool.has_secrets:
+                raise ValueError(
+                    f"tool {tool.name!r}: an approval names its call by the arguments as the log keeps them, and "
+                    "secret ones are kept redacted, so an approval could let a call with another secret run; "
+                    "let the tool take the secret from its own configuration instead"
+                )
             self._tools[tool.name] = tool
 
     def __len__(self) -> int:

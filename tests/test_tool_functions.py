@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 
 import pytest
-from pydantic import BaseModel
+from pydantic import BaseModel, SecretStr
 
 from turnstile.events import ToolCall
 from turnstile.handlers.tool_functions import tool
@@ -128,3 +129,57 @@ def test_idempotent_or_reconcile_without_a_side_effect_or_without_the_key_is_ref
         tool(side_effect=True)(send)
     with pytest.raises(TypeError, match="reconcile= is an async function"):
         tool(side_effect=True, reconcile=sync_check)(plain)  # type: ignore[arg-type]
+
+
+def test_a_plain_function_runs_off_the_event_loop_so_other_turns_go_on() -> None:
+    # Given a sync tool that waits for something only another task of the loop can do
+    released = threading.Event()
+
+    @tool
+    def wait_for_release() -> str:
+        """Wait."""
+        if not released.wait(timeout=10):
+            return "held the loop"
+        return "released"
+
+    async def main() -> str:
+        async def release() -> None:
+            released.set()
+
+        call = asyncio.ensure_future(wait_for_release.run(wait_for_release.arguments()))
+        await asyncio.sleep(0)  # the tool starts
+        await release()  # ... and the loop is free to run this meanwhile
+        return await asyncio.wait_for(call, 10)
+
+    assert asyncio.run(main()) == "released"
+
+
+@pytest.mark.parametrize("name", ["résumé", "with space", "a.b", "x" * 65])
+def test_a_tool_name_the_model_apis_refuse_is_refused_when_registered(name: str) -> None:
+    @tool(name=name)
+    def lookup() -> str:
+        """Look up."""
+        return ""
+
+    with pytest.raises(ValueError, match="a name is 1-64 letters, digits, _ or -"):
+        ToolRegistry([lookup])
+
+
+def test_the_longest_name_the_apis_take_is_registered() -> None:
+    @tool(name="x" * 64)
+    def lookup() -> str:
+        """Look up."""
+        return ""
+
+    assert len(ToolRegistry([lookup])) == 1
+
+
+def test_a_tool_that_needs_approval_may_not_take_a_secret_argument() -> None:
+    # an approval matches the call as the log keeps it, and the log keeps secrets redacted
+    @tool(side_effect=True, needs_approval=True)
+    def charge(card: SecretStr, amount: int) -> str:
+        """Charge a card."""
+        return "ok"
+
+    with pytest.raises(ValueError, match="an approval could let a call with another secret run"):
+        ToolRegistry([charge])
