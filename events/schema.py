@@ -195,7 +195,8 @@ def asyncapi_document() -> dict[str, Any]:
                     "keyed by conversation id, the same JSON as on the events topic. "
                     "At-least-once: a worker publishes an outcome when its consumer "
                     "folds it past the committed offset, so a crash between the publish and the commit "
-                    "publishes it again; dedupe on turn_id."
+                    "publishes it again, byte-identical: dedupe on event_id (or conversation_id + turn_id; "
+                    "a turn_id alone repeats across conversations)."
                 ),
                 "messages": refs(outcomes),
                 "bindings": {"kafka": {"topic": "turnstile.outcomes", "bindingVersion": KAFKA_BINDING}},

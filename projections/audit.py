@@ -197,6 +197,8 @@ class AuditReport:
     not_committed_past: list[Finding] = field(default_factory=list)
     stalled: list[Finding] = field(default_factory=list)
     strict: bool = False
+    # Only what is new since an earlier audit was kept (`since`): no verdict on the whole log.
+    incremental: bool = False
 
     @property
     def violations(self) -> int:
@@ -227,6 +229,7 @@ class AuditReport:
         rules = [RuleResult(r.rule, r.description, r.checked, new(r.violations)) for r in self.rules]
         return dataclasses.replace(
             self,
+            incremental=True,
             rules=rules,
             stale=new(self.stale),
             ignored=new(self.ignored),
@@ -865,7 +868,10 @@ def render(report: AuditReport, limit: int = 20) -> str:
 
 def _verdict(report: AuditReport) -> str:
     """The last line: violations, and whether the log is clean, poisoned or stuck."""
-    head = "no violation" if report.ok else f"{report.violations} violation(s)"
+    if report.incremental:
+        head = "no new violation" if report.ok else f"{report.violations} new violation(s)"
+    else:
+        head = "no violation" if report.ok else f"{report.violations} violation(s)"
     marks = []
     if report.poisoned:
         marks.append(f"poisoned: {len(report.undecodable)} value(s) that do not decode, "
@@ -875,6 +881,8 @@ def _verdict(report: AuditReport) -> str:
                      f"{len(report.not_committed_past)} partition(s) not committed to the end")  # fmt: skip
     if marks:
         return f"{head}; " + "; ".join(marks)
+    if report.incremental:  # the findings of earlier runs are not repeated, nor judged again
+        return f"{head} since this auditor group's last run (--from-beginning judges the whole log)"
     return f"{head}; the log is clean" if report.ok else head
 
 

@@ -11,7 +11,8 @@ their dead letters (a poisoned log), partitions the workers' consumer group has 
 to their end, and conversations whose inputs wait unclaimed while their partition goes on.
 With `--strict` those, and turns still open, are violations too.
 
-Exit status: 0 no violation, 1 at least one violation, 2 the log could not be read.
+Exit status: 0 no violation, 1 at least one violation, 2 the log could not be read, 69 the
+broker could not be reached.
 """
 
 from __future__ import annotations

@@ -476,6 +476,7 @@ def test_json_report_and_incremental_reporting() -> None:
     rule = next(r for r in data["rules"] if r["rule"] == "one_active_turn")
     assert rule["violations"][0]["at"] == "0@4" and rule["checked"] == 2
     assert not report.since({0: 5}).rule("one_active_turn").violations  # reported by an earlier audit
+    assert "clean" not in render(report.since({0: 5})).splitlines()[-1]  # no verdict on what it did not judge
     assert report.since({0: 4}).violations == 1 and report.since({1: 9}).violations == 1
 
 
