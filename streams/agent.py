@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import importlib
 import os
 import sys
@@ -23,7 +24,14 @@ from turnstile.events import OUTCOME_TYPES, DecodeError, Event, ToolCall, TurnCo
 from turnstile.handlers.budget import TurnBudget
 from turnstile.handlers.claim import DebouncePolicy, DoubleText, DoubleTextPolicy
 from turnstile.handlers.pricing import ModelPrice, PriceTable
-from turnstile.handlers.provider import ModelReply, ModelRequest, ProtocolFamily, Provider
+from turnstile.handlers.provider import (
+    ModelReply,
+    ModelRequest,
+    ProtocolFamily,
+    Provider,
+    ProviderError,
+    ProviderErrorKind,
+)
 from turnstile.handlers.providers.scripted import Scripted, ScriptedProvider, echo_reply
 from turnstile.handlers.schedule import Schedule
 from turnstile.handlers.tool_functions import ToolCallable, ToolFlags, tool_from_function
@@ -76,11 +84,14 @@ TestReply = str | ModelReply | Exception
 @dataclass(frozen=True, slots=True)
 class TestModel:
     """A model for your own tests, in process and free: it answers each request with the
-    next of `replies` (text, a `ModelReply` such as `TestModel.calls(...)`, or an exception
-    the provider raises), or with `respond(request)`; with neither it quotes the user's
-    latest input back. Every request it got is in `.requests` once the agent has served;
-    `replies` are taken in order across every time it serves (one `agent.answer` after
-    another goes on where the last stopped)."""
+    next of `replies` (text, a `ModelReply` such as `TestModel.calls(...)`, or an exception:
+    a `ProviderError` as it is, any other as the provider failing -- a `TimeoutError` as a
+    request that timed out, a `ConnectionError` as one that got no answer, others as a server
+    error -- each retried as a real provider's would be), or with `respond(request)`; with
+    neither it quotes the user's latest input back. A tool call id it already gave is given
+    again with a suffix (`call-1-2`), as a real model never repeats one. Every request it got
+    is in `.requests` once the agent has served; `replies` are taken in order across every
+    time it serves (one `agent.answer` after another goes on where the last stopped)."""
 
     __test__ = False  # not a pytest test class, despite the name
 
@@ -91,6 +102,7 @@ class TestModel:
     price: ModelPrice = ModelPrice(0.0, 0.0, 0.0, 0.0)
     family: ProtocolFamily = "scripted"
     _served: list[ScriptedProvider] = field(default_factory=list, compare=False, repr=False)
+    _call_ids: set[str] = field(default_factory=set, compare=False, repr=False)
 
     @staticmethod
     def calls(name: str, arguments: str = "{}", call_id: str = "call-1") -> ModelReply:
@@ -113,11 +125,34 @@ class TestModel:
                 reply = echo_reply(request)
             if isinstance(reply, str):
                 reply = ModelReply(request.model, reply, (), Usage(input_tokens=1, output_tokens=1), "stop")
+            elif isinstance(reply, ModelReply):
+                reply = dataclasses.replace(reply, tool_calls=tuple(map(self._unique, reply.tool_calls)))
+            else:
+                reply = _as_provider_error(reply)
             return Scripted(reply, self.delay_s)
 
         provider = ScriptedProvider(script)
         self._served.append(provider)
         return provider
+
+    def _unique(self, call: ToolCall) -> ToolCall:
+        given, n = call.call_id, 1
+        while given in self._call_ids:
+            n += 1
+            given = f"{call.call_id}-{n}"
+        self._call_ids.add(given)
+        return call if given == call.call_id else call.model_copy(update={"call_id": given})
+
+
+def _as_provider_error(error: Exception) -> ProviderError:
+    if isinstance(error, ProviderError):
+        return error
+    kind: ProviderErrorKind = (
+        "timeout" if isinstance(error, TimeoutError)
+        else "connection" if isinstance(error, ConnectionError)
+        else "server_error"
+    )  # fmt: skip
+    return ProviderError(kind, f"{type(error).__name__}: {error}", retryable=True)
 
 
 AnyModel = Model | TestModel
@@ -156,6 +191,19 @@ class Agent:
     ) -> None:
         if not name:
             raise ValueError("an agent needs a name")
+        for what, given in (("model", model), *(("a fallback", f) for f in fallbacks)):
+            if not isinstance(given, Model | TestModel):
+                hint = f" (Model({given!r}))" if isinstance(given, str) else ""
+                raise TypeError(f"agent {name!r}: {what} is a turnstile.Model or TestModel{hint}, "
+                                f"not {type(given).__name__}")  # fmt: skip
+        settings: tuple[tuple[str, object, object], ...] = (
+            ("system_prompt", system_prompt, str | None), ("budget", budget, TurnBudget),
+            ("debounce", debounce, DebouncePolicy),
+        )  # fmt: skip
+        for what, value, kind in settings:
+            if not isinstance(value, kind):  # type: ignore[arg-type]
+                expected = getattr(kind, "__name__", kind)  # (a union has none: `str | None`)
+                raise TypeError(f"agent {name!r}: {what} is {expected}, not {type(value).__name__}")
         if max_attempts < 1 or max_output_tokens < 1:
             raise ValueError(f"agent {name!r}: max_attempts and max_output_tokens must be at least 1")
         if isinstance(double_text, str):
@@ -180,8 +228,12 @@ class Agent:
             self.add_tool(each)
 
     def add_tool(self, tool_: Tool) -> Tool:
+        if not isinstance(tool_, Tool):
+            made = type(tool_).__name__
+            raise TypeError(f"agent {self.name!r}: a tool is made with @tool or @agent.tool, not {made}")
         if any(t.name == tool_.name for t in self.tools):
             raise ValueError(f"agent {self.name!r} already has a tool named {tool_.name!r}")
+        ToolRegistry([*self.tools, tool_])  # what the model APIs and approvals need of it, refused here
         self.tools.append(tool_)
         return tool_
 
@@ -257,14 +309,14 @@ class Agent:
         return by_model
 
     async def answer(
-        self, text: str, *, conversation: str = "c1", data: Path | None = None, timeout_s: float = 30.0
+        self, text: str, *, conversation: str = "c1", data: Path | str | None = None, timeout_s: float = 30.0
     ) -> Answered:
         """Send `text` to `conversation` and run the agent on an embedded log -- a temporary
         folder, or `data` (kept: a later call goes on with the conversation) -- until the turn
         that claims the message has its outcome. For your tests, with a `TestModel`: no
         broker, no port, nothing printed; a `TimeoutError` past `timeout_s`."""
         if data is not None:
-            return await self._answer(text, conversation, data, timeout_s)
+            return await self._answer(text, conversation, Path(data), timeout_s)
         with tempfile.TemporaryDirectory(prefix="turnstile-answer-") as folder:
             return await self._answer(text, conversation, Path(folder), timeout_s)
 

@@ -4,6 +4,7 @@ build their configuration anywhere (aiokafka clients need a running loop)."""
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import logging
 import signal
@@ -48,6 +49,17 @@ class LogPlace:
     group: str = "turnstile-worker"
     # Kafka: static membership and session timeout of a worker (default: dynamic, 10 s).
     membership: Membership | None = None
+
+    def __post_init__(self) -> None:
+        """A folder may be given as text; an address is checked as `--broker` checks it."""
+        object.__setattr__(self, "data", Path(self.data))
+        if self.broker:
+            from turnstile.streams.cli_errors import broker_url
+
+            try:
+                broker_url(self.broker)
+            except argparse.ArgumentTypeError as exc:
+                raise ValueError(str(exc)) from None
 
     @property
     def bootstrap(self) -> str | None:

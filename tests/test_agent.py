@@ -19,11 +19,12 @@ from test_cli import turnstile as turnstile_cli
 
 import turnstile
 from turnstile import Agent, Model, TestModel
-from turnstile.events import ToolCallFinished, TurnCompleted, encode
+from turnstile.events import AttemptFailed, ToolCallFinished, ToolCallStarted, TurnCompleted, encode
 from turnstile.streams.agent import load_agent
 from turnstile.streams.kafka_log import KafkaLog
 from turnstile.streams.log import Topics
 from turnstile.streams.publisher import KafkaPublisher, message_event
+from turnstile.streams.serving import LogPlace
 
 ROOT = Path(__file__).parent.parent
 
@@ -169,3 +170,47 @@ def test_kafka_clients_are_made_before_any_event_loop_runs(kafka_bootstrap: str,
 
     (partition, offset), (partition_2, offset_2) = asyncio.run(publish_both())
     assert (partition_2, offset_2) == (partition, offset + 1)  # one conversation, one partition, in order
+
+
+@pytest.mark.parametrize(
+    ("make", "says"),
+    [
+        (lambda: Agent("a", model="gpt-4.1"), "model is a turnstile.Model or TestModel (Model('gpt-4.1')), not str"),
+        (lambda: Agent("a", model=None), "model is a turnstile.Model or TestModel, not NoneType"),
+        (lambda: Agent("a", model=TestModel(), system_prompt=5), "system_prompt is str | None, not int"),
+        (lambda: Agent("a", model=TestModel(), budget={"max_iterations": 2}), "budget is TurnBudget, not dict"),
+        (lambda: Agent("a", model=TestModel(), tools=[len]), "a tool is made with @tool or @agent.tool, not"),
+        (lambda: Agent("a", model=TestModel(), tools="abc"), "a tool is made with @tool or @agent.tool, not str"),
+    ],
+)
+def test_a_mistyped_agent_is_refused_where_it_is_made_not_at_its_first_turn(make, says) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(TypeError, match=re.escape(says)):
+        make()
+
+
+def test_test_model_exceptions_fail_as_a_provider_would_and_are_retried(tmp_path: Path) -> None:
+    agent = Agent("a", model=TestModel(replies=[RuntimeError("model down"), TimeoutError(), "ok"]))
+    answered = asyncio.run(agent.answer("hi", data=str(tmp_path)))  # (a folder as text too)
+    assert answered.reply == "ok" and answered.outcome.metrics.attempt == 3
+    failures = [e.reason for e in answered.events if isinstance(e, AttemptFailed)]
+    assert failures[0].startswith("server_error: RuntimeError: model down") and failures[1].startswith("timeout")
+
+
+def test_test_model_gives_a_tool_call_id_once_as_a_real_model_does(tmp_path: Path) -> None:
+    agent = Agent("a", model=TestModel(replies=[TestModel.calls("look"), TestModel.calls("look"), "done"]))
+    seen: list[str] = []
+
+    @agent.tool
+    def look() -> str:
+        """Look."""
+        seen.append("looked")
+        return "seen"
+
+    answered = asyncio.run(agent.answer("look twice", data=tmp_path))
+    started = [e.call_id for e in answered.events if isinstance(e, ToolCallStarted)]
+    assert answered.reply == "done" and started == ["call-1", "call-1-2"] and seen == ["looked", "looked"]
+
+
+def test_a_log_place_with_an_address_kafka_does_not_take_is_refused() -> None:
+    with pytest.raises(ValueError, match="is not a Kafka address"):
+        LogPlace(broker="http://localhost:9092")
