@@ -20,6 +20,7 @@ before a tool runs. A turn taken over from a stopped worker continues its journa
 
 from __future__ import annotations
 
+import dataclasses
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -496,6 +497,7 @@ def _model_failed(m: TurnMachine, out: _Out, error: ProviderError) -> None:
 
 def _answered(m: TurnMachine, out: _Out, reply: ModelReply) -> None:
     settings, iteration = m.settings, m.iteration
+    reply = _unique_call_ids(m.turn, reply)
     out.emit(
         ModelResponded(
             **_stamp(m),
@@ -531,6 +533,22 @@ def _answered(m: TurnMachine, out: _Out, reply: ModelReply) -> None:
         for index in range(len(reply.tool_calls)):
             m.queue.append(CallToSettle(reply.tool_calls[index:], iteration, reply.model))
         _proceed(m, out)
+
+
+def _unique_call_ids(turn: ActiveTurn, reply: ModelReply) -> ModelReply:
+    """A call id is a call's name on the log for the whole turn. Some servers give the same
+    one again (an OpenAI-compatible server's `call_0` at every step, or twice in a reply):
+    such a call is renamed `<id>-2`, `-3`, ..., here and in the transcript sent back alike."""
+    taken = set(turn.operations)
+    calls = []
+    for call in reply.tool_calls:
+        given, n = call.call_id, 1
+        while given in taken:
+            n += 1
+            given = f"{call.call_id}-{n}"
+        taken.add(given)
+        calls.append(call if given == call.call_id else call.model_copy(update={"call_id": given}))
+    return reply if calls == list(reply.tool_calls) else dataclasses.replace(reply, tool_calls=tuple(calls))
 
 
 # -- tool calls ----------------------------------------------------------------------

@@ -23,6 +23,7 @@ from turnstile.events import (
     ProtocolFailure,
     ToolCall,
     ToolCallFinished,
+    ToolCallStarted,
     TurnClaimed,
     TurnCompleted,
     TurnExhausted,
@@ -183,6 +184,26 @@ def test_a_tool_call_is_on_the_log_before_the_tool_runs_and_its_result_goes_back
     assert isinstance(request, CallModel) and request.iteration == 2
     assert request.request.messages[-1].content == "found it" and request.request.messages[-1].tool_call_id == "c1"
 
+
+
+def test_a_call_id_the_server_gives_again_is_renamed_so_each_call_keeps_its_own_name():
+    # Given a server that names every call `call_0` (within a reply and at every step)
+    m = machine()
+    claimed(m)
+    both = reply("", ("call_0", "search", '{"q": "a"}'), ("call_0", "search", '{"q": "b"}'))
+    first = decide(m, ModelAnswered(both, T0))
+    started = [e.call_id for e in events(first) if isinstance(e, ToolCallStarted)]
+    assert started == ["call_0"]  # the second waits its turn, under its own name
+    second = decide(m, ToolReturned("a found", T0 + 1))
+    assert [e.call_id for e in events(second) if isinstance(e, ToolCallStarted)] == ["call_0-2"]
+    request = effect(decide(m, ToolReturned("b found", T0 + 2)))
+    assert isinstance(request, CallModel)
+    # a later step's `call_0` is a new call too: it runs, where the fold refused it ("started again")
+    later = decide(m, ModelAnswered(reply("", ("call_0", "search", '{"q": "c"}')), T0 + 3))
+    assert [e.call_id for e in events(later) if isinstance(e, ToolCallStarted)] == ["call_0-3"]
+    # and the transcript sent back names each call as the log does
+    sent = [c.call_id for msg in request.request.messages for c in msg.tool_calls]
+    assert sent == ["call_0", "call_0-2"]
 
 def test_what_a_tool_returns_is_normalised_to_text():
     m = machine()
