@@ -52,12 +52,19 @@ async def group_less_consumer(
     disturbs no worker. The reset policy must be "earliest": the fetcher resets new
     partitions by it on its own, and a "latest" reset racing a seek would silently skip
     the whole topic."""
-    consumer = _no_group(bootstrap, topic)
+    consumer = _no_group(bootstrap)
     await consumer.start()
     try:
-        deadline = asyncio.get_running_loop().time() + timeout_s
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        # Asked of the cluster's metadata first: a topic that is not there is said at once (a
+        # subscription would wait for it, logging an error per metadata refresh).
+        async with asyncio.timeout(timeout_s):
+            if topic not in await consumer.topics():
+                raise LookupError(f"topic {topic!r} does not exist on {bootstrap}")
+        consumer.subscribe([topic])
         while not (partitions := sorted(consumer.assignment())):
-            if asyncio.get_running_loop().time() > deadline:
+            if loop.time() > deadline:
                 raise LookupError(f"topic {topic!r} has no partitions on {bootstrap}")
             await asyncio.sleep(0.05)
         yield consumer, partitions

@@ -144,3 +144,18 @@ async def test_a_violation_on_kafka_exits_1_and_is_reported_once_per_group(
                                           "judges the whole log)")  # fmt: skip
     full = turnstile_audit(kafka_bootstrap, fresh_topics, "--group", group, "--from-beginning")
     assert full.returncode == 1 and f"{partition}@4" in full.stdout
+
+
+def test_a_topic_that_is_not_there_is_said_at_once_and_a_missing_dlq_only_leaves_letters_out(
+    kafka_bootstrap: str, fresh_topics: Topics  # noqa: F811
+) -> None:
+    # a dead-letter topic that does not exist: the audit goes on without letters, quietly
+    no_dlq = turnstile_audit(kafka_bootstrap, fresh_topics, "--from-beginning", "--group", "g-a",
+                             "--dlq-topic", f"nosuch-{uuid.uuid4().hex[:8]}")  # fmt: skip
+    assert no_dlq.returncode == 0 and "no violation" in no_dlq.stdout, no_dlq.stdout + no_dlq.stderr
+    assert "ERROR" not in no_dlq.stderr  # (a subscription to it logged an error per metadata refresh)
+    # a mistyped events topic: one line, the log cannot be read
+    missing = Topics(f"nosuch-{uuid.uuid4().hex[:8]}", fresh_topics.outcomes, fresh_topics.dead_letters)
+    wrong = turnstile_audit(kafka_bootstrap, missing, "--from-beginning", "--group", "g-a")
+    assert wrong.returncode == 2 and "does not exist" in wrong.stderr, wrong.stderr
+    assert len(wrong.stderr.strip().splitlines()) == 1, wrong.stderr
