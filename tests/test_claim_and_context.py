@@ -37,6 +37,21 @@ def test_each_new_message_restarts_the_quiet_window_up_to_the_cap():
     assert isinstance(plan_claim(state, 3000, POLICY), ClaimPlan)
 
 
+
+@pytest.mark.parametrize("stamp", [10_000 + 3_000, 10_000 + 3_600_000, 2**53 - 1])
+def test_an_input_stamped_ahead_of_the_clock_by_more_than_the_wait_is_claimed_at_once(stamp):
+    # a producer's clock an hour ahead, or a stamp that is no time at all: waiting for its
+    # quiet window would hold the conversation that long (for ever at 2**53 - 1)
+    state = state_of(message("a", stamp))
+    plan = plan_claim(state, 10_000, POLICY)
+    assert isinstance(plan, ClaimPlan) and plan.input_ids == ("a",)
+
+
+def test_an_input_stamped_a_little_ahead_still_waits_its_window_which_ends_within_the_wait():
+    # (a clock a second ahead: due 1 s later than by this clock, still within max_wait from now)
+    assert plan_claim(state_of(message("a", 11_000)), 10_000, POLICY) == WaitUntil(12_000)
+    assert plan_claim(state_of(message("a", 12_000)), 10_000, POLICY) == WaitUntil(13_000)  # just at the wait
+
 def test_three_rapid_messages_become_one_turn_listing_all_three_in_order():
     state = state_of(message("a", 0, "check the dates"), message("b", 300, "and times"), message("c", 600, "thanks"))
     plan = plan_claim(state, 1600, POLICY)
