@@ -670,7 +670,8 @@ def _finish_call(
             **_stamp(m), iteration=iteration, call_id=call.call_id, ok=ok, result=result, reconciled=reconciled
         )
     )
-    m.done[call.call_id] = DoneCall(call.name, call.arguments, ok, result)
+    # As the log keeps the call (secrets redacted): a pause's kept text quotes it.
+    m.done[call.call_id] = DoneCall(call.name, m.settings.tools.recorded(call).arguments, ok, result)
     return result
 
 

@@ -310,14 +310,18 @@ def _finish(state: ConversationState, outcome: TerminalOutcome) -> Rejection | N
 def _closing_text(outcome: TerminalOutcome, journal: list[Event]) -> str:
     """What later turns see of this one: the reply, or a plain note of how it ended. A turn
     that ended without its answer also names the side effects it made (or may have made):
-    a later turn -- a resume, or the user's "try again" -- must not make them again unaware."""
+    a later turn -- a resume, or the user's "try again" -- must not make them again unaware
+    (a side effect cut off at a deadline was called again after a resume when the model read
+    only "failed")."""
     match outcome:
         case TurnCompleted():
             return outcome.reply
         case TurnFailed():
             return f"[This turn failed: {outcome.error}]{_side_effects(outcome, journal)}"
         case TurnPaused():
-            return f"{outcome.kept}\n[Paused ({outcome.reason}): {outcome.resume_hint}]".lstrip()
+            # Not its resume hint: that is for the people who resume it (commands, event names).
+            paused = f"[Paused ({outcome.reason}) before it finished]"
+            return f"{outcome.kept}\n{paused}{_side_effects(outcome, journal)}".lstrip()
         case TurnExhausted() if outcome.allowance == "output_tokens":
             stopped = "[Stopped: the reply was cut off at its output token limit]"
             return f"{outcome.last_text or ''}\n{stopped}{_side_effects(outcome, journal)}".lstrip()
@@ -329,7 +333,7 @@ def _closing_text(outcome: TerminalOutcome, journal: list[Event]) -> str:
 _DID = {"succeeded": "done", "failed": "failed (no effect recorded)", "unknown": "may have acted (no result recorded)"}
 
 
-def _side_effects(outcome: TurnFailed | TurnExhausted, journal: list[Event]) -> str:
+def _side_effects(outcome: TurnFailed | TurnExhausted | TurnPaused, journal: list[Event]) -> str:
     """The side effects of the outcome's operations, with the arguments the journal has of
     them (the attempt that ended the turn and the runs it resumed)."""
     calls = [op for op in outcome.operations if op.side_effect]

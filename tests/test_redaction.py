@@ -14,6 +14,7 @@ from wire_harness import API_KEY, Collected, MockApi, fixture, reply, stream_fix
 from worker_harness import FAST, events_of, running, until
 
 from turnstile.events import ModelResponded, ToolCall, ToolCallStarted, TurnCompleted, TurnPaused
+from turnstile.handlers.budget import TurnBudget
 from turnstile.handlers.pricing import ModelPrice
 from turnstile.handlers.provider import ChatMessage, ModelRequest
 from turnstile.handlers.providers.openai_chat import OpenAIChat
@@ -170,11 +171,12 @@ async def test_secret_arguments_of_calls_a_pause_blocked_are_redacted_too(tmp_pa
     async def send(args: SendMail) -> str:
         return f"sent to {args.to}"
 
-    mail = Tool("send_mail", "Send an e-mail.", SendMail, send, kind="side_effect", needs_approval=True)
+    # (a tool that needs approval may not take a secret: the pause here is the tool-call allowance's)
+    mail = Tool("send_mail", "Send an e-mail.", SendMail, send, kind="side_effect")
     tools = ToolRegistry([mail])
     body = tool_reply("send_mail", {"to": "ann@example.com", "body": "hello", "password": "hunter2"})
     second = {**body["choices"][0]["message"]["tool_calls"][0], "id": "call_b2"}
-    body["choices"][0]["message"]["tool_calls"].append(second)  # waits behind the first one's approval
+    body["choices"][0]["message"]["tool_calls"].append(second)  # over the allowance of one call
     api = MockApi()
     api.push(reply(body))
     log = FileLog(tmp_path)
@@ -182,7 +184,8 @@ async def test_secret_arguments_of_calls_a_pause_blocked_are_redacted_too(tmp_pa
         provider = HttpProvider(OpenAIChat(), "https://api.openai.test/v1", API_KEY, client=client,
                                 retry=RetryPolicy(max_retries=0))
         config = dataclasses.replace(FAST, turn=dataclasses.replace(
-            FAST.turn, model="gpt-4.1", tools=tools, prices={FIXTURE_MODEL: ModelPrice(1.0, 2.0)}
+            FAST.turn, model="gpt-4.1", tools=tools, prices={FIXTURE_MODEL: ModelPrice(1.0, 2.0)},
+            budget=TurnBudget(max_tool_calls=1),
         ))
         async with running(log, provider, config):
             await publish(log, message_event("c1", "mail ann", 1, "m1"))
