@@ -55,7 +55,8 @@ RULES: dict[str, str] = {
     "attempts": (
         "rules 6, 9: attempts share the turn id, each has a new run id, attempt numbers go up by one "
         "and a new attempt starts only after the previous one failed -- never, fresh or resuming, after "
-        "a failure its owner said no attempt may follow (not retryable, other than a takeover's closing)"
+        "a failure its owner said no attempt may follow (not retryable, other than a takeover's closing); "
+        "no outcome of an attempt that never started"
     ),
     "no_replay_after_side_effect": (
         "rule 9: no automatic attempt after a side-effecting tool started, and no failure that says one may follow"
@@ -635,6 +636,9 @@ class Auditor:
             detail = f"{outcome.type} from run {outcome.run_id} after its AttemptFailed"
             return self._stale_event(conv, turn_id, detail)
         found = False
+        if turn.attempt_state == "claimed":  # the engine writes the claim and its first attempt together
+            detail = f"{outcome.type} of attempt {turn.attempt}, which never started (no AttemptStarted)"
+            found = self._violate("attempts", conv, turn_id, detail)
         statuses, claimed = set(outcome.statuses), set(turn.input_ids)
         if statuses != claimed:
             detail = f"statuses for {sorted(statuses)[:5]} but the turn claimed {sorted(claimed)[:5]}"

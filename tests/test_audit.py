@@ -263,6 +263,12 @@ def test_exactly_one_outcome_per_claimed_turn() -> None:
     report = audit(records(message("m1", 1), c, started(c, 11), outcome(c, statuses={"m9": "answered"})))
     assert violations(report) == {"one_outcome": ["0@3 statuses for ['m9'] but the turn claimed ['m1']"]}
 
+    # An outcome with no attempt started: the engine writes a claim and its first attempt
+    # together, so this one was written by something else (it passed as clean before).
+    report = audit(records(message("m1", 1), c, outcome(c)))
+    never = "0@2 TurnCompleted of attempt 1, which never started (no AttemptStarted)"
+    assert violations(report) == {"attempts": [never]}
+
 
 def refusal(message_id: str, turn_id: str) -> MessageRejected:
     return MessageRejected(event_id=eid(), conversation_id=CONV, occurred_at=50, message_id=message_id,
