@@ -126,6 +126,22 @@ def test_the_readme_python_publisher_example_runs_as_written(
     assert record["key"] == "c1" and json.loads(str(record["payload"]))["message_id"] == "m-1"
 
 
+def start_worker(bootstrap: str, topics: Topics) -> subprocess.Popen[str]:
+    """`turnstile run` on these topics, in a group of its own, claiming without a debounce."""
+    where = ["--broker", f"kafka://{bootstrap}", "--events-topic", topics.events, "--outcomes-topic", topics.outcomes,
+             "--dlq-topic", topics.dead_letters, "--deltas-topic", topics.deltas]  # fmt: skip
+    return subprocess.Popen(
+        [sys.executable, "-m", "turnstile.streams.cli", "run", *where, "--group", f"g-{uuid.uuid4().hex[:8]}",
+         "--quiet-ms", "0"],
+        cwd=ROOT, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+
+
+def stop_worker(worker: subprocess.Popen[str]) -> None:
+    worker.send_signal(signal.SIGTERM)
+    assert worker.wait(timeout=30) == 0, worker.stderr.read() if worker.stderr else ""
+
+
 def test_a_message_a_producer_compressed_with_any_kafka_codec_is_answered(
     kcat: str, kafka_bootstrap: str, fresh_topics: Topics  # noqa: F811
 ) -> None:
@@ -134,14 +150,7 @@ def test_a_message_a_producer_compressed_with_any_kafka_codec_is_answered(
     consumer must decode every codec Kafka has. The content is a few kB of repeated text,
     since librdkafka sends a batch uncompressed when compression would not shrink it."""
     codecs = ["none", "gzip", "snappy", "lz4", "zstd"]
-    where = ["--broker", f"kafka://{kafka_bootstrap}", "--events-topic", fresh_topics.events,
-             "--outcomes-topic", fresh_topics.outcomes, "--dlq-topic", fresh_topics.dead_letters,
-             "--deltas-topic", fresh_topics.deltas]  # fmt: skip
-    worker = subprocess.Popen(
-        [sys.executable, "-m", "turnstile.streams.cli", "run", *where, "--group", f"g-{uuid.uuid4().hex[:8]}",
-         "--quiet-ms", "0"],
-        cwd=ROOT, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
+    worker = start_worker(kafka_bootstrap, fresh_topics)
     try:
         for codec in codecs:
             conversation = f"zip-{codec}-{uuid.uuid4().hex[:6]}"
@@ -160,8 +169,7 @@ def test_a_message_a_producer_compressed_with_any_kafka_codec_is_answered(
             assert time.monotonic() < deadline, f"{len(outcomes)} of {len(codecs)} answered in time"
             time.sleep(0.5)
     finally:
-        worker.send_signal(signal.SIGTERM)
-        assert worker.wait(timeout=30) == 0, worker.stderr.read() if worker.stderr else ""
+        stop_worker(worker)
     answered = {json.loads(str(r["payload"]))["statuses"].popitem()[0] for r in outcomes}
     assert answered == {f"m-{codec}" for codec in codecs}
     assert kcat_read(kcat, kafka_bootstrap, fresh_topics.dead_letters) == []
@@ -185,14 +193,7 @@ def test_a_record_whose_header_name_is_not_utf8_is_dead_lettered_and_the_partiti
     subprocess.run(publish, input=message("a1").encode(), check=True, timeout=30)
     subprocess.run([*publish, "-H", b"\xff\xfe=x"], input=message("a2").encode(), check=True, timeout=30)
     subprocess.run(publish, input=message("a3").encode(), check=True, timeout=30)
-    where = ["--broker", f"kafka://{kafka_bootstrap}", "--events-topic", fresh_topics.events,
-             "--outcomes-topic", fresh_topics.outcomes, "--dlq-topic", fresh_topics.dead_letters,
-             "--deltas-topic", fresh_topics.deltas]  # fmt: skip
-    worker = subprocess.Popen(
-        [sys.executable, "-m", "turnstile.streams.cli", "run", *where, "--group", f"g-{uuid.uuid4().hex[:8]}",
-         "--quiet-ms", "0"],
-        cwd=ROOT, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
+    worker = start_worker(kafka_bootstrap, fresh_topics)
     def answered() -> set[str]:
         outcomes = kcat_read(kcat, kafka_bootstrap, fresh_topics.outcomes)
         return {message_id for r in outcomes for message_id in json.loads(str(r["payload"]))["statuses"]}
@@ -204,8 +205,7 @@ def test_a_record_whose_header_name_is_not_utf8_is_dead_lettered_and_the_partiti
             assert time.monotonic() < deadline, "not dead-lettered and answered in time"
             time.sleep(0.5)
     finally:
-        worker.send_signal(signal.SIGTERM)
-        assert worker.wait(timeout=30) == 0, worker.stderr.read() if worker.stderr else ""
+        stop_worker(worker)
     assert answered() == {"a1", "a3"}  # the one before and the one after (in one turn or two)
     [letter] = [json.loads(str(r["payload"])) for r in letters]
     assert (letter["offset"], letter["reason"]) == (1, "unreadable") and "utf-8" in letter["detail"]
