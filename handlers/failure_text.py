@@ -69,7 +69,7 @@ def too_large_to_record(what: str, event: str, size: int, limit: int, spent: str
     recorded cost, or ""."""
     return (
         f"{what} is too large to record{spent}: as {event} it is {size:,} bytes, over the "
-        f"{limit:,} the events topic takes. Ask for a shorter answer, or raise the topic's max.message.bytes."
+        f"{limit:,} the events topic takes (at most about 1 MiB, a producer request). Ask for a shorter answer."
     )
 
 

@@ -26,6 +26,10 @@ from typing import Literal
 
 from turnstile.events import Event, ModelResponded, ProtocolFailure, ToolCallFinished, ToolCallStarted
 
+# The providers' words for a reply cut off by its output allowance (OpenAI's `length`,
+# Anthropic's `max_tokens` and `model_context_window_exceeded`), as `ModelResponded` keeps them.
+CUT_OFF = frozenset({"length", "max_tokens", "model_context_window_exceeded"})
+
 # How a call started and not finished is settled: run again (read-only), run again with
 # its idempotency key, asked of the tool's reconciler, or not at all.
 Recovery = Literal["rerun", "idempotent", "reconcile", "none"]
@@ -86,8 +90,10 @@ def next_step(journal: Sequence[Event], recovery_of: Callable[[ToolCallStarted],
                 refused[event.call_id] = event
             case _:
                 pass
-    while steps and not steps[-1].tool_calls:
-        steps.pop()  # a final (or paused) reply without its outcome is asked again
+    while steps and (not steps[-1].tool_calls or steps[-1].finish_reason in CUT_OFF):
+        # A final (or paused) reply without its outcome is asked again; so is one cut off by
+        # its output allowance, whose calls never run (the last one's arguments may be cut).
+        steps.pop()
     if not steps:
         return StartOver()
     in_doubt: dict[str, Recovery] = {}

@@ -22,8 +22,9 @@ from __future__ import annotations
 
 import dataclasses
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from turnstile.events import (
     STOPPED_MID_ATTEMPT,
@@ -41,6 +42,7 @@ from turnstile.events import (
     TurnInterrupted,
     encode,
 )
+from turnstile.events.base import MAX_ID_CHARS
 from turnstile.events.lifecycle import ProtocolFailureKind
 from turnstile.events.outcomes import PauseReason
 from turnstile.handlers import outcomes
@@ -77,7 +79,7 @@ from turnstile.handlers.pricing import cost_usd
 from turnstile.handlers.protocol import repeated_call_error, tool_error
 from turnstile.handlers.provider import ChatMessage, ModelReply, ModelRequest, ProtocolFamily, ProviderError, ToolSpec
 from turnstile.handlers.resume import Recovery, Resume, StartOver, idempotency_key, next_step
-from turnstile.handlers.stops import AskAgain, Complete, CutOff, Refused, after_reply
+from turnstile.handlers.stops import AskAgain, Complete, CutOff, Refused, RunTools, after_reply
 from turnstile.handlers.tools import InvalidCall, ValidCall, validate_call
 from turnstile.handlers.turn_rules import (
     DENIED,
@@ -498,6 +500,7 @@ def _model_failed(m: TurnMachine, out: _Out, error: ProviderError) -> None:
 def _answered(m: TurnMachine, out: _Out, reply: ModelReply) -> None:
     settings, iteration = m.settings, m.iteration
     reply = _unique_call_ids(m.turn, reply)
+    step = after_reply(reply, m.earlier)
     out.emit(
         ModelResponded(
             **_stamp(m),
@@ -510,13 +513,13 @@ def _answered(m: TurnMachine, out: _Out, reply: ModelReply) -> None:
             cost_usd=cost_usd(settings.prices, reply.model, reply.usage, m.model),
             finish_reason=reply.finish_reason,
         ),
-        # A final reply is followed at once by the outcome: one round trip for both. Tool
-        # calls wait (a tool may act), and so does a paused reply (another request follows).
-        wait=bool(reply.tool_calls) or reply.stop == "pause",
+        # A reply that ends the turn is followed at once by the outcome: one round trip for
+        # both (a cut-off one with tool calls too: on the log alone, a takeover would run them).
+        # Tools to run wait (a tool may act), and so does a paused reply (another request follows).
+        wait=isinstance(step, RunTools | AskAgain) and iteration < settings.budget.max_iterations,
     )
     if reply.text:
         m.last_text = reply.text
-    step = after_reply(reply, m.earlier)
     if isinstance(step, Complete):
         _end(m, out, outcomes.completed(m.turn, _next_stamp(m), step.reply, m.model))
     elif isinstance(step, Refused):
@@ -536,19 +539,39 @@ def _answered(m: TurnMachine, out: _Out, reply: ModelReply) -> None:
 
 
 def _unique_call_ids(turn: ActiveTurn, reply: ModelReply) -> ModelReply:
-    """A call id is a call's name on the log for the whole turn. Some servers give the same
-    one again (an OpenAI-compatible server's `call_0` at every step, or twice in a reply):
-    such a call is renamed `<id>-2`, `-3`, ..., here and in the transcript sent back alike."""
+    """A call id is a call's name on the log for the whole turn (its start, result or refusal,
+    and a takeover's journal, are keyed by it). Some servers give the same one again (an
+    OpenAI-compatible server's `call_0` at every step, or twice in a reply): such a call is
+    renamed `<id>-2`, `-3`, ... (within an id's 256 characters), on the log and in the
+    transcript sent back alike -- the provider's own blocks (`native`) included."""
     taken = set(turn.operations)
+    taken.update(c.call_id for e in turn.journal if isinstance(e, ModelResponded) for c in e.tool_calls)
     calls = []
     for call in reply.tool_calls:
         given, n = call.call_id, 1
         while given in taken:
             n += 1
-            given = f"{call.call_id}-{n}"
+            suffix = f"-{n}"
+            given = call.call_id[: MAX_ID_CHARS - len(suffix)] + suffix
         taken.add(given)
         calls.append(call if given == call.call_id else call.model_copy(update={"call_id": given}))
-    return reply if calls == list(reply.tool_calls) else dataclasses.replace(reply, tool_calls=tuple(calls))
+    if calls == list(reply.tool_calls):
+        return reply
+    return dataclasses.replace(reply, tool_calls=tuple(calls), native=_renamed_blocks(reply, calls))
+
+
+def _renamed_blocks(reply: ModelReply, calls: list[ToolCall]) -> tuple[Mapping[str, Any], ...] | None:
+    """The provider's blocks with each tool-use block's id as its call is now named (the calls
+    are in the blocks' order: they were read from them)."""
+    if reply.native is None:
+        return None
+    ids = iter(c.call_id for c in calls)
+    out: list[Mapping[str, Any]] = []
+    for block in reply.native:
+        if block.get("type") == "tool_use":
+            block = {**block, "id": next(ids, block.get("id"))}
+        out.append(block)
+    return tuple(out)
 
 
 # -- tool calls ----------------------------------------------------------------------

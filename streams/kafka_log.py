@@ -299,8 +299,10 @@ class KafkaLog:
         await self.producer.start()
 
     async def start(self, listener: RebalanceListener) -> None:
-        effect_topics = [self.topics.outcomes, self.topics.dead_letters]
-        self.max_message_bytes = await topic_max_message_bytes(self.bootstrap, effect_topics)
+        # The events topic's too: a turn measures its events against it (a smaller one than the
+        # broker's default would refuse them, breaking the partition's idempotent sequence).
+        written = [self.topics.events, self.topics.outcomes, self.topics.dead_letters]
+        self.max_message_bytes = await topic_max_message_bytes(self.bootstrap, written)
         await ensure_snapshot_topic(self.bootstrap, self.topics)
         await self.producer.start()
         await self.consumer.start()

@@ -30,6 +30,7 @@ from turnstile.events import (
     TurnFailed,
     TurnPaused,
     Usage,
+    decode,
     encode,
 )
 from turnstile.events.inputs import Approval
@@ -204,6 +205,35 @@ def test_a_call_id_the_server_gives_again_is_renamed_so_each_call_keeps_its_own_
     # and the transcript sent back names each call as the log does
     sent = [c.call_id for msg in request.request.messages for c in msg.tool_calls]
     assert sent == ["call_0", "call_0-2"]
+
+
+def test_a_renamed_call_is_renamed_in_the_providers_own_blocks_and_stays_a_valid_id():
+    m = machine(settings(), None)
+    claimed(m)
+    longest = "t" * 256  # an id may have 256 characters: the renamed one too
+    blocks = ({"type": "text", "text": "x"}, {"type": "tool_use", "id": longest, "name": "search", "input": {}},
+              {"type": "tool_use", "id": longest, "name": "search", "input": {"q": "b"}})  # fmt: skip
+    calls = (ToolCall(call_id=longest, name="search", arguments="{}"),
+             ToolCall(call_id=longest, name="search", arguments='{"q": "b"}'))  # fmt: skip
+    answer = ModelReply("m", "x", calls, Usage(input_tokens=1, output_tokens=1), "tool_use", "tool_use", blocks)
+    first = decide(m, ModelAnswered(answer, T0))
+    [responded] = [e for e in events(first) if isinstance(e, ModelResponded)]
+    renamed = responded.tool_calls[1].call_id
+    assert renamed == "t" * 254 + "-2" and decode(encode(responded)) == responded  # every reader reads it
+    decide(m, ToolReturned("a", T0 + 1))
+    request = effect(decide(m, ToolReturned("b", T0 + 2)))
+    assert isinstance(request, CallModel)
+    [assistant] = [msg for msg in request.request.messages if msg.native]
+    assert [b.get("id") for b in assistant.native or () if b.get("type") == "tool_use"] == [longest, renamed]
+
+
+def test_an_id_of_a_call_that_was_refused_is_not_given_to_a_later_call():
+    # a refused call never starts, but a takeover's journal keys its refusal by its id
+    m = machine()
+    claimed(m)
+    decide(m, ModelAnswered(reply("", ("call_0", "no_such_tool", "{}")), T0))  # refused: unknown tool
+    later = decide(m, ModelAnswered(reply("", ("call_0", "search", "{}")), T0 + 1))
+    assert [e.call_id for e in events(later) if isinstance(e, ToolCallStarted)] == ["call_0-2"]
 
 def test_what_a_tool_returns_is_normalised_to_text():
     m = machine()
@@ -467,6 +497,23 @@ def test_a_takeover_of_an_idempotent_side_effect_with_a_secret_in_doubt_fails_vi
     assert isinstance(outcome, TurnFailed) and "cannot be run again safely" in outcome.error
     assert not any(isinstance(c, RunTool) for c in commands)
 
+
+def test_a_cut_off_reply_with_calls_goes_with_its_outcome_and_a_takeover_never_runs_its_calls():
+    m = machine()
+    claimed(m)
+    cut = ModelReply("m", "I'll search", (ToolCall(call_id="c1", name="send", arguments='{"q": "a"}'),),
+                     Usage(input_tokens=1, output_tokens=1), "length", "truncated")  # fmt: skip
+    commands = decide(m, ModelAnswered(cut, T0))
+    assert types(commands) == ["ModelResponded", "TurnExhausted", "Finish"]
+    assert [c.wait for c in commands if isinstance(c, Append)] == [False, True]  # one round trip for both
+    # a run that stopped with only the reply on the log: the next owner asks the model again
+    only_reply = machine()
+    claimed(only_reply)
+    state = only_reply.state
+    assert apply_event(state, events(commands)[0]) is None
+    taken = decide(machine(state=state), TakenOver(T0 + 1_000))
+    assert types(taken) == ["AttemptFailed", "AttemptStarted", "CallModel"]
+
 def test_a_takeover_of_a_side_effect_in_doubt_with_a_reconciler_asks_it():
     m = machine()
     claimed(m)
@@ -572,8 +619,8 @@ def test_a_reply_a_byte_over_the_limit_is_not_written_and_the_turn_fails_at_once
     assert isinstance(failed_attempt, AttemptFailed) and not failed_attempt.retryable  # not asked again
     assert isinstance(outcome, TurnFailed) and outcome.error == (
         "The model's reply is too large to record (1,000 output tokens, $0.0021): as ModelResponded it is "
-        f"{whole['ModelResponded']:,} bytes, over the {whole['ModelResponded'] - 1:,} the events topic takes. "
-        "Ask for a shorter answer, or raise the topic's max.message.bytes."
+        f"{whole['ModelResponded']:,} bytes, over the {whole['ModelResponded'] - 1:,} the events topic takes "
+        "(at most about 1 MiB, a producer request). Ask for a shorter answer."
     )
 
 
