@@ -17,8 +17,8 @@ class DebouncePolicy:
     """Rapid messages are batched: claim once the conversation has been quiet for
     `quiet_ms`, but never later than `max_wait_ms` after the oldest pending input, and
     never more than `max_batch` inputs in one turn (a burst becomes several bounded turns).
-    The times are the producers' stamps; inputs stamped so far ahead of the worker's clock
-    that the wait would end past `max_wait_ms` from now are claimed at once.
+    The times are the producers' stamps; inputs whose oldest is stamped more than
+    `max_wait_ms` ahead of the worker's clock are claimed at once.
     """
 
     quiet_ms: int = 1000
@@ -59,9 +59,10 @@ def plan_claim(state: ConversationState, now_ms: int, policy: DebouncePolicy) ->
     ordered = sorted(state.pending.values(), key=lambda p: p.occurred_at)
     batch = tuple(ordered[: policy.max_batch])
     due = min(ordered[-1].occurred_at + policy.quiet_ms, ordered[0].occurred_at + policy.max_wait_ms)
-    # Stamped ahead of this clock by more than the wait allows (a producer's clock, or a
-    # stamp that is no time at all): waiting for it would hold the conversation that long.
-    ahead = due > now_ms + policy.max_wait_ms
+    # The oldest stamped ahead of this clock by more than the wait allows (a producer's clock
+    # far off, or a stamp that is no time at all): waiting for it would hold the conversation
+    # that long. A smaller skew keeps the debounce, its wait then at most twice max_wait_ms.
+    ahead = ordered[0].occurred_at > now_ms + policy.max_wait_ms
     if len(ordered) < policy.max_batch and now_ms < due and not ahead:
         return WaitUntil(due)
     return ClaimPlan(logical_turn_id(i.input_id for i in batch), batch, len(state.history))

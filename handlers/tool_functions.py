@@ -10,6 +10,9 @@ function runs only when the runner awaits `Tool.run`.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import contextvars
+import functools
 import inspect
 import re
 from collections.abc import Callable
@@ -89,6 +92,21 @@ class ToolFlags(TypedDict, total=False):
 IDEMPOTENCY_KEY = "idempotency_key"
 
 
+# Plain (sync) tools' own threads: a tool still running past its timeout keeps its thread
+# (Python cannot stop one), so they must not be the loop's default executor, which DNS
+# lookups and the embedded log's reads share. Made on first use.
+TOOL_THREADS = 32
+_threads: concurrent.futures.ThreadPoolExecutor | None = None
+
+
+async def _in_tool_thread(function: Callable[..., object], values: dict[str, object]) -> object:
+    global _threads
+    if _threads is None:
+        _threads = concurrent.futures.ThreadPoolExecutor(TOOL_THREADS, thread_name_prefix="turnstile-tool")
+    call = functools.partial(contextvars.copy_context().run, function, **values)
+    return await asyncio.get_running_loop().run_in_executor(_threads, call)
+
+
 def tool_from_function(
     function: ToolCallable,
     *,
@@ -126,7 +144,7 @@ def tool_from_function(
             values[IDEMPOTENCY_KEY] = key[0]
         # A plain function runs in a thread: it would hold every conversation's turns (and
         # the deadline's cancellation) for as long as it runs on the event loop.
-        result = await function(**values) if is_async else await asyncio.to_thread(function, **values)
+        result = await function(**values) if is_async else await _in_tool_thread(function, values)
         return _result_text(result)
 
     kind: ToolKind = "side_effect" if side_effect else "read_only"
