@@ -39,7 +39,11 @@ from turnstile.events import (
     ToolCall,
     ToolCallFinished,
     ToolCallStarted,
+    TurnCompleted,
+    TurnExhausted,
+    TurnFailed,
     TurnInterrupted,
+    TurnPaused,
     encode,
 )
 from turnstile.events.base import MAX_ID_CHARS
@@ -413,7 +417,15 @@ def _too_large(m: TurnMachine, out: _Out, exc: EventTooLarge) -> None:
     if isinstance(event, ModelResponded):  # not recorded, so no metric counts it
         cost = "" if event.cost_usd is None else f", ${event.cost_usd:.4f}"
         spent = f" ({event.usage.output_tokens:,} output tokens{cost})"
-    what = "The tool's result" if isinstance(event, ToolCallFinished) else "The model's reply"
+    match event:
+        case ModelResponded():
+            what = "The model's reply"
+        case ToolCallFinished():
+            what = "The tool's result"
+        case TurnCompleted() | TurnExhausted() | TurnFailed() | TurnPaused():
+            what = "The turn's outcome, which carries the model's reply again,"
+        case _:
+            what = f"The turn's {event.type}"
     _fail(m, out, too_large_to_record(what, event.type, exc.size, exc.limit, spent))
 
 

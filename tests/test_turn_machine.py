@@ -631,7 +631,9 @@ def test_a_reply_recorded_whose_outcome_is_over_the_limit_fails_the_turn_instead
     assert types(commands) == ["ModelResponded", "Report", "AttemptFailed", "TurnFailed", "Finish"]
     outcome = events(commands)[-1]
     assert isinstance(outcome, TurnFailed)
-    assert outcome.error.startswith("The model's reply is too large to record: as TurnCompleted it is")
+    assert outcome.error.startswith(
+        "The turn's outcome, which carries the model's reply again, is too large to record: as TurnCompleted it is"
+    )
 
 
 def test_a_tool_result_over_the_limit_fails_the_turn_naming_the_result_not_the_reply():
