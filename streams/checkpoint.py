@@ -93,6 +93,12 @@ class Checkpoint:
         at.position = record.offset + 1
         return record.offset >= at.committed
 
+    def pass_to(self, partition: int, offset: int) -> None:
+        """The partition's position moves to `offset`, past offsets that hold no record the
+        consumer delivers (transaction markers, aborted records): nothing there to fold."""
+        at = self._positions[partition]
+        at.position = max(at.position, offset)
+
     # -- effects ---------------------------------------------------------------------------
     def effect(self, topic: str, record: Record, value: bytes, error: DecodeError | None = None) -> None:
         """Step 2: start a one-time write for `record` (its outcome record; its dead letter

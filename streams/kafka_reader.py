@@ -16,7 +16,7 @@ from aiokafka.errors import TopicAlreadyExistsError
 from turnstile.streams import kafka_records
 from turnstile.streams.log import ReadTooLarge, Record, Topics, partition_for
 
-kafka_records.install()  # every consumer of the process: an unreadable record is surfaced, not raised
+kafka_records.install()  # every consumer of the process reads what aiokafka's own reader refuses
 
 DELTAS_RETENTION_MS = 3_600_000
 # Records a whole-partition read takes from the client at a time: unpacking one fetch of every
@@ -377,7 +377,6 @@ def record_of(partition: int, message: Any) -> Record:
     """An aiokafka ConsumerRecord as a `Record`, headers included (a stand-in for a record the
     client could not read says so)."""
     headers = tuple(message.headers or ())
-    why = kafka_records.unreadable(message.key, message.value, headers)
-    if why is not None:
-        return Record(partition, message.offset, None, None, (), why)
+    if message.value is None and (why := kafka_records.unreadable(message.key, headers)) is not None:
+        return Record(partition, message.offset, None, None, (), why)  # (checked only without a value)
     return Record(partition, message.offset, message.key, message.value, headers)

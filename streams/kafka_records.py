@@ -125,8 +125,8 @@ def install() -> None:
     fetcher.PartitionRecords = _TolerantPartitionRecords
 
 
-def unreadable(key: bytes | None, value: bytes | None, headers: tuple[tuple[str, bytes | None], ...]) -> str | None:
-    """Why a record is a stand-in for one the client could not read, or None."""
-    if key is None and value is None and len(headers) == 1 and headers[0][0] == UNREADABLE:
+def unreadable(key: bytes | None, headers: tuple[tuple[str, bytes | None], ...]) -> str | None:
+    """Why a record without a value is a stand-in for one the client could not read, or None."""
+    if key is None and len(headers) == 1 and headers[0][0] == UNREADABLE:
         return (headers[0][1] or b"").decode("utf-8", "replace")
     return None

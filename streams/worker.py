@@ -492,7 +492,7 @@ class Worker:
                 continue
             read = await self.log.read_position(partition)
             if read is not None and read > part.at.position and self.partitions.get(partition) is part:
-                part.at.position = read
+                self.checkpoint.pass_to(partition, read)
                 self._maybe_live(part, partition, was_live=False)
 
     def _maybe_live(self, part: OwnedPartition, partition: int, was_live: bool) -> None:
