@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, model_serializer, model_validator
 
 from turnstile.events.base import MAX_INT, Identifier, TurnEnvelope
 
@@ -125,6 +125,26 @@ class ProtocolFailure(TurnEnvelope):
     detail: str
     call_id: Identifier | None = None
     signature: str | None = None
+    # A `malformed_response` the provider reported tokens for (a whole reply, billed though
+    # unusable): counted in the turn's usage and cost as a reply's are, `cost_usd` None
+    # meaning an unknown price. Both None when nothing was reported.
+    usage: Usage | None = None
+    cost_usd: Annotated[float, Field(ge=0, allow_inf_nan=False)] | None = None
+
+    @model_validator(mode="after")
+    def _cost_of_usage(self) -> ProtocolFailure:
+        if self.cost_usd is not None and self.usage is None:
+            raise ValueError("cost_usd is the cost of usage: it needs usage")
+        return self
+
+    @model_serializer(mode="wrap")
+    def _unbilled_as_before(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        # Left out when nothing was reported: such a failure is the same bytes as before
+        # these fields existed, which a reader of that version still accepts.
+        fields: dict[str, Any] = handler(self)
+        if self.usage is None and self.cost_usd is None:
+            del fields["usage"], fields["cost_usd"]
+        return fields
 
 
 class ContextCompacted(TurnEnvelope):

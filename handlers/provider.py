@@ -101,7 +101,9 @@ class ProviderError(Exception):
     connection errors, 408, 409, 429, 5xx, unless the server's `x-should-retry` says
     otherwise or it asked for a wait longer than allowed). `message` is free of secrets;
     `provider_message` is what the provider's error body said, when it said something.
-    `retry_after_s` is the wait the server asked for, if any.
+    `retry_after_s` is the wait the server asked for, if any. `usage` is what the provider
+    reported for a whole reply it sent but that cannot be used (a malformed one): billed
+    all the same, so the turn counts it.
     """
 
     def __init__(
@@ -113,6 +115,7 @@ class ProviderError(Exception):
         status: int | None = None,
         retry_after_s: float | None = None,
         provider_message: str | None = None,
+        usage: Usage | None = None,
     ) -> None:
         super().__init__(f"{kind}: {message}")
         self.kind = kind
@@ -121,6 +124,7 @@ class ProviderError(Exception):
         self.status = status
         self.retry_after_s = retry_after_s
         self.provider_message = provider_message
+        self.usage = usage
 
 
 class ReplyStream(Protocol):

@@ -494,9 +494,16 @@ def _model_failed(m: TurnMachine, out: _Out, error: ProviderError) -> None:
     the attempt fails."""
     model = m.model
     if error.kind == "malformed_response":
+        usage = error.usage
         out.emit(
             ProtocolFailure(
-                **_stamp(m), iteration=m.iteration, model=model, kind="malformed_response", detail=error.message
+                **_stamp(m),
+                iteration=m.iteration,
+                model=model,
+                kind="malformed_response",
+                detail=error.message,
+                usage=usage,
+                cost_usd=None if usage is None else cost_usd(m.settings.prices, model, usage),
             )
         )
     decision = next_route(m.routes, m.route, error.kind)

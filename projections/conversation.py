@@ -34,6 +34,7 @@ from turnstile.events import (
     TurnFailed,
     TurnInterrupted,
     TurnPaused,
+    Usage,
     content_fingerprint,
     logical_turn_id,
 )
@@ -213,14 +214,7 @@ def _record_step(state: ConversationState, event: Event) -> Rejection | None:
                 return Rejection(f"iteration {event.iteration} is already on the journal of this attempt")
             turn.iterations = event.iteration
             turn.model = event.model
-            usage = event.usage
-            turn.input_tokens += usage.input_tokens
-            turn.output_tokens += usage.output_tokens
-            turn.cached_input_tokens += usage.cached_input_tokens
-            turn.cache_write_tokens += usage.cache_write_tokens
-            turn.reasoning_tokens += usage.reasoning_tokens
-            # An unknown price poisons the total: a budget must not read it as zero.
-            turn.cost_usd = None if turn.cost_usd is None or event.cost_usd is None else turn.cost_usd + event.cost_usd
+            _spend(turn, event.usage, event.cost_usd)
         case ToolCallStarted():
             op = turn.operations.get(event.call_id)
             if op is not None and (op.status != "started" or (op.side_effect and event.idempotency_key is None)):
@@ -243,12 +237,24 @@ def _record_step(state: ConversationState, event: Event) -> Rejection | None:
             # records that report the count are not themselves counted.
             if event.signature is not None and event.kind != "repeated_call":
                 turn.invalid_calls[event.signature] = turn.invalid_calls.get(event.signature, 0) + 1
+            if event.usage is not None:  # an unusable reply, billed all the same
+                _spend(turn, event.usage, event.cost_usd)
         case ContextCompacted():
             pass  # recorded on the log for audit; it changes no state the engine decides on
     turn.step_ids.add(event.event_id)
     if isinstance(event, ModelResponded | ToolCallStarted | ToolCallFinished | ProtocolFailure):
         turn.journal.append(event)
     return None
+
+
+def _spend(turn: ActiveTurn, usage: Usage, cost_usd: float | None) -> None:
+    turn.input_tokens += usage.input_tokens
+    turn.output_tokens += usage.output_tokens
+    turn.cached_input_tokens += usage.cached_input_tokens
+    turn.cache_write_tokens += usage.cache_write_tokens
+    turn.reasoning_tokens += usage.reasoning_tokens
+    # An unknown price poisons the total: a budget must not read it as zero.
+    turn.cost_usd = None if turn.cost_usd is None or cost_usd is None else turn.cost_usd + cost_usd
 
 
 def _interrupt(state: ConversationState, event: TurnInterrupted) -> Rejection | None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from pathlib import Path
 
 import orjson
 import pytest
@@ -10,6 +11,8 @@ from builders import claim, completed, message, started
 from log_generator import generated_log
 
 from turnstile.events import DeadLetter, DecodeError, MessageReceived, decode, decode_record, encode
+
+GOLDEN = Path(__file__).parent / "golden" / "v1"
 
 
 @pytest.mark.parametrize(
@@ -53,6 +56,21 @@ def test_unknown_fields_are_refused_not_dropped():
     value["surprise"] = 1
     result = decode(orjson.dumps(value))
     assert isinstance(result, DecodeError) and "surprise" in result.detail
+
+
+def test_a_protocol_failure_nothing_was_billed_for_is_written_as_before_its_usage_fields_existed():
+    # Such bytes are what a reader of the version before accepts (unknown fields are refused).
+    golden = (GOLDEN / "ProtocolFailure.json").read_bytes()
+    assert orjson.loads(encode(decode(golden))) == orjson.loads(golden)
+    billed = (GOLDEN / "ProtocolFailure.billed.json").read_bytes()
+    assert orjson.loads(encode(decode(billed))) == orjson.loads(billed)
+
+
+def test_a_protocol_failure_with_a_cost_but_no_usage_is_refused():
+    value = orjson.loads((GOLDEN / "ProtocolFailure.billed.json").read_bytes())
+    del value["usage"]
+    result = decode(orjson.dumps(value))
+    assert isinstance(result, DecodeError) and "needs usage" in result.detail
 
 
 

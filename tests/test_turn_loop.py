@@ -30,7 +30,7 @@ from loop_harness import (
 from provider_server import Delay, Drop, ProviderServer, Raw, Reply
 from worker_harness import events_of, running, until
 
-from turnstile.events import Approval, InputInjected, ResumeRequested, ToolCall, encode
+from turnstile.events import Approval, InputInjected, ResumeRequested, ToolCall, Usage, encode
 from turnstile.handlers.budget import TurnBudget
 from turnstile.handlers.providers.anthropic_messages import AnthropicMessages
 from turnstile.handlers.providers.openai_chat import OpenAIChat
@@ -684,6 +684,43 @@ async def test_a_malformed_response_moves_to_the_fallback_model(server, openai, 
     events = events_of(world.log, "c1")
     assert [e.type for e in events[3:]] == ["ProtocolFailure", "FallbackEngaged", "ModelResponded", "TurnCompleted"]
     assert outcome.type == "TurnCompleted" and outcome.metrics.fallbacks == 1
+
+
+UNUSABLE_BUT_BILLED = {"id": "x", "choices": [], "usage": {"prompt_tokens": 400_000, "completion_tokens": 1_000}}
+
+
+async def test_a_malformed_reply_the_provider_billed_counts_in_the_turns_usage_and_cost(server, openai, world):
+    server.push(Raw(200, UNUSABLE_BUT_BILLED), Reply(text="The backup answered.", usage=(10, 2)))
+    backup = HttpProvider(OpenAIChat(), server.base_url_openai, KEY, timeout_s=5.0, retry=ATTEMPTS_ONLY)
+    try:
+        async with running(world.log, openai, config(settings(world, fallbacks=[Route("gpt-backup", backup)]))):
+            await say(world.log, "hi", "m1")
+            [outcome] = await outcomes(world.log, 1)
+    finally:
+        await backup.aclose()
+    [failure] = of_type(events_of(world.log, "c1"), "ProtocolFailure")
+    assert failure.usage == Usage(input_tokens=400_000, output_tokens=1_000)
+    assert failure.cost_usd == pytest.approx(0.4 + 0.002)
+    assert outcome.type == "TurnCompleted"
+    assert (outcome.metrics.input_tokens, outcome.metrics.output_tokens) == (400_010, 1_002)
+    assert outcome.metrics.cost_usd == pytest.approx(0.402 + 0.000_014)
+
+
+async def test_a_malformed_reply_that_spent_the_cost_budget_pauses_the_turn_before_the_next_request(
+    server, openai, world
+):
+    server.push(Raw(200, UNUSABLE_BUT_BILLED))  # $0.402 of the turn's $0.40
+    backup = HttpProvider(OpenAIChat(), server.base_url_openai, KEY, timeout_s=5.0, retry=ATTEMPTS_ONLY)
+    turn = settings(world, fallbacks=[Route("gpt-backup", backup)], budget=TurnBudget(max_cost_usd=0.4))
+    try:
+        async with running(world.log, openai, config(turn)):
+            await say(world.log, "hi", "m1")
+            [outcome] = await outcomes(world.log, 1)
+    finally:
+        await backup.aclose()
+    assert outcome.type == "TurnPaused" and outcome.reason == "cost"
+    assert outcome.metrics.cost_usd == pytest.approx(0.402)
+    assert len(server.requests) == 1  # the backup was not asked: the budget was spent
 
 
 async def test_a_huge_tool_result_is_truncated_to_fit_the_log(server, openai, tmp_path):

@@ -269,3 +269,26 @@ async def test_an_unusable_200_is_a_malformed_response(api: MockApi, provider: H
         await provider.complete(HELLO)
 
     assert (caught.value.kind, caught.value.retryable) == ("malformed_response", False)
+
+
+@pytest.mark.parametrize(
+    ("body", "usage"),
+    [
+        pytest.param(
+            {**_message([{"type": "text"}]), "usage": fixture("anthropic", "text")["usage"]},
+            Usage(input_tokens=48, output_tokens=8),
+            id="billed",
+        ),
+        pytest.param(_message([{"type": "text"}]), None, id="no-usage"),
+        pytest.param({**_message([]), "usage": {"input_tokens": "many"}}, None, id="unreadable-usage"),
+    ],
+)
+async def test_a_malformed_reply_carries_the_usage_it_was_billed_for_when_that_is_readable(
+    api: MockApi, provider: HttpProvider, body: Any, usage: Usage | None
+) -> None:
+    api.push(reply(body))
+
+    with pytest.raises(ProviderError) as caught:
+        await provider.complete(HELLO)
+
+    assert caught.value.usage == usage  # counted in the turn's cost, never guessed

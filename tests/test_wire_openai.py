@@ -226,3 +226,22 @@ async def test_an_unusable_200_is_a_malformed_response(api: MockApi, provider: H
 
     assert (caught.value.kind, caught.value.retryable) == ("malformed_response", False)
     assert not caught.value.message.startswith("malformed_response")  # the kind is said once
+
+
+@pytest.mark.parametrize(
+    ("body", "usage"),
+    [
+        pytest.param(_completion({"content": ["a", "list"]}), Usage(input_tokens=52, output_tokens=7), id="billed"),
+        pytest.param({"choices": []}, None, id="no-usage"),
+        pytest.param(_completion({"content": "x"}, prompt_tokens=-1), None, id="unreadable-usage"),
+    ],
+)
+async def test_a_malformed_reply_carries_the_usage_it_was_billed_for_when_that_is_readable(
+    api: MockApi, provider: HttpProvider, body: Any, usage: Usage | None
+) -> None:
+    api.push(reply(body))
+
+    with pytest.raises(ProviderError) as caught:
+        await provider.complete(HELLO)
+
+    assert caught.value.usage == usage  # counted in the turn's cost, never guessed

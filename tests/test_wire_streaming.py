@@ -183,6 +183,7 @@ async def test_a_whole_tool_input_that_is_not_json_is_a_malformed_reply(anthropi
         await anthropic.provider.complete(HELLO, Collected())
 
     assert caught.value.kind == "malformed_response" and "is not JSON: '{\"q\": fares}'" in caught.value.message
+    assert caught.value.usage == Usage(input_tokens=48, output_tokens=20)  # the stream's whole reply, billed
 
 
 async def test_a_null_count_in_message_delta_leaves_message_starts_standing(anthropic: Family) -> None:

@@ -10,9 +10,18 @@ from typing import Any
 import orjson
 
 from turnstile.events import ToolCall, Usage
-from turnstile.handlers.provider import ChatMessage, ModelReply, ModelRequest, ProtocolFamily, StopKind, ToolSpec
+from turnstile.handlers.provider import (
+    ChatMessage,
+    ModelReply,
+    ModelRequest,
+    ProtocolFamily,
+    ProviderError,
+    StopKind,
+    ToolSpec,
+)
 from turnstile.handlers.providers.sse import SseEvent
 from turnstile.handlers.providers.wire import (
+    bill,
     build_tool_call,
     build_usage,
     expect_list,
@@ -88,33 +97,41 @@ class AnthropicMessages:
 
     def parse_reply(self, payload: Any, requested_model: str) -> ModelReply:
         body = expect_object(payload, "response")
-        blocks = expect_list(body.get("content"), "content")
-        texts: list[str] = []
-        calls: list[ToolCall] = []
-        for index, raw in enumerate(blocks):
-            where = f"content[{index}]"
-            block = expect_object(raw, where)
-            if block.get("type") == "text":
-                texts.append(_block_text(block, where))
-            elif block.get("type") == "tool_use":
-                calls.append(_parse_tool_use(block, where))
-            # Other blocks (thinking, server tools) are for the model: they go back with
-            # `native`, the turn loop does not read them.
-        reason = finish_reason(body.get("stop_reason"))
-        text = "".join(texts) if texts else None
-        stop = _STOPS.get(reason, "tool_use" if calls else "end")
-        if stop == "refusal" and not text:
-            text = _refusal_explanation(body.get("stop_details"))
-        return ModelReply(
-            model=reply_model(body.get("model"), requested_model),
-            # Text may arrive split around citations or tool_use blocks; the pieces are one message.
-            text=text,
-            tool_calls=tuple(calls),
-            usage=_usage(body.get("usage")),
-            finish_reason=reason,
-            stop=stop,
-            native=tuple(blocks),
-        )
+        try:
+            return _reply(body, requested_model)
+        except ProviderError as error:
+            bill(error, body.get("usage"), _usage)
+            raise
+
+
+def _reply(body: dict[str, Any], requested_model: str) -> ModelReply:
+    blocks = expect_list(body.get("content"), "content")
+    texts: list[str] = []
+    calls: list[ToolCall] = []
+    for index, raw in enumerate(blocks):
+        where = f"content[{index}]"
+        block = expect_object(raw, where)
+        if block.get("type") == "text":
+            texts.append(_block_text(block, where))
+        elif block.get("type") == "tool_use":
+            calls.append(_parse_tool_use(block, where))
+        # Other blocks (thinking, server tools) are for the model: they go back with
+        # `native`, the turn loop does not read them.
+    reason = finish_reason(body.get("stop_reason"))
+    text = "".join(texts) if texts else None
+    stop = _STOPS.get(reason, "tool_use" if calls else "end")
+    if stop == "refusal" and not text:
+        text = _refusal_explanation(body.get("stop_details"))
+    return ModelReply(
+        model=reply_model(body.get("model"), requested_model),
+        # Text may arrive split around citations or tool_use blocks; the pieces are one message.
+        text=text,
+        tool_calls=tuple(calls),
+        usage=_usage(body.get("usage")),
+        finish_reason=reason,
+        stop=stop,
+        native=tuple(blocks),
+    )
 
 
 def wire_messages(messages: Sequence[ChatMessage]) -> list[dict[str, Any]]:
@@ -320,6 +337,8 @@ class AnthropicMessagesStream:
             index, text = min(self._unparsed.items())
             if _STOPS.get(str(self._message.get("stop_reason"))) != "truncated":
                 # Never run a call on a guess at its arguments.
-                raise malformed(f"content[{index}] (tool_use) input is not JSON: {text[:80]!r}")
+                error = malformed(f"content[{index}] (tool_use) input is not JSON: {text[:80]!r}")
+                bill(error, self._message.get("usage"), _usage)
+                raise error
         blocks = (block for index, block in sorted(self._blocks.items()) if index not in self._unparsed)
         return {**self._message, "content": list(blocks)}

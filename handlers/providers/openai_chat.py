@@ -9,9 +9,18 @@ from dataclasses import dataclass
 from typing import Any
 
 from turnstile.events import ToolCall, Usage
-from turnstile.handlers.provider import ChatMessage, ModelReply, ModelRequest, ProtocolFamily, StopKind, ToolSpec
+from turnstile.handlers.provider import (
+    ChatMessage,
+    ModelReply,
+    ModelRequest,
+    ProtocolFamily,
+    ProviderError,
+    StopKind,
+    ToolSpec,
+)
 from turnstile.handlers.providers.sse import SseEvent
 from turnstile.handlers.providers.wire import (
+    bill,
     build_tool_call,
     build_usage,
     expect_list,
@@ -77,24 +86,32 @@ class OpenAIChat:
 
     def parse_reply(self, payload: Any, requested_model: str) -> ModelReply:
         body = expect_object(payload, "response")
-        choices = expect_list(body.get("choices"), "choices")
-        if not choices:
-            raise malformed("choices is empty")
-        choice = expect_object(choices[0], "choices[0]")
-        message = expect_object(choice.get("message"), "choices[0].message")
-        content = _optional_text(message, "content")
-        refusal = _optional_text(message, "refusal")
-        calls = _parse_tool_calls(message.get("tool_calls"))
-        reason = finish_reason(choice.get("finish_reason"))
-        stop: StopKind = "refusal" if refusal else _STOPS.get(reason, "tool_use" if calls else "end")
-        return ModelReply(
-            model=reply_model(body.get("model"), requested_model),
-            text=refusal if refusal else content,
-            tool_calls=calls,
-            usage=_usage(body.get("usage")),
-            finish_reason=reason,
-            stop=stop,
-        )
+        try:
+            return _reply(body, requested_model)
+        except ProviderError as error:
+            bill(error, body.get("usage"), _usage)
+            raise
+
+
+def _reply(body: dict[str, Any], requested_model: str) -> ModelReply:
+    choices = expect_list(body.get("choices"), "choices")
+    if not choices:
+        raise malformed("choices is empty")
+    choice = expect_object(choices[0], "choices[0]")
+    message = expect_object(choice.get("message"), "choices[0].message")
+    content = _optional_text(message, "content")
+    refusal = _optional_text(message, "refusal")
+    calls = _parse_tool_calls(message.get("tool_calls"))
+    reason = finish_reason(choice.get("finish_reason"))
+    stop: StopKind = "refusal" if refusal else _STOPS.get(reason, "tool_use" if calls else "end")
+    return ModelReply(
+        model=reply_model(body.get("model"), requested_model),
+        text=refusal if refusal else content,
+        tool_calls=calls,
+        usage=_usage(body.get("usage")),
+        finish_reason=reason,
+        stop=stop,
+    )
 
 
 def _wire_message(message: ChatMessage) -> dict[str, Any]:

@@ -7,7 +7,8 @@ transport (`turnstile.streams.provider_http`) sends what it builds, for every fa
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import suppress
 from typing import Any, Protocol
 
 import orjson
@@ -96,6 +97,15 @@ _STREAM_ERRORS: dict[str, ProviderErrorKind] = {
 def malformed(detail: str) -> ProviderError:
     """A response we cannot use. Not retryable: the same request tends to get the same answer."""
     return ProviderError("malformed_response", detail, retryable=False)
+
+
+def bill(error: ProviderError, raw_usage: object, parse: Callable[[object], Usage]) -> None:
+    """Gives a malformed reply's `error` the usage the provider reported for it, when that is
+    there and readable: a whole reply is billed even if it cannot be used. An unreadable
+    usage leaves nothing known to count."""
+    if error.kind == "malformed_response" and raw_usage is not None:
+        with suppress(ProviderError):
+            error.usage = parse(raw_usage)
 
 
 def status_kind(status: int) -> ProviderErrorKind:
