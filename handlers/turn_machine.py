@@ -93,6 +93,7 @@ from turnstile.handlers.turn_rules import (
     bounded_result,
     isolated_turn,
     owner_verdict,
+    result_cut_to_fit,
     retries_after,
     takeover_failure,
     tool_outcome,
@@ -706,12 +707,23 @@ def _finish_call(
     m: TurnMachine, out: _Out, call: ToolCall, iteration: int, ok: bool, result: str, reconciled: bool = False
 ) -> str:
     """Records the call's result (bounded to fit a log value) and returns it."""
-    result = bounded_result(result)
-    out.emit(
-        ToolCallFinished(
-            **_stamp(m), iteration=iteration, call_id=call.call_id, ok=ok, result=result, reconciled=reconciled
-        )
+    finished = ToolCallFinished(
+        **_stamp(m),
+        iteration=iteration,
+        call_id=call.call_id,
+        ok=ok,
+        result=bounded_result(result),
+        reconciled=reconciled,
     )
+    try:
+        out.emit(finished)
+    except EventTooLarge as exc:
+        cut = result_cut_to_fit(finished, result, exc.limit)
+        if cut is None:
+            raise
+        out.emit(cut)
+        finished = cut
+    result = finished.result
     # As the log keeps the call (secrets redacted): a pause's kept text quotes it.
     m.done[call.call_id] = DoneCall(call.name, m.settings.tools.recorded(call).arguments, ok, result)
     return result

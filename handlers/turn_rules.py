@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Literal, TypeGuard
 
-from turnstile.events import STOPPED_MID_ATTEMPT, Event, ToolCallStarted
+from turnstile.events import STOPPED_MID_ATTEMPT, Event, ToolCallFinished, ToolCallStarted, encode
 from turnstile.handlers.failure_text import MAX_ATTEMPTS, NOT_REPLAYED, unresumable
 from turnstile.handlers.provider import ProviderError
 from turnstile.handlers.resume import NextStep, Resume, Unresumable
@@ -98,6 +98,25 @@ def fenced(event: Event) -> TypeGuard[ToolCallStarted]:
 
 
 def bounded_result(result: str) -> str:
-    if len(result) <= MAX_RESULT_CHARS:
-        return result
-    return result[:MAX_RESULT_CHARS] + f"\n[truncated: the result had {len(result)} characters]"
+    return result if len(result) <= MAX_RESULT_CHARS else _truncated(result, MAX_RESULT_CHARS)
+
+
+def result_cut_to_fit(finished: ToolCallFinished, whole: str, limit: int) -> ToolCallFinished | None:
+    """`finished` with the longest start of the tool's `whole` result (and a note saying it
+    was cut) whose value fits the log's `limit` bytes: a result is worth keeping in part,
+    the tool having acted. None when not even the note fits."""
+
+    def cut(chars: int) -> ToolCallFinished:
+        return finished.model_copy(update={"result": _truncated(whole, chars)})
+
+    if len(encode(cut(0))) > limit:
+        return None
+    fits, over = 0, len(whole)  # cut(fits) fits; the whole result is known not to
+    while over - fits > 1:
+        middle = (fits + over) // 2
+        fits, over = (middle, over) if len(encode(cut(middle))) <= limit else (fits, middle)
+    return cut(fits)
+
+
+def _truncated(result: str, chars: int) -> str:
+    return result[:chars] + f"\n[truncated: the result had {len(result)} characters]"

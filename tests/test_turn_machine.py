@@ -41,6 +41,7 @@ from turnstile.handlers.provider import ModelReply, ProtocolFamily, ProviderErro
 from turnstile.handlers.resume import Resume, next_step
 from turnstile.handlers.tools import Tool, ToolRegistry
 from turnstile.handlers.turn_machine import TurnMachine, decide, machine_for
+from turnstile.handlers.turn_rules import result_cut_to_fit
 from turnstile.handlers.turn_settings import Route, TurnSettings
 from turnstile.handlers.turn_steps import (
     Append,
@@ -636,16 +637,45 @@ def test_a_reply_recorded_whose_outcome_is_over_the_limit_fails_the_turn_instead
     )
 
 
-def test_a_tool_result_over_the_limit_fails_the_turn_naming_the_result_not_the_reply():
+def searched_under(limit: int | None, result: str) -> tuple[Command, ...]:
+    """The commands after a tool returned `result`, under a log that takes `limit` bytes."""
     m = machine()
-    m.max_event_bytes = 2_000
     claimed(m)
     decide(m, ModelAnswered(reply("looking", ("c1", "search", '{"q": "a"}')), T0 + 10))
-    commands = decide(m, ToolReturned("found " * 1_000, T0 + 20))
-    assert types(commands) == ["Report", "AttemptFailed", "TurnFailed", "Finish"]
-    outcome = events(commands)[-1]
-    assert isinstance(outcome, TurnFailed)
-    assert outcome.error.startswith("The tool's result is too large to record: as ToolCallFinished it is")
+    m.max_event_bytes = limit
+    return decide(m, ToolReturned(result, T0 + 20))
+
+
+def test_a_tool_result_exactly_at_the_logs_limit_is_recorded_whole():
+    result = "found ☃ \x00" * 300
+    whole = sizes(searched_under(None, result))["ToolCallFinished"]
+    commands = searched_under(whole, result)
+    assert types(commands) == ["ToolCallFinished", "CallModel"]
+    assert events(commands)[0].result == result
+
+
+@pytest.mark.parametrize("over", [1, 40_000])
+def test_a_tool_result_over_the_limit_is_cut_to_fit_and_the_turn_goes_on_with_what_was_kept(over: int):
+    result = "found ☃ \x00" * 3_000  # 3 bytes a snowman, 6 a NUL escaped: cut by bytes, not characters
+    whole = sizes(searched_under(None, result))["ToolCallFinished"]
+    commands = searched_under(whole - over, result)
+    assert types(commands) == ["ToolCallFinished", "CallModel"]  # the tool acted: its result is kept, in part
+    [finished] = events(commands)
+    assert isinstance(finished, ToolCallFinished) and finished.ok
+    assert whole - over - 6 <= len(encode(finished)) <= whole - over  # as much as fits (a char is at most 6 bytes)
+    kept, note = finished.result.rsplit("\n", 1)
+    assert result.startswith(kept) and note == "[truncated: the result had 27000 characters]"
+    request = effect(commands)
+    assert isinstance(request, CallModel) and request.request.messages[-1].content == finished.result  # as recorded
+
+
+def test_a_result_is_not_cut_below_its_note_saying_so():
+    [finished] = events(searched_under(None, "found " * 1_000))
+    assert isinstance(finished, ToolCallFinished)
+    noted = len(encode(finished.model_copy(update={"result": "\n[truncated: the result had 6000 characters]"})))
+    assert result_cut_to_fit(finished, finished.result, noted) is not None
+    assert result_cut_to_fit(finished, finished.result, noted - 1) is None  # the turn then fails, naming the result
+
 
 # -- more budgets and approvals -------------------------------------------------------------
 def test_the_tool_call_allowance_pauses_before_the_next_call_keeping_it_as_blocked():
