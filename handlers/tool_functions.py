@@ -85,6 +85,7 @@ class ToolFlags(TypedDict, total=False):
     needs_approval: bool
     idempotent: bool
     reconcile: Reconciler | None
+    timeout_s: float | None
 
 
 # The parameter an idempotent tool's function takes the call's idempotency key in: passed by
@@ -117,6 +118,7 @@ def tool_from_function(
     needs_approval: bool = False,
     idempotent: bool = False,
     reconcile: Reconciler | None = None,
+    timeout_s: float | None = None,
 ) -> Tool:
     """`idempotent` and `reconcile` say how a call left started and unfinished (its worker
     stopped) is settled, so they are for side effects only: `idempotent` runs it again with
@@ -148,7 +150,8 @@ def tool_from_function(
         return _result_text(result)
 
     kind: ToolKind = "side_effect" if side_effect else "read_only"
-    return Tool(tool_name, description or summary, model, run, kind, isolated_ok, needs_approval, idempotent, reconcile)
+    flags = (isolated_ok, needs_approval, idempotent, reconcile, timeout_s)
+    return Tool(tool_name, description or summary, model, run, kind, *flags)
 
 
 @overload
@@ -164,7 +167,8 @@ def tool(function: ToolCallable | None = None, /, **flags: Unpack[ToolFlags]) ->
     (sync or async) turns it into a `Tool`. `side_effect`: the call changes the world, so a
     turn that started it is never retried automatically; `isolated_ok`: scheduled turns,
     with nobody watching, may call it; `needs_approval`: the turn pauses until a person
-    approves the exact call (`turnstile approve`)."""
+    approves the exact call (`turnstile approve`); `timeout_s`: how long a call may run
+    (default: the worker's 60 s; never past the turn's deadline)."""
 
     def decorate(f: ToolCallable) -> Tool:
         return tool_from_function(f, **flags)

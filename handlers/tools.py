@@ -22,6 +22,7 @@ given the validated arguments parsed from what the model sent.
 from __future__ import annotations
 
 import hashlib
+import math
 import re
 import typing
 from collections.abc import Awaitable, Callable, Iterable
@@ -108,6 +109,9 @@ class Tool:
     needs_approval: bool = False
     idempotent: bool = False
     reconcile: Reconciler | None = None
+    # How long a call may run, in seconds; None: the worker's `tool_timeout_s` (60). Never
+    # past the turn's deadline either way.
+    timeout_s: float | None = None
 
     @property
     def side_effect(self) -> bool:
@@ -144,6 +148,8 @@ class ToolRegistry:
                 raise ValueError(f"tool {tool.name!r} is registered twice")
             if not TOOL_NAME.fullmatch(tool.name):
                 raise ValueError(f"tool {tool.name!r}: a name is 1-64 letters, digits, _ or - (as the model APIs take)")
+            if tool.timeout_s is not None and not 0 < tool.timeout_s < math.inf:
+                raise ValueError(f"tool {tool.name!r}: timeout_s is a number of seconds over 0, not {tool.timeout_s!r}")
             if tool.needs_approval and tool.has_secrets:
                 raise ValueError(
                     f"tool {tool.name!r}: an approval names its call by the arguments as the log keeps them, and "

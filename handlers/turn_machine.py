@@ -672,7 +672,7 @@ def _run_tool(m: TurnMachine, out: _Out, checked: ValidCall, item: CallToSettle)
     call, tool = checked.call, checked.tool
     key = idempotency_key(m.turn.turn_id, call.call_id) if tool.idempotent else None
     left_s = time_left_s(_spent(m, item.iteration), m.settings.budget)
-    timeout_s = min(m.settings.tool_timeout_s, left_s)
+    timeout_s = min(tool.timeout_s or m.settings.tool_timeout_s, left_s)
     # On the log, acknowledged, before the tool can touch anything.
     started = ToolCallStarted(
         **_stamp(m),

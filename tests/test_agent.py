@@ -211,6 +211,21 @@ def test_test_model_gives_a_tool_call_id_once_as_a_real_model_does(tmp_path: Pat
     assert answered.reply == "done" and started == ["call-1", "call-1-2"] and seen == ["looked", "looked"]
 
 
+def test_a_tool_given_its_own_timeout_is_stopped_there_and_the_model_is_told(tmp_path: Path) -> None:
+    agent = Agent("a", model=TestModel(replies=[TestModel.calls("slow"), "it was too slow"]))
+
+    @agent.tool(timeout_s=0.05)
+    async def slow() -> str:
+        """Take a long time."""
+        await asyncio.Event().wait()  # never set: only the tool's timeout ends it
+        return "never"
+
+    answered = asyncio.run(agent.answer("go", data=tmp_path, timeout_s=20))
+    [finished] = [e for e in answered.events if isinstance(e, ToolCallFinished)]
+    assert (finished.ok, finished.result) == (False, "error: the tool did not finish within 0.05 s")
+    assert answered.reply == "it was too slow"
+
+
 def test_a_log_place_with_an_address_kafka_does_not_take_is_refused() -> None:
     with pytest.raises(ValueError, match="is not a Kafka address"):
         LogPlace(broker="http://localhost:9092")

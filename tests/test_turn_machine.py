@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import itertools
+import math
 from dataclasses import dataclass
 
 import pytest
@@ -436,6 +437,31 @@ def test_a_request_may_run_only_until_the_deadline():
     later = effect(decide(m, ModelAnswered(reply("", ("c1", "search", "{}")), T0 + 4_000)))
     assert isinstance(later, RunTool) and later.timeout_s == 6.0 and later.at_deadline
     assert isinstance(request, CallModel) and request.request.time_left_s == 10.0
+
+
+@pytest.mark.parametrize(
+    ("tool_timeout_s", "deadline_ms", "runs_for_s", "at_deadline"),
+    [
+        (None, 120_000, 60.0, False),
+        (300.0, 600_000, 300.0, False),
+        (300.0, 120_000, 120.0, True),
+        (0.5, 120_000, 0.5, False),
+    ],
+)
+def test_a_call_may_run_for_its_tools_own_timeout_or_else_the_workers_and_never_past_the_deadline(
+    tool_timeout_s: float | None, deadline_ms: int, runs_for_s: float, at_deadline: bool
+):
+    report = Tool("report", "Build the report.", Args, _never, timeout_s=tool_timeout_s)
+    m = machine(settings(tools=ToolRegistry([report]), budget=TurnBudget(deadline_ms=deadline_ms)))
+    claimed(m, at=T0)
+    run = effect(decide(m, ModelAnswered(reply("", ("c1", "report", "{}")), T0)))
+    assert isinstance(run, RunTool) and (run.timeout_s, run.at_deadline) == (runs_for_s, at_deadline)
+
+
+@pytest.mark.parametrize("timeout_s", [0.0, -1.0, math.inf, math.nan])
+def test_a_tool_timeout_that_is_not_a_positive_number_of_seconds_is_refused_when_registered(timeout_s: float):
+    with pytest.raises(ValueError, match="timeout_s is a number of seconds over 0"):
+        ToolRegistry([Tool("report", "Build the report.", Args, _never, timeout_s=timeout_s)])
 
 
 # -- taking over ----------------------------------------------------------------------------
