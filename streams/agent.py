@@ -314,7 +314,9 @@ class Agent:
         """Send `text` to `conversation` and run the agent on an embedded log -- a temporary
         folder, or `data` (kept: a later call goes on with the conversation) -- until the turn
         that claims the message has its outcome. For your tests, with a `TestModel`: no
-        broker, no port, nothing printed; a `TimeoutError` past `timeout_s`."""
+        broker, no port, nothing printed; a `TimeoutError` past `timeout_s`. `data` has one
+        owner at a time: while another answer or worker runs on it, `LogOwned` is raised and
+        nothing is sent."""
         if data is not None:
             return await self._answer(text, conversation, Path(data), timeout_s)
         with tempfile.TemporaryDirectory(prefix="turnstile-answer-") as folder:
@@ -322,8 +324,15 @@ class Agent:
 
     async def _answer(self, text: str, conversation: str, data: Path, timeout_s: float) -> Answered:
         log = FileLog(data)
-        message = message_event(conversation, text, SystemClock().now_ms())
-        await publish(log, message)
+        log.own()  # LogOwned while another answer or worker runs on `data`: refused before sending
+        try:
+            message = message_event(conversation, text, SystemClock().now_ms())
+            await publish(log, message)
+            return await self._until_answered(log, conversation, message.message_id, timeout_s)
+        finally:
+            await log.stop()  # (again, if the worker stopped it): the folder's lock is let go
+
+    async def _until_answered(self, log: FileLog, conversation: str, message_id: str, timeout_s: float) -> Answered:
         providers = self.providers()
         config = self.worker_config(providers, {"drain_grace_s": 0.0})  # the outcome is on the log: stop at once
         stop = asyncio.Event()
@@ -336,7 +345,7 @@ class Agent:
                     if isinstance(event, DecodeError) or event.conversation_id != conversation:
                         continue
                     events.append(event)
-                    if isinstance(event, OUTCOME_TYPES) and message.message_id in event.statuses:
+                    if isinstance(event, OUTCOME_TYPES) and message_id in event.statuses:
                         return Answered(event, events)
         except TimeoutError:
             raise TimeoutError(f"no outcome for the message to {conversation!r} within {timeout_s:g} s") from None

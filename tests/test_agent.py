@@ -19,8 +19,18 @@ from test_cli import turnstile as turnstile_cli
 
 import turnstile
 from turnstile import Agent, Model, TestModel
-from turnstile.events import AttemptFailed, ToolCallFinished, ToolCallStarted, TurnCompleted, encode
-from turnstile.streams.agent import load_agent
+from turnstile.events import (
+    AttemptFailed,
+    DecodeError,
+    Event,
+    ToolCallFinished,
+    ToolCallStarted,
+    TurnCompleted,
+    decode,
+    encode,
+)
+from turnstile.streams.agent import Answered, load_agent
+from turnstile.streams.file_log import FileLog, LogOwned
 from turnstile.streams.kafka_log import KafkaLog
 from turnstile.streams.log import Topics
 from turnstile.streams.publisher import KafkaPublisher, message_event
@@ -224,6 +234,39 @@ def test_a_tool_given_its_own_timeout_is_stopped_there_and_the_model_is_told(tmp
     [finished] = [e for e in answered.events if isinstance(e, ToolCallFinished)]
     assert (finished.ok, finished.result) == (False, "error: the tool did not finish within 0.05 s")
     assert answered.reply == "it was too slow"
+
+
+def test_a_second_answer_on_a_folder_in_use_is_refused_before_its_message_is_sent(tmp_path: Path) -> None:
+    agent = Agent("a", model=TestModel(replies=[TestModel.calls("wait"), "first answered", "third answered"]))
+    waiting, released = asyncio.Event(), asyncio.Event()
+
+    @agent.tool
+    async def wait() -> str:
+        """Wait."""
+        waiting.set()
+        await released.wait()
+        return "waited"
+
+    async def both() -> tuple[Answered, BaseException | Answered]:
+        first = asyncio.create_task(agent.answer("first", data=tmp_path, conversation="one"))
+        await waiting.wait()  # the first owns the folder and is running its turn
+        second = agent.answer("second", data=tmp_path, conversation="two")
+        [refused] = await asyncio.gather(second, return_exceptions=True)
+        released.set()
+        return await first, refused
+
+    first, second = asyncio.run(both())
+    assert first.reply == "first answered"
+    assert isinstance(second, LogOwned) and f"(pid {os.getpid()})" in str(second)
+    third = asyncio.run(agent.answer("third", data=tmp_path, conversation="three"))  # the folder is free again
+    assert third.reply == "third answered"
+    on_the_log = {e.conversation_id for e in asyncio.run(_all_events(tmp_path))}
+    assert on_the_log == {"one", "three"}  # "second" was never sent
+
+
+async def _all_events(folder: Path) -> list[Event]:
+    log = FileLog(folder)
+    return [e for r in await log.reader().read(log.topics.events) if not isinstance(e := decode(r.value), DecodeError)]
 
 
 def test_a_log_place_with_an_address_kafka_does_not_take_is_refused() -> None:
