@@ -28,6 +28,7 @@ from turnstile.events import (
     TurnEnvelope,
     TurnInterrupted,
     TurnPaused,
+    Usage,
     decode,
     decode_record,
 )
@@ -154,6 +155,12 @@ def build_view(conversation_id: str, records: list[Record], start: ConversationS
     return view
 
 
+def _spent(turn: TurnView, usage: Usage, cost_usd: float | None) -> None:
+    turn.input_tokens += usage.input_tokens
+    turn.output_tokens += usage.output_tokens
+    turn.cost_usd = None if turn.cost_usd is None or cost_usd is None else turn.cost_usd + cost_usd
+
+
 def _record(view: ConversationView, record: Record, event: Event, ignored: str | None) -> None:
     if not isinstance(event, TurnEnvelope):  # (not getattr: pydantic's miss raises, ~8 µs an event)
         return
@@ -175,9 +182,7 @@ def _record(view: ConversationView, record: Record, event: Event, ignored: str |
             turn.iterations += 1
             if turn.attempts:
                 turn.attempts[-1].iterations = event.iteration
-            turn.input_tokens += event.usage.input_tokens
-            turn.output_tokens += event.usage.output_tokens
-            turn.cost_usd = None if turn.cost_usd is None or event.cost_usd is None else turn.cost_usd + event.cost_usd
+            _spent(turn, event.usage, event.cost_usd)
         case ToolCallStarted():
             turn.tool_calls.append(ToolCallView(event.call_id, event.tool, event.iteration, event.side_effect))
         case ToolCallFinished():
@@ -186,6 +191,8 @@ def _record(view: ConversationView, record: Record, event: Event, ignored: str |
                     call.status = "succeeded" if event.ok else "failed"
         case ProtocolFailure():
             turn.protocol_failures += 1
+            if event.usage is not None:  # an unusable reply, billed all the same
+                _spent(turn, event.usage, event.cost_usd)
         case FallbackEngaged():
             turn.fallbacks += 1
         case AttemptFailed():

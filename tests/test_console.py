@@ -13,7 +13,13 @@ import httpx
 from mail_agent import mail_worker
 from worker_harness import serving
 
+from turnstile import Agent, TestModel
+from turnstile.events import Usage
+from turnstile.handlers.provider import ProviderError
 from turnstile.streams.console.format import duration, esc_text, money, redact_json, short_id, when
+from turnstile.streams.console.waterfall import waterfall
+from turnstile.streams.file_log import FileLog
+from turnstile.streams.views import build_view
 
 ROOT = Path(__file__).parent.parent
 
@@ -168,3 +174,17 @@ async def test_the_page_of_a_conversation_not_folded_yet_follows_it_until_its_fi
                     assert '"type":"MessageReceived"' in line
                     break
         assert (await client.get("/ui/conversations/fresh-1", params={"fragment": "1"})).status_code == 200
+
+
+def test_a_billed_malformed_reply_counts_on_the_turns_page_as_in_its_outcome(tmp_path: Path) -> None:
+    billed = Usage(input_tokens=700, output_tokens=40)
+    model = TestModel(replies=[ProviderError("malformed_response", "choices is empty", retryable=False, usage=billed)])
+    answered = asyncio.run(Agent("a", model=model).answer("hi", data=tmp_path))
+    assert answered.outcome.type == "TurnFailed"
+    log = FileLog(tmp_path)
+    view = build_view("c1", asyncio.run(log.reader().conversation("c1")))
+    [turn] = view.turns.values()
+    metrics = answered.outcome.metrics
+    assert (turn.input_tokens, turn.output_tokens) == (metrics.input_tokens, metrics.output_tokens) == (700, 40)
+    [failure] = [span for span in waterfall(turn).spans if span.kind == "protocol"]
+    assert (failure.input_tokens, failure.output_tokens, failure.cost_usd) == (700, 40, 0.0)

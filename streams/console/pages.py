@@ -294,7 +294,7 @@ def _waterfall(turn: TurnView) -> str:
         tokens = (
             f"{count(span.input_tokens)} / {count(span.output_tokens or 0)}" if span.input_tokens is not None else ""
         )
-        cost = money(span.cost_usd) if span.kind == "model" else ""
+        cost = money(span.cost_usd) if span.input_tokens is not None else ""
         details = "".join(
             f'<div class="detail"><span class="muted">{esc(name)}</span><pre>{esc_text(redact_json(text))}</pre></div>'
             for name, text in span.details

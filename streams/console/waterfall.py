@@ -95,6 +95,11 @@ def waterfall(turn: TurnView) -> Waterfall:
                 last_step[event.run_id] = at
             case ProtocolFailure():
                 span = Span("protocol", f"protocol failure: {event.kind}", at, at, "failed")
+                if event.usage is not None:  # an unusable reply, billed all the same
+                    span.start = last_step.get(event.run_id, at)
+                    span.input_tokens, span.output_tokens = event.usage.input_tokens, event.usage.output_tokens
+                    span.cost_usd = event.cost_usd
+                    last_step[event.run_id] = at
                 span.details.append(("detail", event.detail))
                 spans.append(span)
             case FallbackEngaged():
