@@ -36,7 +36,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, H
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from turnstile.events import OUTCOME_TYPES, Event, MessageRejected, ModelResponded, TurnClaimed
+from turnstile.events import OUTCOME_TYPES, Event, MessageRejected, ModelResponded, ProtocolFailure, TurnClaimed
 from turnstile.handlers.provider import (
     ModelReply,
     ModelRequest,
@@ -149,8 +149,8 @@ class Metrics:
                 self.cost_total.inc(event.metrics.cost_usd)
         elif isinstance(event, MessageRejected):
             self.rejected.inc()
-        elif isinstance(event, ModelResponded):
-            usage = event.usage
+        elif isinstance(event, ModelResponded | ProtocolFailure) and (usage := event.usage) is not None:
+            # (a ProtocolFailure has usage when the provider billed a reply that was unusable)
             for kind, tokens in (
                 ("input", usage.input_tokens),
                 ("cached_input", usage.cached_input_tokens),

@@ -120,8 +120,9 @@ async def test_metrics_of_a_worker_on_kafka(kafka_bootstrap: str, fresh_topics: 
         await publisher.producer.stop()
 
 
-async def test_provider_requests_errors_and_tokens_by_kind(tmp_path):
-    from provider_server import ProviderServer, Raw, Reply
+async def _scraped_after_one_turn(tmp_path, *replies, outcome: str) -> dict:
+    """The worker's metrics once it has folded the outcome of one turn the model `replies` to."""
+    from provider_server import ProviderServer
 
     from turnstile.handlers.pricing import ModelPrice
     from turnstile.handlers.providers.openai_chat import OpenAIChat
@@ -132,22 +133,28 @@ async def test_provider_requests_errors_and_tokens_by_kind(tmp_path):
     metrics = Metrics()
     turn = dataclasses.replace(FAST.turn, model="gpt-test", prices={"gpt-test": ModelPrice(1.0, 2.0)})
     with ProviderServer() as server:
-        server.push(Raw(503, {"error": {"message": "busy"}}), Reply(text="fine", usage=(40, 6)))
+        server.push(*replies)
         provider = HttpProvider(OpenAIChat(), server.base_url_openai, "k", retry=RetryPolicy(max_retries=0))
         worker = Worker(log, provider, dataclasses.replace(FAST, turn=turn), metrics=metrics)
         stop = asyncio.Event()
         task = asyncio.create_task(worker.run(stop))
         try:
             await publish(log, message_event("c1", "hi", NOW(), "m1"))
-            await until(lambda: any(isinstance(e, TurnCompleted) for e in events_of(log, "c1")))
             # On the log is not yet folded by the worker, which counts what it folds.
-            folded = ("turnstile_turns_total", (("outcome", "completed"),))
+            folded = ("turnstile_turns_total", (("outcome", outcome),))
             await until(lambda: folded in scrape(metrics))
-            samples = scrape(metrics)
+            return scrape(metrics)
         finally:
             stop.set()
             await asyncio.wait_for(task, 10)
             await provider.aclose()
+
+
+async def test_provider_requests_errors_and_tokens_by_kind(tmp_path):
+    from provider_server import Raw, Reply
+
+    replies = (Raw(503, {"error": {"message": "busy"}}), Reply(text="fine", usage=(40, 6)))
+    samples = await _scraped_after_one_turn(tmp_path, *replies, outcome="completed")
 
     timed = "turnstile_provider_request_seconds_count"
     assert samples[("turnstile_provider_errors_total", (("family", "openai"), ("kind", "server_error")))] == 1
@@ -155,3 +162,13 @@ async def test_provider_requests_errors_and_tokens_by_kind(tmp_path):
     assert samples[(timed, (("family", "openai"), ("result", "server_error")))] == 1
     assert samples[("turnstile_model_tokens_total", (("kind", "input"), ("model", "gpt-test")))] == 40
     assert samples[("turnstile_model_tokens_total", (("kind", "output"), ("model", "gpt-test")))] == 6
+
+
+async def test_the_tokens_of_a_malformed_reply_the_provider_billed_are_counted(tmp_path):
+    from provider_server import Raw
+
+    billed = {"choices": [], "usage": {"prompt_tokens": 30, "completion_tokens": 2}}
+    samples = await _scraped_after_one_turn(tmp_path, Raw(200, billed), outcome="failed")
+
+    assert samples[("turnstile_model_tokens_total", (("kind", "input"), ("model", "gpt-test")))] == 30
+    assert samples[("turnstile_model_tokens_total", (("kind", "output"), ("model", "gpt-test")))] == 2
