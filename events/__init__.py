@@ -38,6 +38,7 @@ from turnstile.events.union import (
     InputEvent,
     TerminalOutcome,
     TurnEvent,
+    input_id,
 )
 
 __all__ = [
@@ -82,5 +83,6 @@ __all__ = [
     "decode",
     "decode_record",
     "encode",
+    "input_id",
     "logical_turn_id",
 ]

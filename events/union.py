@@ -48,3 +48,15 @@ OUTCOME_TYPES = (TurnCompleted, TurnFailed, TurnPaused, TurnExhausted)
 # nor which turn is active (a reader's "is it paused, running, idle" stays as it was).
 STEP_TYPES = (AttemptStarted, ModelResponded, ToolCallStarted, ToolCallFinished, ProtocolFailure, ContextCompacted,
               FallbackEngaged, AttemptFailed)
+
+
+def input_id(event: InputEvent) -> str:
+    """The id an input is pending, claimed (`TurnClaimed.input_ids`) and answered
+    (an outcome's `statuses`) under."""
+    match event:
+        case MessageReceived():
+            return event.message_id
+        case InputInjected():
+            return event.occurrence_key
+        case ResumeRequested():
+            return event.request_id

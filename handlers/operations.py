@@ -14,7 +14,7 @@ import hashlib
 from dataclasses import dataclass
 from typing import Literal
 
-from turnstile.events import Approval, InputInjected, ResumeRequested, logical_turn_id
+from turnstile.events import Approval, InputInjected, ResumeRequested, input_id, logical_turn_id
 from turnstile.events.base import MAX_ID_CHARS
 from turnstile.events.inputs import MAX_CONTENT_CHARS
 from turnstile.handlers.claim import DebouncePolicy
@@ -43,7 +43,7 @@ class Operation:
     @property
     def input_id(self) -> str:
         """The id the event's input is pending under (and judged a duplicate or conflict by)."""
-        return self.event.occurrence_key if isinstance(self.event, InputInjected) else self.event.request_id
+        return input_id(self.event)
 
 
 def _last_turn(state: ConversationState) -> TurnRecord | Refused:

@@ -10,11 +10,13 @@ import sys
 from pathlib import Path
 
 import httpx
+import orjson
 from mail_agent import mail_worker
 from worker_harness import serving
 
+import turnstile
 from turnstile import Agent, TestModel
-from turnstile.events import Usage
+from turnstile.events import Usage, decode
 from turnstile.handlers.provider import ProviderError
 from turnstile.streams.console.format import duration, esc_text, money, redact_json, short_id, when
 from turnstile.streams.console.waterfall import waterfall
@@ -153,6 +155,24 @@ def test_a_turn_page_exports_to_one_standalone_file(tmp_path: Path) -> None:
     page = out.read_text()
     assert "<style>" in page and "<script>" in page and 'href="/ui' not in page and "/ui/assets" not in page
     assert "hello &lt;b&gt;" in page and "table class=\"waterfall\"" in page
+    assert f"exported from {data} (turnstile.events) at 20" in page and f"by turnstile {turnstile.__version__}" in page
+    # The audit record: the turn's records exactly as the log holds them, with where they are.
+    record = tmp_path / "turn.json"
+    done = subprocess.run([*command, turn_id, "--format", "json", "-o", str(record)], capture_output=True, text=True,
+                          cwd=ROOT, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    exported = orjson.loads(record.read_bytes())
+    on_log = {(r.partition, r.offset): r.value for r in asyncio.run(FileLog(data).reader().conversation("c1"))}
+    assert [orjson.dumps(r["event"]) for r in exported["records"]] == [
+        orjson.dumps(orjson.loads(on_log[(r["partition"], r["offset"])])) for r in exported["records"]
+    ]
+    events = [decode(orjson.dumps(r["event"])) for r in exported["records"]]
+    assert [e.type for e in events] == ["MessageReceived", "TurnClaimed", "AttemptStarted", "ModelResponded",
+                                        "TurnCompleted"]  # fmt: skip
+    assert events[0].content == "hello <b>" and exported["input_ids"] == [events[0].message_id]
+    assert exported["turn_id"] == turn_id and exported["run_ids"] == [events[2].run_id]
+    assert exported["exported"]["by"] == f"turnstile {turnstile.__version__}"
+    assert (exported["exported"]["log"], exported["exported"]["topic"]) == (str(data), "turnstile.events")
     missing = subprocess.run([*command, "nope"], capture_output=True, text=True, cwd=ROOT, timeout=60, check=False)
     assert missing.returncode == 1 and "no turn 'nope'" in missing.stderr
 

@@ -100,11 +100,15 @@ def utc(ms: int) -> str:
     return dt.datetime.fromtimestamp(ms / 1000, dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
+def iso_utc(ms: int) -> str:
+    return dt.datetime.fromtimestamp(ms / 1000, dt.UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
 def when(ms: int | None) -> str:
     """The time in UTC; the page's script adds the local time (`data-ms`)."""
     if ms is None:
         return "—"
-    iso = dt.datetime.fromtimestamp(ms / 1000, dt.UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    iso = iso_utc(ms)
     return f'<time datetime="{iso}" data-ms="{ms}" title="{iso}">{utc(ms)}</time>'
 
 

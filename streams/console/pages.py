@@ -36,14 +36,14 @@ def asset(name: str) -> str:
 
 
 def layout(title: str, main: str, *, body_data: dict[str, str] | None = None, standalone: bool = False,
-           aside: str = "") -> str:
+           aside: str = "", provenance: str = "") -> str:
     """The page around `main`. `standalone`: the assets inlined and no links back to a
-    server (an exported page opens from a file)."""
+    server (an exported page opens from a file), saying where it came from (`provenance`)."""
     data = "".join(f' data-{k}="{esc(v)}"' for k, v in (body_data or {}).items())
     if standalone:
         head = f"<style>{asset('console.css')}</style>"
         script = f"<script>{asset('console.js')}</script>"
-        nav = '<nav><span class="brand">turnstile</span> <span class="muted">exported turn page</span></nav>'
+        nav = f'<nav><span class="brand">turnstile</span> <span class="muted">{esc(provenance)}</span></nav>'
     else:
         head = '<link rel="stylesheet" href="/ui/assets/console.css">'
         script = '<script src="/ui/assets/console.js" defer></script>'
@@ -278,11 +278,15 @@ def turn_main(view: ConversationView, turn: TurnView, *, standalone: bool = Fals
     return head + _waterfall(turn) + inputs_html + outcome_html + _events(turn)
 
 
-def turn_page(view: ConversationView, turn: TurnView, *, live: bool = False, standalone: bool = False) -> str:
+def turn_page(
+    view: ConversationView, turn: TurnView, *, live: bool = False, standalone: bool = False, provenance: str = ""
+) -> str:
+    """`standalone` (an export): `provenance` says where, when and by what it was read."""
     conversation = view.state.conversation_id
     data = {"conversation": conversation, "live": "1" if live and not standalone else "", "turn": turn.turn_id}
     title = f"turnstile · turn {turn.turn_id[:12]} of {conversation}"
-    return layout(title, turn_main(view, turn, standalone=standalone), body_data=data, standalone=standalone)
+    main = turn_main(view, turn, standalone=standalone)
+    return layout(title, main, body_data=data, standalone=standalone, provenance=provenance)
 
 
 def _waterfall(turn: TurnView) -> str:
