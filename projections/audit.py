@@ -106,6 +106,11 @@ class LogRecord(Protocol):
     @property
     def value(self) -> bytes | None: ...
 
+    @property
+    def unreadable(self) -> str | None:
+        """Why the log's client could not read the record at all (it stands in for it)."""
+        ...
+
 
 # Inputs that wait longer than this (by event time) while their partition goes on are
 # stalled: a debounce or a queue behind an active turn is far shorter.
@@ -336,6 +341,9 @@ class Auditor:
         self._at = (record.partition, record.offset)
         self._ends[record.partition] = record.offset + 1
         # What the workers dead-letter without folding it, the auditor does not fold either.
+        if record.unreadable is not None:  # (no value: not a tombstone, a record no client here reads)
+            self._undecodable.append(self._finding(None, None, f"unreadable: {record.unreadable}"))
+            return
         event = decode_record(record.key, record.value, self.max_value_bytes, self.upcasters)
         if isinstance(event, DecodeError):
             self._undecodable.append(self._finding(None, None, f"{event.reason}: {event.detail}"))

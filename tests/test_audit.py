@@ -374,11 +374,13 @@ def test_duplicates_conflicts_and_undecodable_values_are_notices() -> None:
         *turn, c,  # the same claim again: the first claim won
     )  # fmt: skip
     log.append(Record(0, len(log), b"wrong-key", encode(message("m2", 5))))
+    log.append(Record(0, len(log), None, None, unreadable="a header name is not UTF-8"))  # (the client's stand-in)
     report = audit(log)
     assert report.ok, render(report)
     assert [f.detail.split(":")[0] for f in report.ignored] == ["MessageReceived ignored", "MessageReceived conflict"]
-    assert [f.where for f in report.undecodable] == ["0@3", "0@4", "0@9"]
+    assert [f.where for f in report.undecodable] == ["0@3", "0@4", "0@9", "0@10"]
     assert report.undecodable[2].detail.startswith("key_mismatch")
+    assert report.undecodable[3].detail == "unreadable: a header name is not UTF-8"  # not a tombstone
     assert [f.where for f in report.stale] == ["0@8"] and "another claim" in report.stale[0].detail
 
 
