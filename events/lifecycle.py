@@ -143,7 +143,8 @@ class ProtocolFailure(TurnEnvelope):
         # these fields existed, which a reader of that version still accepts.
         fields: dict[str, Any] = handler(self)
         if self.usage is None and self.cost_usd is None:
-            del fields["usage"], fields["cost_usd"]
+            fields.pop("usage", None)  # (absent already under `exclude=` or `include=`)
+            fields.pop("cost_usd", None)
         return fields
 
 

@@ -90,6 +90,8 @@ def observation_json(seen: Observation) -> JSON:
                 "retry_after_s": e.retry_after_s,
                 "provider_message": e.provider_message,
             }
+            if e.usage is not None:  # (a billed malformed reply; histories before it have none)
+                error["usage"] = e.usage.model_dump(mode="json")
             return {"type": kind, "now_ms": seen.now_ms, "error": error}
     return {"type": kind, **asdict(seen)}
 
@@ -107,7 +109,9 @@ def observation_of(data: Mapping[str, Any]) -> Observation:
             return Interrupted(MessageReceived.model_validate(fields["message"]), fields["now_ms"])
         case "ModelFailed":
             e = dict(fields["error"])
-            return ModelFailed(ProviderError(e.pop("kind"), e.pop("message"), **e), fields["now_ms"])
+            usage = None if (billed := e.pop("usage", None)) is None else Usage.model_validate(billed)
+            error = ProviderError(e.pop("kind"), e.pop("message"), **e, usage=usage)
+            return ModelFailed(error, fields["now_ms"])
     cls = _PLAIN.get(data["type"])
     if cls is None:
         raise ValueError(f"unknown observation {data['type']!r}")

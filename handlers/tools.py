@@ -138,6 +138,10 @@ class Tool:
         return ToolSpec(self.name, self.description, schema)
 
 
+def _seconds(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and 0 < value < math.inf
+
+
 class ToolRegistry:
     """The tools a turn may call, by name. Names are unique."""
 
@@ -148,7 +152,7 @@ class ToolRegistry:
                 raise ValueError(f"tool {tool.name!r} is registered twice")
             if not TOOL_NAME.fullmatch(tool.name):
                 raise ValueError(f"tool {tool.name!r}: a name is 1-64 letters, digits, _ or - (as the model APIs take)")
-            if tool.timeout_s is not None and not 0 < tool.timeout_s < math.inf:
+            if tool.timeout_s is not None and not _seconds(tool.timeout_s):
                 raise ValueError(f"tool {tool.name!r}: timeout_s is a number of seconds over 0, not {tool.timeout_s!r}")
             if tool.needs_approval and tool.has_secrets:
                 raise ValueError(

@@ -454,7 +454,17 @@ def _tool_message(m: TurnMachine, item: CallToSettle, text: str, ok: bool) -> No
 
 def _spent(m: TurnMachine, iterations: int) -> Spent:
     turn = m.turn
-    return Spent(iterations, turn.tool_calls, turn.cost_usd, max(0, m.now_ms - turn.claimed_at))
+    elapsed_ms = max(0, m.now_ms - turn.claimed_at)
+    if turn.cost_usd is not None:
+        return Spent(iterations, turn.tool_calls, turn.cost_usd, elapsed_ms)
+    # Which model made the cost unknown: not always the one asked next (a fallback follows
+    # an unpriced model's billed but unusable reply).
+    unpriced = (e.model for e in turn.journal if isinstance(e, ModelResponded | ProtocolFailure) and _unpriced(e))
+    return Spent(iterations, turn.tool_calls, None, elapsed_ms, next(unpriced, None))
+
+
+def _unpriced(event: ModelResponded | ProtocolFailure) -> bool:
+    return event.cost_usd is None and (isinstance(event, ModelResponded) or event.usage is not None)
 
 
 def _next_request(m: TurnMachine, out: _Out) -> None:
@@ -613,7 +623,7 @@ def _settle(m: TurnMachine, out: _Out, item: CallToSettle) -> tuple[str, bool] |
     how = m.resume.in_doubt.get(call.call_id)
     if how == "reconcile":
         m.settling = item
-        out.then(Reconcile(call, m.settings.tool_timeout_s))
+        out.then(Reconcile(call, _timeout_s(m, call.name)))
         return None
     if how is not None or item.last:
         return _handle_call(m, out, item)
@@ -668,11 +678,17 @@ def _invalid_call(m: TurnMachine, out: _Out, invalid: InvalidCall, item: CallToS
     return tool_error(invalid.detail, seen, policy), False
 
 
+def _timeout_s(m: TurnMachine, tool_name: str) -> float:
+    """How long a call of the tool (or its reconciler) may run: its own, or the worker's."""
+    tool = m.settings.tools.get(tool_name, isolated=False)
+    return (tool.timeout_s if tool is not None else None) or m.settings.tool_timeout_s
+
+
 def _run_tool(m: TurnMachine, out: _Out, checked: ValidCall, item: CallToSettle) -> None:
     call, tool = checked.call, checked.tool
     key = idempotency_key(m.turn.turn_id, call.call_id) if tool.idempotent else None
     left_s = time_left_s(_spent(m, item.iteration), m.settings.budget)
-    timeout_s = min(tool.timeout_s or m.settings.tool_timeout_s, left_s)
+    timeout_s = min(_timeout_s(m, tool.name), left_s)
     # On the log, acknowledged, before the tool can touch anything.
     started = ToolCallStarted(
         **_stamp(m),

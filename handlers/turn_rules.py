@@ -111,7 +111,8 @@ def result_cut_to_fit(finished: ToolCallFinished, whole: str, limit: int) -> Too
 
     if len(encode(cut(0))) > limit:
         return None
-    fits, over = 0, len(whole)  # cut(fits) fits; the whole result is known not to
+    # cut(fits) fits; cut(over) is known not to: it is what did not fit (the bounded result).
+    fits, over = 0, min(len(whole), MAX_RESULT_CHARS)
     while over - fits > 1:
         middle = (fits + over) // 2
         fits, over = (middle, over) if len(encode(cut(middle))) <= limit else (fits, middle)

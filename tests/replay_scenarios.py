@@ -162,6 +162,10 @@ def _search(call: str, q: str = "x", ms: int = 0) -> tuple[str, str, str]:
 
 SERVER_ERROR = ProviderError("server_error", "HTTP 500", retryable=True, status=500)
 OVERLOADED = ProviderError("overloaded", "HTTP 529", retryable=True, status=529)
+# An unusable reply the provider reported (and billed) tokens for.
+BILLED_MALFORMED = ProviderError(
+    "malformed_response", "choices is empty", retryable=False, usage=Usage(input_tokens=1000, output_tokens=10)
+)
 
 SCENARIOS = {
     s.name: s
@@ -198,6 +202,9 @@ SCENARIOS = {
             budget=TurnBudget(max_iterations=2),
         ),
         Scenario("fallback", (Fail(OVERLOADED), Say("The backup answers.", model="m-backup")), fallback=True),
+        Scenario(
+            "billed_malformed", (Fail(BILLED_MALFORMED), Say("The backup answers.", model="m-backup")), fallback=True
+        ),
         Scenario(
             "protocol_failures",
             (

@@ -66,6 +66,13 @@ def test_a_protocol_failure_nothing_was_billed_for_is_written_as_before_its_usag
     assert orjson.loads(encode(decode(billed))) == orjson.loads(billed)
 
 
+def test_a_protocol_failure_dumps_with_pydantics_own_options():
+    failure = decode((GOLDEN / "ProtocolFailure.json").read_bytes())
+    assert "usage" not in failure.model_dump(exclude_none=True)
+    assert failure.model_dump(include={"type", "kind"}) == {"type": "ProtocolFailure", "kind": "unknown_tool"}
+    assert "cost_usd" not in failure.model_dump(exclude={"usage"}, mode="json")
+
+
 def test_a_protocol_failure_with_a_cost_but_no_usage_is_refused():
     value = orjson.loads((GOLDEN / "ProtocolFailure.billed.json").read_bytes())
     del value["usage"]

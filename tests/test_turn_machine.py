@@ -54,6 +54,7 @@ from turnstile.handlers.turn_steps import (
     ModelAnswered,
     ModelCutOff,
     ModelFailed,
+    Reconcile,
     Reconciled,
     RunTool,
     SleepUntil,
@@ -401,6 +402,19 @@ def test_a_failing_model_falls_back_within_its_family_with_the_same_transcript()
     assert request.route == 1 and request.request.messages == first.request.messages
 
 
+def test_a_billed_malformed_reply_of_an_unpriced_model_pauses_the_turn_on_cost_naming_that_model():
+    backup = Route("m2", _Family("openai"))  # type: ignore[arg-type]
+    m = machine(settings(fallbacks=(backup,), prices={"m2": PRICES["m2"]}))  # "m" has no price
+    claimed(m)
+    billed = ProviderError("malformed_response", "choices is empty", retryable=False, usage=Usage(input_tokens=900))
+    commands = decide(m, ModelFailed(billed, T0))
+    assert types(commands) == ["ProtocolFailure", "FallbackEngaged", "TurnPaused", "Finish"]
+    failure, _, paused = events(commands)
+    assert isinstance(failure, ProtocolFailure) and (failure.usage, failure.cost_usd) == (Usage(input_tokens=900), None)
+    assert isinstance(paused, TurnPaused) and paused.reason == "cost" and paused.metrics.cost_usd is None
+    assert "the price of model 'm' is unknown" in paused.resume_hint  # not the priced backup's
+
+
 def test_no_fallback_to_another_protocol_family():
     other = Route("claude", _Family("anthropic"))  # type: ignore[arg-type]
     m = machine(settings(fallbacks=(other,), max_attempts=1))
@@ -458,8 +472,8 @@ def test_a_call_may_run_for_its_tools_own_timeout_or_else_the_workers_and_never_
     assert isinstance(run, RunTool) and (run.timeout_s, run.at_deadline) == (runs_for_s, at_deadline)
 
 
-@pytest.mark.parametrize("timeout_s", [0.0, -1.0, math.inf, math.nan])
-def test_a_tool_timeout_that_is_not_a_positive_number_of_seconds_is_refused_when_registered(timeout_s: float):
+@pytest.mark.parametrize("timeout_s", [0.0, -1.0, math.inf, math.nan, True, "30"])
+def test_a_tool_timeout_that_is_not_a_positive_number_of_seconds_is_refused_when_registered(timeout_s: object):
     with pytest.raises(ValueError, match="timeout_s is a number of seconds over 0"):
         ToolRegistry([Tool("report", "Build the report.", Args, _never, timeout_s=timeout_s)])
 
@@ -551,6 +565,17 @@ def test_a_takeover_of_a_side_effect_in_doubt_with_a_reconciler_asks_it():
     unknown = decide(taken, Reconciled(None, T0 + 1_100))
     outcome = events(unknown)[-1]
     assert isinstance(outcome, TurnFailed) and "reconciler could not tell" in outcome.error
+
+
+@pytest.mark.parametrize(("tool_timeout_s", "asked_for_s"), [(None, 60.0), (5.0, 5.0), (300.0, 300.0)])
+def test_a_reconciler_may_run_as_long_as_its_tool_may(tool_timeout_s: float | None, asked_for_s: float):
+    book = Tool("book", "Book.", Args, _never, "side_effect", reconcile=_no_answer, timeout_s=tool_timeout_s)
+    turn = settings(tools=ToolRegistry([book]))
+    m = machine(turn)
+    claimed(m)
+    decide(m, ModelAnswered(reply("", ("c1", "book", "{}")), T0))
+    reconcile = effect(decide(machine(turn, state=m.state), TakenOver(T0 + 1_000)))
+    assert isinstance(reconcile, Reconcile) and reconcile.timeout_s == asked_for_s
 
 
 def test_a_takeover_of_a_side_effect_in_doubt_without_a_way_to_settle_it_fails_visibly():
