@@ -36,6 +36,7 @@ from turnstile.events import (
     FallbackEngaged,
     MessageReceived,
     ModelResponded,
+    ProtocolFailure,
     ToolCallFinished,
     ToolCallStarted,
     TurnClaimed,
@@ -111,8 +112,8 @@ class TurnTracer:
             self._turn(state, event)
         elif isinstance(event, AttemptStarted):
             self._attempt(state, event)
-        elif isinstance(event, ModelResponded):
-            self._model_call(event)
+        elif isinstance(event, ModelResponded) or (isinstance(event, ProtocolFailure) and event.usage is not None):
+            self._model_call(event)  # (a billed reply that could not be used is a failed call)
         elif isinstance(event, ToolCallStarted):
             self._tool_started(event)
         elif isinstance(event, ToolCallFinished):
@@ -182,13 +183,13 @@ class TurnTracer:
             attributes=attributes,
         )
 
-    def _model_call(self, event: ModelResponded) -> None:
+    def _model_call(self, event: ModelResponded | ProtocolFailure) -> None:
         from opentelemetry.trace import SpanKind
 
         run = self._runs.get(event.run_id)
-        if run is None:
-            return
         usage = event.usage
+        if run is None or usage is None:
+            return
         family = self._family_of(run.model)
         attributes: dict[str, Any] = {
             "gen_ai.operation.name": "chat",
@@ -200,13 +201,18 @@ class TurnTracer:
             "gen_ai.usage.output_tokens": usage.output_tokens,
             "gen_ai.usage.cache_read.input_tokens": usage.cached_input_tokens,
             "gen_ai.usage.cache_creation.input_tokens": usage.cache_write_tokens,
-            "gen_ai.response.finish_reasons": (event.finish_reason,),
             "turnstile.iteration": event.iteration,
         }
+        if isinstance(event, ModelResponded):
+            attributes["gen_ai.response.finish_reasons"] = (event.finish_reason,)
+        else:
+            attributes["error.type"] = event.kind
         if event.cost_usd is not None:
             attributes["turnstile.cost_usd"] = event.cost_usd
         span = self._child(event.run_id, f"chat {run.model}", run.last_at, SpanKind.CLIENT, attributes)
         if span is not None:
+            if isinstance(event, ProtocolFailure):
+                _fail(span, f"{event.kind}: {event.detail}")
             span.end(end_time=_ns(event.occurred_at))
 
     def _tool_started(self, event: ToolCallStarted) -> None:

@@ -15,7 +15,7 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
-from provider_server import ProviderServer, Reply
+from provider_server import ProviderServer, Raw, Reply
 from worker_harness import FAST, running
 
 from turnstile.handlers.providers.openai_chat import OpenAIChat
@@ -120,6 +120,18 @@ async def test_an_invalid_call_runs_no_tool_and_a_refused_reply_fails_the_turn_s
     [turn] = children(finished, root)
     assert turn.status.status_code == StatusCode.ERROR and turn.attributes["turnstile.outcome"] == "failed"
     assert "content filter" in (turn.status.description or "")
+
+
+async def test_a_billed_reply_that_could_not_be_used_is_a_failed_chat_span_with_its_usage(tmp_path, spans):
+    billed = Raw(200, {"choices": [], "usage": {"prompt_tokens": 30, "completion_tokens": 2}})
+    finished, root = await traced_turn(tmp_path, spans, [billed])
+    [turn] = children(finished, root)
+    [chat] = children(finished, children(finished, turn)[0])
+    assert chat.name == "chat gpt-test" and chat.status.status_code == StatusCode.ERROR
+    assert chat.status.description == "malformed_response: choices is empty"
+    assert (chat.attributes["gen_ai.usage.input_tokens"], chat.attributes["gen_ai.usage.output_tokens"]) == (30, 2)
+    assert chat.attributes["error.type"] == "malformed_response"
+    assert chat.attributes["turnstile.cost_usd"] == pytest.approx((30 * 1.0 + 2 * 2.0) / 1e6)
 
 
 def test_tracing_is_off_by_default():
