@@ -57,6 +57,14 @@ async def openai(server: ProviderServer) -> AsyncIterator[HttpProvider]:
 
 
 @pytest.fixture
+async def backup(server: ProviderServer) -> AsyncIterator[Route]:
+    """A fallback route, gpt-backup, on the same loopback server."""
+    provider = HttpProvider(OpenAIChat(), server.base_url_openai, KEY, timeout_s=5.0, retry=ATTEMPTS_ONLY)
+    yield Route("gpt-backup", provider)
+    await provider.aclose()
+
+
+@pytest.fixture
 def world(tmp_path) -> World:
     return World(log=FileLog(tmp_path))
 
@@ -496,20 +504,15 @@ async def test_a_drain_that_outlasts_its_grace_leaves_the_turn_to_the_next_owner
 # -- 6. fallback (rule 10) ------------------------------------------------------------------------
 
 
-async def test_fallback_within_the_family_gets_the_exact_same_transcript(server, openai, world):
+async def test_fallback_within_the_family_gets_the_exact_same_transcript(server, openai, backup, world):
     server.push(
         Reply(tool_calls=[("call_1", "search", '{"q": "dates"}')]),
         Raw(503, b"overloaded"),
         Reply(text="Done by the backup.", usage=(10, 2)),
     )
-    backup = HttpProvider(OpenAIChat(), server.base_url_openai, KEY, timeout_s=5.0, retry=ATTEMPTS_ONLY)
-    try:
-        turn = settings(world, fallbacks=[Route("gpt-backup", backup)])
-        async with running(world.log, openai, config(turn)):
-            await say(world.log, "check the dates", "m1")
-            [outcome] = await outcomes(world.log, 1)
-    finally:
-        await backup.aclose()
+    async with running(world.log, openai, config(settings(world, fallbacks=[backup]))):
+        await say(world.log, "check the dates", "m1")
+        [outcome] = await outcomes(world.log, 1)
     events = events_of(world.log, "c1")
     [engaged] = of_type(events, "FallbackEngaged")
     assert (engaged.from_model, engaged.to_model) == ("gpt-test", "gpt-backup")
@@ -672,15 +675,11 @@ async def test_an_approval_lets_one_call_run_not_a_series(server, openai, world)
     assert len(world.transfers) == 1
 
 
-async def test_a_malformed_response_moves_to_the_fallback_model(server, openai, world):
+async def test_a_malformed_response_moves_to_the_fallback_model(server, openai, backup, world):
     server.push(Raw(200, b"{not json"), Reply(text="The backup answered."))
-    backup = HttpProvider(OpenAIChat(), server.base_url_openai, KEY, timeout_s=5.0, retry=ATTEMPTS_ONLY)
-    try:
-        async with running(world.log, openai, config(settings(world, fallbacks=[Route("gpt-backup", backup)]))):
-            await say(world.log, "hi", "m1")
-            [outcome] = await outcomes(world.log, 1)
-    finally:
-        await backup.aclose()
+    async with running(world.log, openai, config(settings(world, fallbacks=[backup]))):
+        await say(world.log, "hi", "m1")
+        [outcome] = await outcomes(world.log, 1)
     events = events_of(world.log, "c1")
     assert [e.type for e in events[3:]] == ["ProtocolFailure", "FallbackEngaged", "ModelResponded", "TurnCompleted"]
     assert outcome.type == "TurnCompleted" and outcome.metrics.fallbacks == 1
@@ -689,15 +688,13 @@ async def test_a_malformed_response_moves_to_the_fallback_model(server, openai, 
 UNUSABLE_BUT_BILLED = {"id": "x", "choices": [], "usage": {"prompt_tokens": 400_000, "completion_tokens": 1_000}}
 
 
-async def test_a_malformed_reply_the_provider_billed_counts_in_the_turns_usage_and_cost(server, openai, world):
+async def test_a_malformed_reply_the_provider_billed_counts_in_the_turns_usage_and_cost(
+    server, openai, backup, world
+):
     server.push(Raw(200, UNUSABLE_BUT_BILLED), Reply(text="The backup answered.", usage=(10, 2)))
-    backup = HttpProvider(OpenAIChat(), server.base_url_openai, KEY, timeout_s=5.0, retry=ATTEMPTS_ONLY)
-    try:
-        async with running(world.log, openai, config(settings(world, fallbacks=[Route("gpt-backup", backup)]))):
-            await say(world.log, "hi", "m1")
-            [outcome] = await outcomes(world.log, 1)
-    finally:
-        await backup.aclose()
+    async with running(world.log, openai, config(settings(world, fallbacks=[backup]))):
+        await say(world.log, "hi", "m1")
+        [outcome] = await outcomes(world.log, 1)
     [failure] = of_type(events_of(world.log, "c1"), "ProtocolFailure")
     assert failure.usage == Usage(input_tokens=400_000, output_tokens=1_000)
     assert failure.cost_usd == pytest.approx(0.4 + 0.002)
@@ -707,17 +704,13 @@ async def test_a_malformed_reply_the_provider_billed_counts_in_the_turns_usage_a
 
 
 async def test_a_malformed_reply_that_spent_the_cost_budget_pauses_the_turn_before_the_next_request(
-    server, openai, world
+    server, openai, backup, world
 ):
     server.push(Raw(200, UNUSABLE_BUT_BILLED))  # $0.402 of the turn's $0.40
-    backup = HttpProvider(OpenAIChat(), server.base_url_openai, KEY, timeout_s=5.0, retry=ATTEMPTS_ONLY)
-    turn = settings(world, fallbacks=[Route("gpt-backup", backup)], budget=TurnBudget(max_cost_usd=0.4))
-    try:
-        async with running(world.log, openai, config(turn)):
-            await say(world.log, "hi", "m1")
-            [outcome] = await outcomes(world.log, 1)
-    finally:
-        await backup.aclose()
+    turn = settings(world, fallbacks=[backup], budget=TurnBudget(max_cost_usd=0.4))
+    async with running(world.log, openai, config(turn)):
+        await say(world.log, "hi", "m1")
+        [outcome] = await outcomes(world.log, 1)
     assert outcome.type == "TurnPaused" and outcome.reason == "cost"
     assert outcome.metrics.cost_usd == pytest.approx(0.402)
     assert len(server.requests) == 1  # the backup was not asked: the budget was spent
