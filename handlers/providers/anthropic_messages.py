@@ -15,7 +15,6 @@ from turnstile.handlers.provider import (
     ModelReply,
     ModelRequest,
     ProtocolFamily,
-    ProviderError,
     StopKind,
     ToolSpec,
 )
@@ -30,6 +29,7 @@ from turnstile.handlers.providers.wire import (
     malformed,
     optional_object,
     pair_tool_results,
+    parse_billed,
     reply_model,
     stream_error,
     stream_event_json,
@@ -96,12 +96,7 @@ class AnthropicMessages:
         return AnthropicMessagesStream()
 
     def parse_reply(self, payload: Any, requested_model: str) -> ModelReply:
-        body = expect_object(payload, "response")
-        try:
-            return _reply(body, requested_model)
-        except ProviderError as error:
-            bill(error, body.get("usage"), _usage)
-            raise
+        return parse_billed(payload, requested_model, _reply, _usage)
 
 
 def _reply(body: dict[str, Any], requested_model: str) -> ModelReply:

@@ -14,13 +14,11 @@ from turnstile.handlers.provider import (
     ModelReply,
     ModelRequest,
     ProtocolFamily,
-    ProviderError,
     StopKind,
     ToolSpec,
 )
 from turnstile.handlers.providers.sse import SseEvent
 from turnstile.handlers.providers.wire import (
-    bill,
     build_tool_call,
     build_usage,
     expect_list,
@@ -29,6 +27,7 @@ from turnstile.handlers.providers.wire import (
     malformed,
     optional_object,
     pair_tool_results,
+    parse_billed,
     reply_model,
     stream_error,
     stream_event_json,
@@ -85,12 +84,7 @@ class OpenAIChat:
         return OpenAIChatStream()
 
     def parse_reply(self, payload: Any, requested_model: str) -> ModelReply:
-        body = expect_object(payload, "response")
-        try:
-            return _reply(body, requested_model)
-        except ProviderError as error:
-            bill(error, body.get("usage"), _usage)
-            raise
+        return parse_billed(payload, requested_model, _reply, _usage)
 
 
 def _reply(body: dict[str, Any], requested_model: str) -> ModelReply:

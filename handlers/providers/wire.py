@@ -99,6 +99,22 @@ def malformed(detail: str) -> ProviderError:
     return ProviderError("malformed_response", detail, retryable=False)
 
 
+def parse_billed(
+    payload: Any,
+    requested_model: str,
+    reply: Callable[[dict[str, Any], str], ModelReply],
+    usage: Callable[[object], Usage],
+) -> ModelReply:
+    """`reply(body, requested_model)` of a response body; a malformed one raised with the usage
+    the body reported (`bill`)."""
+    body = expect_object(payload, "response")
+    try:
+        return reply(body, requested_model)
+    except ProviderError as error:
+        bill(error, body.get("usage"), usage)
+        raise
+
+
 def bill(error: ProviderError, raw_usage: object, parse: Callable[[object], Usage]) -> None:
     """Gives a malformed reply's `error` the usage the provider reported for it, when that is
     there and readable: a whole reply is billed even if it cannot be used. An unreadable
