@@ -55,8 +55,8 @@ class Spent:
     tool_calls: int
     cost_usd: float | None
     elapsed_ms: int
-    # The model of the response whose price is unknown (when cost_usd is None and it is known).
-    unpriced_model: str | None = None
+    # Why cost_usd is None, when it is known ("the price of model 'x' is unknown").
+    unknown_cost: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,8 +78,8 @@ def spending_limit(spent: Spent, budget: TurnBudget, model: str) -> Limit | None
     the loop's own count; tool calls only forbid tool calls.)"""
     if spent.cost_usd is None:
         # Fail closed: an unpriced model would otherwise spend without bound.
-        unpriced = spent.unpriced_model or model
-        return Limit("cost", f"the price of model {unpriced!r} is unknown, so the turn's cost cannot be bounded")
+        why = spent.unknown_cost or f"the price of model {model!r} is unknown"
+        return Limit("cost", f"{why}, so the turn's cost cannot be bounded")
     if spent.cost_usd >= budget.max_cost_usd:
         return Limit("cost", f"the cost limit (${budget.max_cost_usd:.4f}) is reached (${spent.cost_usd:.4f})")
     if spent.elapsed_ms >= budget.deadline_ms:

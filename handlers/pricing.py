@@ -61,12 +61,12 @@ def parse_price(text: str) -> tuple[str, ModelPrice]:
     return model, ModelPrice(*values)
 
 
-def cost_usd(prices: PriceTable, model: str, usage: Usage, requested_model: str | None = None) -> float | None:
-    """The cost of one response. Providers may answer with a dated variant of the model
-    asked for; the requested name's price applies then."""
+def cost_usd(prices: PriceTable, model: str, usage: Usage) -> float | None:
+    """The cost of one response to a request for `model`, at `model`'s price: the price its
+    output allowance was cut at. Not the model the reply names (a dated variant, or what a
+    gateway routed to): its price could differ from the one the budget was held to, or make
+    an unpriced request look priced."""
     price = prices.get(model)
-    if price is None and requested_model is not None:
-        price = prices.get(requested_model)
     if price is None:
         return None
     cached = _component(usage.cached_input_tokens, price.cached_input_per_mtok)

@@ -77,6 +77,9 @@ class ModelReply:
     stop: StopKind = "end"
     # See `ChatMessage.native`.
     native: tuple[Mapping[str, Any], ...] | None = None
+    # False when the reply said nothing of its tokens (no `usage`, or null): `usage` is then
+    # zeros standing for an unknown, and the reply's cost is unknown, never 0.
+    usage_reported: bool = True
 
 
 # timeout | connection: no HTTP answer; rate_limited: 429; overloaded: 529 (Anthropic);

@@ -254,7 +254,7 @@ def _difference(was: Any, now: Any, path: str) -> tuple[str, Any, Any]:
 
 
 def _reply_json(reply: ModelReply) -> JSON:
-    return {
+    data: JSON = {
         "model": reply.model,
         "text": reply.text,
         "tool_calls": [c.model_dump(mode="json") for c in reply.tool_calls],
@@ -263,6 +263,9 @@ def _reply_json(reply: ModelReply) -> JSON:
         "stop": reply.stop,
         "native": None if reply.native is None else [dict(b) for b in reply.native],
     }
+    if not reply.usage_reported:  # (histories recorded before it was known have it reported)
+        data["usage_reported"] = False
+    return data
 
 
 def _reply_of(data: Mapping[str, Any]) -> ModelReply:
@@ -274,6 +277,7 @@ def _reply_of(data: Mapping[str, Any]) -> ModelReply:
         data["finish_reason"],
         data["stop"],
         None if data["native"] is None else tuple(data["native"]),
+        data.get("usage_reported", True),
     )
 
 

@@ -44,6 +44,7 @@ from turnstile.events import (
     TurnFailed,
     TurnInterrupted,
     TurnPaused,
+    Usage,
     encode,
 )
 from turnstile.events.base import MAX_ID_CHARS
@@ -457,14 +458,18 @@ def _spent(m: TurnMachine, iterations: int) -> Spent:
     elapsed_ms = max(0, m.now_ms - turn.claimed_at)
     if turn.cost_usd is not None:
         return Spent(iterations, turn.tool_calls, turn.cost_usd, elapsed_ms)
-    # Which model made the cost unknown: not always the one asked next (a fallback follows
-    # an unpriced model's billed but unusable reply).
-    unpriced = (e.model for e in turn.journal if isinstance(e, ModelResponded | ProtocolFailure) and _unpriced(e))
-    return Spent(iterations, turn.tool_calls, None, elapsed_ms, next(unpriced, None))
+    return Spent(iterations, turn.tool_calls, None, elapsed_ms, _unknown_cost(turn.journal))
 
 
-def _unpriced(event: ModelResponded | ProtocolFailure) -> bool:
-    return event.cost_usd is None and (isinstance(event, ModelResponded) or event.usage is not None)
+def _unknown_cost(journal: list[Event]) -> str | None:
+    """Why the first response of unknown cost has one: not always because of the model asked
+    next (a fallback follows an unpriced model's billed but unusable reply)."""
+    for e in journal:
+        if isinstance(e, ModelResponded) and e.cost_usd is None and e.usage == Usage():
+            return f"the reply of model {e.model!r} said nothing of its tokens (no usage)"
+        if isinstance(e, ModelResponded | ProtocolFailure) and e.cost_usd is None and e.usage is not None:
+            return f"the price of model {e.model!r} is unknown"
+    return None
 
 
 def _next_request(m: TurnMachine, out: _Out) -> None:
@@ -540,7 +545,7 @@ def _answered(m: TurnMachine, out: _Out, reply: ModelReply) -> None:
             # Secret tool arguments are redacted on the log; the tools get the values.
             tool_calls=tuple(map(settings.tools.recorded, reply.tool_calls)),
             usage=reply.usage,
-            cost_usd=cost_usd(settings.prices, reply.model, reply.usage, m.model),
+            cost_usd=cost_usd(settings.prices, m.model, reply.usage) if reply.usage_reported else None,
             finish_reason=reply.finish_reason,
         ),
         # A reply that ends the turn is followed at once by the outcome: one round trip for

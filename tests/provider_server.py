@@ -42,13 +42,14 @@ class Reply:
     """A successful completion, rendered in the wire format of the path that was hit.
 
     `tool_calls` are (call_id, name, arguments JSON text). `usage` is (input, output)
-    tokens; None leaves usage out of the body. `model` defaults to the requested one,
-    `finish_reason` to what the real API would say.
+    tokens, as the real APIs always report; None leaves usage out of the body (some
+    compatible servers do: the reply's cost is then unknown). `model` defaults to the
+    requested one, `finish_reason` to what the real API would say.
     """
 
     text: str | None = None
     tool_calls: Sequence[tuple[str, str, str]] = ()
-    usage: tuple[int, int] | None = None
+    usage: tuple[int, int] | None = (10, 5)
     model: str | None = None
     finish_reason: str | None = None
 

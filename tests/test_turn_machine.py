@@ -5,6 +5,7 @@ Time is the observation's; ids come from a counter. Each test feeds observations
 from __future__ import annotations
 
 import copy
+import dataclasses
 import itertools
 import math
 from dataclasses import dataclass
@@ -627,6 +628,37 @@ def test_an_observation_that_does_not_fit_the_state_is_an_internal_error_not_a_c
     assert isinstance(commands[-1], Finish) and isinstance(events(commands)[-1], TurnFailed)
     # The outcome is decided: a later error writes nothing more.
     assert types(decide(m, Crashed("again", T0))) == ["Report", "Finish"]
+
+
+@pytest.mark.parametrize(
+    ("prices", "named", "cost"),
+    [
+        ({"m": ModelPrice(1.0, 2.0)}, "m-2025-01-01", (100 * 1 + 10 * 2) / 1e6),  # a dated variant of the one asked
+        ({"m": ModelPrice(30.0, 180.0), "cheap": ModelPrice(0.1, 0.4)}, "cheap", (100 * 30 + 10 * 180) / 1e6),
+        ({"cheap": ModelPrice(0.1, 0.4)}, "cheap", None),  # the model asked has no price: unknown, fail closed
+    ],
+)
+def test_a_reply_is_priced_as_the_model_asked_for_whatever_model_it_names(
+    prices: dict[str, ModelPrice], named: str, cost: float | None
+):
+    m = machine(settings(prices=prices))
+    claimed(m)  # its output allowance was cut at the price of "m", the model asked
+    answer = dataclasses.replace(reply("x"), model=named)
+    [responded, _] = events(decide(m, ModelAnswered(answer, T0)))
+    assert isinstance(responded, ModelResponded) and responded.model == named
+    assert responded.cost_usd == (None if cost is None else pytest.approx(cost))
+
+
+def test_a_reply_that_reports_no_usage_has_an_unknown_cost_and_the_turn_pauses_on_cost_at_once():
+    m = machine()
+    claimed(m)
+    silent = dataclasses.replace(reply("looking", ("c1", "search", "{}")), usage=Usage(), usage_reported=False)
+    commands = decide(m, ModelAnswered(silent, T0))
+    assert types(commands) == ["ModelResponded", "TurnPaused", "Finish"]  # nothing more is spent on a guess
+    responded, paused = events(commands)
+    assert isinstance(responded, ModelResponded) and responded.cost_usd is None  # never 0
+    assert isinstance(paused, TurnPaused) and paused.reason == "cost" and paused.metrics.cost_usd is None
+    assert "the reply of model 'm' said nothing of its tokens (no usage)" in paused.resume_hint
 
 
 def test_model_responded_is_recorded_with_its_cost():

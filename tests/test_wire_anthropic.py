@@ -92,9 +92,7 @@ def test_the_issues_cache_heavy_reply_costs_what_the_price_table_says() -> None:
     price = ModelPrice(input_per_mtok=3.0, output_per_mtok=15.0, cached_input_per_mtok=0.30, cache_write_per_mtok=3.75)
 
     # 50 x $3 + 2000 x $3.75 + 10000 x $0.30 + 200 x $15, per million tokens.
-    assert cost_usd({"claude-sonnet-4-5": price}, "claude-sonnet-4-5-20250929", usage, "claude-sonnet-4-5") == (
-        pytest.approx(0.01365)
-    )
+    assert cost_usd({"claude-sonnet-4-5": price}, "claude-sonnet-4-5", usage) == pytest.approx(0.01365)
     # Without a cache price the cost is unknown (the budget fails closed), not under-counted.
     assert cost_usd({"claude-sonnet-4-5": ModelPrice(3.0, 15.0)}, "claude-sonnet-4-5", usage) is None
 

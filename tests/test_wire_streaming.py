@@ -216,3 +216,28 @@ def test_tool_call_pieces_are_joined_by_index() -> None:
         ToolCall(call_id="call_a1", name="search", arguments='{"q": "fares 9th"}'),
         ToolCall(call_id="call_b2", name="search", arguments='{"q": "fares 10th"}'),
     )
+
+
+@pytest.mark.parametrize("family", ["openai", "anthropic"])
+@pytest.mark.parametrize("usage", ["absent", "null"])
+def test_a_whole_reply_that_says_nothing_of_its_tokens_is_not_taken_as_costing_nothing(family: str, usage: str) -> None:
+    body = fixture(family, "text")
+    if usage == "absent":
+        del body["usage"]
+    else:
+        body["usage"] = None
+    silent = WIRES[family].parse_reply(body, "m")
+    assert (silent.usage, silent.usage_reported) == (Usage(), False)  # the turn prices it as unknown
+    assert WIRES[family].parse_reply(fixture(family, "text"), "m").usage_reported
+
+
+async def test_a_stream_without_the_usage_chunk_says_nothing_of_its_tokens(openai: Family) -> None:
+    # (an OpenAI-compatible server that ignores stream_options.include_usage)
+    whole = stream_fixture("openai", "stream_text").split(b"\n\n")
+    without_usage = b"\n\n".join(e for e in whole if b'"usage": {' not in e)
+    openai.api.push(streamed(without_usage))
+
+    reply = await openai.provider.complete(HELLO, Collected())
+
+    assert reply.text and not reply.usage_reported
+

@@ -126,6 +126,7 @@ def _reply(body: dict[str, Any], requested_model: str) -> ModelReply:
         finish_reason=reason,
         stop=stop,
         native=tuple(blocks),
+        usage_reported=body.get("usage") is not None,
     )
 
 

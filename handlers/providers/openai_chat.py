@@ -105,6 +105,7 @@ def _reply(body: dict[str, Any], requested_model: str) -> ModelReply:
         usage=_usage(body.get("usage")),
         finish_reason=reason,
         stop=stop,
+        usage_reported=body.get("usage") is not None,
     )
 
 
