@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 
 import httpx
+import orjson
 import pytest
 from anthropic_rules import violations
 from wire_harness import (
@@ -23,7 +24,7 @@ from wire_harness import (
 )
 
 from turnstile.events import ToolCall, Usage
-from turnstile.handlers.provider import ChatMessage, ModelRequest, ProviderError
+from turnstile.handlers.provider import ChatMessage, ModelReply, ModelRequest, ProviderError
 from turnstile.handlers.providers.anthropic_messages import AnthropicMessages
 from turnstile.handlers.providers.openai_chat import OpenAIChat
 from turnstile.streams.provider_http import HttpProvider
@@ -240,4 +241,38 @@ async def test_a_stream_without_the_usage_chunk_says_nothing_of_its_tokens(opena
     reply = await openai.provider.complete(HELLO, Collected())
 
     assert reply.text and not reply.usage_reported
+
+
+@pytest.mark.parametrize(("family", "end"), [("openai", b"data: [DONE]"), ("anthropic", b"event: message_stop")])
+async def test_a_stream_that_ends_after_its_stop_reason_without_its_end_marker_is_a_whole_reply(
+    sides: dict[str, Family], family: str, end: bytes
+) -> None:
+    # (the SDKs take it as finished; retrying it would pay for the same reply again)
+    whole = stream_fixture(family, "stream_text")
+    side = sides[family]
+    side.api.push(streamed(b"\n\n".join(e for e in whole.split(b"\n\n") if not e.startswith(end))))
+
+    reply = await side.provider.complete(HELLO, Collected())
+
+    expected = await _reply_to(sides, family, whole)
+    assert (reply.text, reply.usage, reply.usage_reported) == (expected.text, expected.usage, True)
+    assert len(side.api.bodies) == 2  # one each: the cut stream was not asked again
+
+
+async def _reply_to(sides: dict[str, Family], family: str, stream: bytes) -> ModelReply:
+    sides[family].api.push(streamed(stream))
+    return await sides[family].provider.complete(HELLO, Collected())
+
+
+async def test_a_stream_whose_chunks_never_have_a_choice_is_malformed_with_its_usage(openai: Family) -> None:
+    usage = {"prompt_tokens": 9, "completion_tokens": 3, "total_tokens": 12}
+    events = [{"id": "c", "model": "m", "choices": []}, {"id": "c", "model": "m", "choices": [], "usage": usage}]
+    body = b"".join(b"data: " + orjson.dumps(e) + b"\n\n" for e in events) + b"data: [DONE]\n\n"
+    openai.api.push(streamed(body))
+
+    with pytest.raises(ProviderError) as caught:
+        await openai.provider.complete(HELLO, Collected())
+
+    assert (caught.value.kind, caught.value.message) == ("malformed_response", "choices is empty")
+    assert caught.value.usage == Usage(input_tokens=9, output_tokens=3)  # billed, so counted
 

@@ -264,7 +264,8 @@ class AnthropicMessagesStream:
 
     @property
     def done(self) -> bool:
-        return self._done
+        # (message_delta, which carries the stop reason, carries the final usage too)
+        return self._done or self._message.get("stop_reason") is not None
 
     def feed(self, event: SseEvent) -> str | None:
         if event.event == "ping":

@@ -191,10 +191,12 @@ class OpenAIChatStream:
         self._calls: dict[int, dict[str, Any]] = {}
         self._finish: object = None
         self._usage: object = None
+        self._chose = False  # whether any chunk had a choice
 
     @property
     def done(self) -> bool:
-        return self._done
+        # (after the finish reason, only the usage chunk may be missing: the cost is then unknown)
+        return self._done or self._finish is not None
 
     def feed(self, event: SseEvent) -> str | None:
         if event.data.strip() == "[DONE]":
@@ -209,6 +211,7 @@ class OpenAIChatStream:
         choices = expect_list(chunk.get("choices", []), "chunk.choices")
         if not choices:
             return None
+        self._chose = True
         choice = expect_object(choices[0], "chunk.choices[0]")
         self._finish = choice.get("finish_reason") or self._finish
         delta = optional_object(choice.get("delta"), "chunk.choices[0].delta")
@@ -249,7 +252,8 @@ class OpenAIChatStream:
                 }
                 for _, call in sorted(self._calls.items())
             ]
-        body: dict[str, Any] = {"choices": [{"index": 0, "message": message, "finish_reason": self._finish}]}
+        choice = {"index": 0, "message": message, "finish_reason": self._finish}
+        body: dict[str, Any] = {"choices": [choice] if self._chose else []}  # none at all: malformed
         if self._model is not None:
             body["model"] = self._model
         if self._usage is not None:

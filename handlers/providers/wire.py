@@ -44,7 +44,9 @@ class ReplyAssembler(Protocol):
 
     @property
     def done(self) -> bool:
-        """Whether the stream said it was over (a stream that just stops is broken)."""
+        """Whether the reply is whole: the stream's end marker came, or the reply's stop
+        reason did (the official SDKs take a stream that ends after it as finished). A stream
+        that stops before either is broken."""
         ...
 
     def payload(self) -> dict[str, Any]: ...
