@@ -102,6 +102,23 @@ async def _wait_for_broker(bootstrap: str, patience_s: float) -> None:
         wait = min(wait * 2, 10.0)
 
 
+async def _require_topics(bootstrap: str, topics: config_file.TopicsConfig, command: str) -> None:
+    """The topics `command` reads or writes are there, or one line says which are not (the
+    worker makes its snapshot topics itself; the others are the operator's to make, with the
+    retention they want)."""
+    from turnstile.streams.kafka_reader import TopicMissing, require_topics
+
+    needed = [topics.events]
+    if command == "run":
+        needed += [topics.outcomes, topics.dead_letters, topics.deltas]
+    try:
+        await require_topics(bootstrap, needed)
+    except TopicMissing as exc:
+        them = "it" if len(exc.names) == 1 else "them"
+        fix = f"create {them}, as bash infra/kafka/start.sh does the default topics, or name the right ones"
+        raise CliError(USAGE, f"{exc}: {fix} (--events-topic, --outcomes-topic, --dlq-topic, --deltas-topic)") from None
+
+
 async def _run(args: argparse.Namespace) -> int:
     from turnstile.streams.http_api import InsecureBind, check_bind, parse_address, read_token
 
@@ -449,6 +466,8 @@ def main(argv: list[str] | None = None) -> int:
 
             patience = config.connect_timeout_s if config is not None and args.command == "run" else 0
             await _wait_for_broker(bootstrap_of(broker), patience)
+            if config is not None:
+                await _require_topics(bootstrap_of(broker), config.topics, args.command)
         return await handler(args)
 
     try:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
-from collections.abc import AsyncGenerator, AsyncIterator, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Mapping
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
@@ -32,6 +32,32 @@ def reachable(bootstrap: str, timeout_s: float = 2.0) -> bool:
             return True
     except OSError:
         return False
+
+
+class TopicMissing(LookupError):
+    """Topics a command needs are not on the broker."""
+
+    def __init__(self, names: list[str], bootstrap: str) -> None:
+        which = ", ".join(repr(name) for name in names)
+        said = f"topic {which} does" if len(names) == 1 else f"topics {which} do"
+        super().__init__(f"{said} not exist on {bootstrap}")
+        self.names = names
+
+
+async def require_topics(bootstrap: str, names: Iterable[str], timeout_s: float = 30.0) -> None:
+    """Raises `TopicMissing` naming each of `names` the cluster's metadata does not have: a
+    client would otherwise wait for it, logging an error per metadata refresh, and then fail
+    with a traceback (a producer) or idle for ever (a worker subscribed to it)."""
+    consumer = _no_group(bootstrap)
+    await consumer.start()
+    try:
+        async with asyncio.timeout(timeout_s):
+            present = await consumer.topics()
+    finally:
+        await consumer.stop()
+    missing = [name for name in dict.fromkeys(names) if name not in present]
+    if missing:
+        raise TopicMissing(missing, bootstrap)
 
 
 def _no_group(bootstrap: str, *topics: str) -> AIOKafkaConsumer:
@@ -61,7 +87,7 @@ async def group_less_consumer(
         # subscription would wait for it, logging an error per metadata refresh).
         async with asyncio.timeout(timeout_s):
             if topic not in await consumer.topics():
-                raise LookupError(f"topic {topic!r} does not exist on {bootstrap}")
+                raise TopicMissing([topic], bootstrap)
         consumer.subscribe([topic])
         while not (partitions := sorted(consumer.assignment())):
             if loop.time() > deadline:

@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from kafka_fixtures import kafka_bootstrap  # noqa: F401  (fixture)
 
 CLI = [sys.executable, "-m", "turnstile.streams.cli"]
 
@@ -105,6 +106,28 @@ def test_send_to_an_unreachable_broker_fails_at_once(tmp_path):
         "send", "--broker", f"127.0.0.1:{closed_port()}", "--conversation", "c", "--text", "hi", cwd=tmp_path
     )
     assert result.returncode == 69 and "cannot reach the Kafka broker" in result.stderr
+
+
+@pytest.mark.kafka
+@pytest.mark.parametrize(
+    ("command", "missing"),
+    [
+        (["send", "--conversation", "c", "--text", "hi"], "topic 'nope-e' does"),
+        (["tail", "--conversation", "c"], "topic 'nope-e' does"),
+        (["inspect", "c"], "topic 'nope-e' does"),
+        (["export-turn", "c", "0123456789ab"], "topic 'nope-e' does"),
+        (["approve", "c", "call_1"], "topic 'nope-e' does"),
+        (["run"], "topics 'nope-e', 'nope-o', 'nope-d', 'nope-x' do"),
+    ],
+)
+def test_a_topic_not_on_the_broker_is_named_at_once_with_the_fix(
+    tmp_path, kafka_bootstrap: str, command: list[str], missing: str  # noqa: F811
+):
+    topics = ["--events-topic", "nope-e", "--outcomes-topic", "nope-o", "--dlq-topic", "nope-d"]
+    result = turnstile(*command, "--broker", kafka_bootstrap, *topics, "--deltas-topic", "nope-x", cwd=tmp_path)
+    [line] = result.stderr.splitlines()  # no traceback, no client's error per metadata refresh
+    assert result.returncode == 2 and line.startswith(f"turnstile {command[0]}: {missing} not exist on")
+    assert "bash infra/kafka/start.sh" in line
 
 
 def test_an_http_port_in_use_is_named(tmp_path):
