@@ -119,6 +119,13 @@ async def _require_topics(bootstrap: str, topics: config_file.TopicsConfig, comm
         raise CliError(USAGE, f"{exc}: {fix} (--events-topic, --outcomes-topic, --dlq-topic, --deltas-topic)") from None
 
 
+def _require_opentelemetry() -> None:
+    try:
+        import opentelemetry.trace  # noqa: F401  (only whether it is there)
+    except ImportError:
+        raise CliError(USAGE, "--trace makes OpenTelemetry spans: pip install 'turnstile-engine[otel]'") from None
+
+
 async def _run(args: argparse.Namespace) -> int:
     from turnstile.streams.http_api import InsecureBind, check_bind, parse_address, read_token
 
@@ -134,6 +141,8 @@ async def _run(args: argparse.Namespace) -> int:
     except (InsecureBind, ValueError) as exc:
         print(f"turnstile run: {exc}", file=sys.stderr)
         return 2
+    if config.trace:
+        _require_opentelemetry()
     schedules = _schedules(config.schedules) if config.schedules else ()
     place = _place(config, "run")
     if args.agent is not None:

@@ -130,6 +130,16 @@ def test_a_topic_not_on_the_broker_is_named_at_once_with_the_fix(
     assert "bash infra/kafka/start.sh" in line
 
 
+def test_trace_without_opentelemetry_installed_names_the_extra(tmp_path):
+    without = "import sys; sys.modules['opentelemetry'] = None; from turnstile.streams.cli import main; "
+    argv = ["run", "--trace", "--data", str(tmp_path)]
+    result = subprocess.run([sys.executable, "-c", f"{without}sys.exit(main({argv!r}))"], capture_output=True,
+                            text=True, timeout=60, cwd=tmp_path, check=False)  # fmt: skip
+    assert result.returncode == 2, result.stderr
+    said = "turnstile run: --trace makes OpenTelemetry spans: pip install 'turnstile-engine[otel]'"
+    assert result.stderr.strip() == said
+
+
 def test_an_http_port_in_use_is_named(tmp_path):
     held = free_port_in_use()
     try:
