@@ -117,3 +117,19 @@ def next_retry(
         left = max(time_left_s, 0.0)
         return GiveUp(f"waiting {delay:g} s would pass the turn's deadline ({left:g} s left)", final=True)
     return Retry(delay)
+
+
+def given_up(error: ProviderError, decision: GiveUp, retries: int) -> ProviderError:
+    """The error as the turn sees it: whether a later attempt may help, and why not now."""
+    if not error.retryable:
+        return error
+    note = f"after {retries} retries" if retries else "not retried"
+    return ProviderError(
+        error.kind,
+        f"{error.message} ({note}: {decision.reason})" if decision.final else f"{error.message} ({note})",
+        retryable=not decision.final,
+        status=error.status,
+        retry_after_s=error.retry_after_s,
+        provider_message=error.provider_message,
+        usage=error.usage,
+    )

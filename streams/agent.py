@@ -31,8 +31,10 @@ from turnstile.handlers.provider import (
     Provider,
     ProviderError,
     ProviderErrorKind,
+    ReplyStream,
 )
 from turnstile.handlers.providers.scripted import Scripted, ScriptedProvider, echo_reply
+from turnstile.handlers.retry import GiveUp, RetryPolicy, given_up, next_retry
 from turnstile.handlers.schedule import Schedule
 from turnstile.handlers.tool_functions import ToolCallable, ToolFlags, tool_from_function
 from turnstile.handlers.tools import Tool, ToolRegistry
@@ -79,6 +81,25 @@ class Model:
 
 
 TestReply = str | ModelReply | Exception
+
+
+class _Retrying(ScriptedProvider):
+    """A scripted provider whose failures are retried as the HTTP transport retries a real
+    provider's, within the request (the same policy and the same error the turn sees when it
+    gives up), each retry taking the next scripted reply; at once, not after the backoff."""
+
+    async def complete(self, request: ModelRequest, stream: ReplyStream | None = None) -> ModelReply:
+        retries = 0
+        while True:
+            try:
+                return await super().complete(request, stream)
+            except ProviderError as error:
+                decision = next_retry(RetryPolicy(), retries, error, 0.0, request.time_left_s)
+                if isinstance(decision, GiveUp):
+                    raise given_up(error, decision, retries) from None
+                if stream is not None:
+                    await stream.restart()
+                retries += 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,7 +152,7 @@ class TestModel:
                 reply = _as_provider_error(reply)
             return Scripted(reply, self.delay_s)
 
-        provider = ScriptedProvider(script)
+        provider = _Retrying(script)
         self._served.append(provider)
         return provider
 

@@ -32,7 +32,7 @@ from turnstile.handlers.providers.wire import (
     provider_error_message,
     status_kind,
 )
-from turnstile.handlers.retry import GiveUp, RetryPolicy, next_retry, retryable_status, server_wait_s
+from turnstile.handlers.retry import GiveUp, RetryPolicy, given_up, next_retry, retryable_status, server_wait_s
 
 log = logging.getLogger(__name__)
 
@@ -96,7 +96,7 @@ class HttpProvider:
             decision = next_retry(self._retry, retries, result, self._jitter(), time_left)
             if isinstance(decision, GiveUp):
                 # Raised outside any `except`: nothing from httpx is chained to it.
-                raise _given_up(result, decision, retries)
+                raise given_up(result, decision, retries)
             log.warning(
                 "%s request failed (%s); retry %d in %.2f s", self.family, result, retries + 1, decision.delay_s
             )
@@ -260,21 +260,6 @@ def _key_start_at_end(text: str, secret: str) -> int:
         if secret.startswith(text[-size:]):
             return size
     return 0
-
-
-def _given_up(error: ProviderError, decision: GiveUp, retries: int) -> ProviderError:
-    """The error as the turn sees it: whether a later attempt may help, and why not now."""
-    if not error.retryable:
-        return error
-    note = f"after {retries} retries" if retries else "not retried"
-    return ProviderError(
-        error.kind,
-        f"{error.message} ({note}: {decision.reason})" if decision.final else f"{error.message} ({note})",
-        retryable=not decision.final,
-        status=error.status,
-        retry_after_s=error.retry_after_s,
-        provider_message=error.provider_message,
-    )
 
 
 def _owned_client(timeout_s: float) -> httpx.AsyncClient:

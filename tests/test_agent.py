@@ -198,12 +198,28 @@ def test_a_mistyped_agent_is_refused_where_it_is_made_not_at_its_first_turn(make
         make()
 
 
-def test_test_model_exceptions_fail_as_a_provider_would_and_are_retried(tmp_path: Path) -> None:
-    agent = Agent("a", model=TestModel(replies=[RuntimeError("model down"), TimeoutError(), "ok"]))
+def test_test_model_exceptions_fail_as_a_provider_would_and_are_retried_as_its_requests_are(tmp_path: Path) -> None:
+    # A real provider's transport retries a failed request twice before the attempt fails.
+    replies = [RuntimeError("model down"), TimeoutError(), ConnectionError(), "ok"]
+    agent = Agent("a", model=TestModel(replies=replies))
     answered = asyncio.run(agent.answer("hi", data=str(tmp_path)))  # (a folder as text too)
-    assert answered.reply == "ok" and answered.outcome.metrics.attempt == 3
-    failures = [e.reason for e in answered.events if isinstance(e, AttemptFailed)]
-    assert failures[0].startswith("server_error: RuntimeError: model down") and failures[1].startswith("timeout")
+    assert answered.reply == "ok" and answered.outcome.metrics.attempt == 2
+    [failed] = [e.reason for e in answered.events if isinstance(e, AttemptFailed)]
+    assert failed.startswith("connection: ConnectionError") and "(after 2 retries)" in failed
+
+
+def test_a_failure_the_transport_would_absorb_does_not_fail_a_turn_whose_side_effect_ran(tmp_path: Path) -> None:
+    model = TestModel(replies=[TestModel.calls("cancel"), RuntimeError("HTTP 500"), "cancelled"])
+    agent = Agent("a", model=model)
+
+    @agent.tool(side_effect=True)
+    def cancel() -> str:
+        """Cancel the order."""
+        return "done"
+
+    answered = asyncio.run(agent.answer("cancel it", data=tmp_path))
+    assert answered.reply == "cancelled" and not [e for e in answered.events if isinstance(e, AttemptFailed)]
+    assert len(model.requests) == 3  # the failed request was sent again, as over HTTP
 
 
 def test_test_model_gives_a_tool_call_id_once_as_a_real_model_does(tmp_path: Path) -> None:
