@@ -321,11 +321,22 @@ def _attempt_failed(m: TurnMachine, out: _Out, error: ProviderError, reason: str
     turn = m.turn
     attempt, unsafe = turn.attempt, turn.side_effect_started
     retry = retries_after(error, attempt, m.settings.max_attempts, unsafe)
+    due = m.now_ms + round(m.settings.backoff_s(attempt, error) * 1000)
+    if retry and due >= _deadline(m):
+        # Not slept: the next attempt would only pause on the deadline. The turn pauses now,
+        # its attempt with it (the pause closes the attempt: no AttemptFailed before it).
+        limit, wait = m.settings.budget.deadline_ms / 1000, (due - m.now_ms) / 1000
+        _pause(m, out, "deadline", f"{reason}; the time limit ({limit:g} s) comes before the next try, in {wait:g} s")
+        return
     out.emit(AttemptFailed(**_stamp(m), reason=reason, retryable=retry))
     if not retry:
         _fail(m, out, provider_failure(error, attempts=attempt, side_effect_ran=unsafe))
         return
-    out.then(SleepUntil(m.now_ms + round(m.settings.backoff_s(attempt, error) * 1000)))
+    out.then(SleepUntil(due))
+
+
+def _deadline(m: TurnMachine) -> int:
+    return m.turn.claimed_at + m.settings.budget.deadline_ms
 
 
 def _take_over(m: TurnMachine, out: _Out) -> None:
@@ -367,7 +378,8 @@ def _retry_after_backoff(m: TurnMachine, out: _Out, failed_at: int) -> None:
     if failure is not None:
         _fail(m, out, failure)
         return
-    due = failed_at + round(m.settings.backoff_s(turn.attempt) * 1000)
+    # No later than the deadline: the attempt started then pauses on it at once.
+    due = min(failed_at + round(m.settings.backoff_s(turn.attempt) * 1000), _deadline(m))
     if due > m.now_ms:
         out.then(SleepUntil(due))
     else:

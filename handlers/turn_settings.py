@@ -39,8 +39,9 @@ class TurnSettings:
 
     def backoff_s(self, attempt: int, error: ProviderError | None = None) -> float:
         """Exponential and bounded, so a provider outage does not become a retry storm. The
-        wait a server asked for is honoured: the transport has already refused (made the
-        error final) any wait longer than its policy or the deadline allows."""
+        wait a server asked for is honoured, up to its policy's limit (the transport made an
+        error asking for more final); a wait that would reach the turn's deadline is not
+        slept (the turn pauses on it)."""
         delay_ms = float(min(self.backoff_max_ms, self.backoff_base_ms * 2 ** (attempt - 1)))
         if error is not None and error.retry_after_s is not None:
             delay_ms = max(delay_ms, error.retry_after_s * 1000)

@@ -292,6 +292,19 @@ def test_a_retryable_provider_error_fails_the_attempt_and_waits_the_backoff_befo
     assert isinstance(start, AttemptStarted) and start.attempt == 2 and start.run_id != failed.run_id
 
 
+@pytest.mark.parametrize("retry_after_s", [12.0, 2.95])  # the wait reaches the deadline, or just does
+def test_a_backoff_that_would_reach_the_deadline_is_not_slept_the_turn_pauses_on_it_at_once(retry_after_s: float):
+    m = machine(settings(budget=TurnBudget(deadline_ms=5_000)))
+    claimed(m, at=T0)
+    busy = ProviderError("rate_limited", "HTTP 429", retryable=True, status=429, retry_after_s=retry_after_s)
+    commands = decide(m, ModelFailed(busy, T0 + 2_050))
+    assert types(commands) == ["TurnPaused", "Finish"]  # the pause closes the attempt
+    paused = events(commands)[-1]
+    assert isinstance(paused, TurnPaused) and paused.reason == "deadline" and paused.occurred_at == T0 + 2_050
+    said = f"HTTP 429; no fallback model left; the time limit (5 s) comes before the next try, in {retry_after_s:g} s"
+    assert said in paused.resume_hint
+
+
 def test_no_new_attempt_once_a_side_effect_started():
     m = machine()
     claimed(m)
@@ -355,6 +368,16 @@ def test_a_takeover_during_the_backoff_waits_it_out_by_event_time_then_starts_ov
     retry = effect(again)
     assert isinstance(retry, CallModel) and isinstance(request, CallModel)
     assert retry.request.messages == request.request.messages  # the inputs, no kept step
+
+
+def test_a_takeover_during_a_backoff_that_reaches_the_deadline_waits_only_until_the_deadline_then_pauses():
+    state = _backing_off()  # failed at T0 + 100, next attempt due at T0 + 2_100
+    taken = machine(settings(backoff_base_ms=2_000, budget=TurnBudget(deadline_ms=1_500)), state=state)
+    assert decide(taken, TakenOver(T0 + 1_000)) == (SleepUntil(T0 + 1_500),)  # the deadline, not T0 + 2_100
+    at_deadline = decide(taken, Woke(T0 + 1_500))
+    assert types(at_deadline) == ["AttemptStarted", "TurnPaused", "Finish"]
+    paused = events(at_deadline)[-1]
+    assert isinstance(paused, TurnPaused) and paused.reason == "deadline" and paused.occurred_at == T0 + 1_500
 
 
 def test_a_takeover_after_the_backoff_is_over_starts_the_next_attempt_at_once():
