@@ -29,15 +29,18 @@ def kept_work(last_text: str | None, done: Iterable[DoneCall], blocked: tuple[To
     if done:
         lines.append("Completed operations:")
         for call in done:
-            result = call.result
-            if len(result) > RESULT_EXCERPT_CHARS:
-                result = result[:RESULT_EXCERPT_CHARS] + "..."
             status = "ok" if call.ok else "failed"
-            lines.append(f"- {call.tool}({call.arguments}) -> {status}: {result}")
+            lines.append(f"- {call.tool}({_excerpt(call.arguments)}) -> {status}: {_excerpt(call.result)}")
     if blocked:
+        # (the calls themselves, arguments whole, are the pause's `blocked_calls`)
         lines.append("Requested but not run (the turn stopped first):")
-        lines.extend(f"- {c.name}({c.arguments}) [call {c.call_id}]" for c in blocked)
+        lines.extend(f"- {c.name}({_excerpt(c.arguments)}) [call {c.call_id}]" for c in blocked)
     return "\n".join(lines)
+
+
+def _excerpt(text: str) -> str:
+    # The pause is one log value: large arguments or results quoted whole could pass its limit.
+    return text if len(text) <= RESULT_EXCERPT_CHARS else text[:RESULT_EXCERPT_CHARS] + "..."
 
 
 def resume_hint(conversation_id: str, turn_id: str, why: str) -> str:

@@ -10,6 +10,7 @@ import itertools
 import math
 from dataclasses import dataclass
 
+import orjson
 import pytest
 from builders import message
 from pydantic import BaseModel, ConfigDict, SecretStr
@@ -794,6 +795,20 @@ def test_the_tool_call_allowance_pauses_before_the_next_call_keeping_it_as_block
     paused = events(after)[-1]
     assert isinstance(paused, TurnPaused) and paused.reason == "tool_calls"
     assert [c.call_id for c in paused.blocked_calls] == ["c2"] and "search({}) -> ok: one" in paused.kept
+
+
+def test_a_pause_quotes_large_arguments_in_part_so_it_fits_the_log_with_its_calls_whole():
+    m = machine(settings(budget=TurnBudget(max_tool_calls=1)))
+    m.max_event_bytes = 1_048_446  # a default broker's, as on the embedded log
+    claimed(m)
+    big = [(f"c{n}", "search", orjson.dumps({"q": "x" * 150_000}).decode()) for n in range(4)]
+    decide(m, ModelAnswered(reply("", *big), T0))
+    after = decide(m, ToolReturned("one", T0 + 10))
+    assert types(after) == ["ToolCallFinished", "TurnPaused", "Finish"]  # not a TurnFailed for its size
+    paused = events(after)[-1]
+    assert isinstance(paused, TurnPaused) and paused.reason == "tool_calls"
+    assert [c.arguments for c in paused.blocked_calls] == [a for _, _, a in big[1:]]  # whole, to run on resume
+    assert 'search({"q":"xxx' in paused.kept and len(paused.kept) < 2_000
 
 
 def test_a_request_whose_worst_case_does_not_fit_the_cost_left_is_not_sent():
