@@ -213,6 +213,7 @@ def _completion(message: object, **usage: Any) -> dict[str, Any]:
         pytest.param(_completion({"content": ["a", "list"]}), id="content-not-a-string"),
         pytest.param(_completion({"content": "x", "refusal": 7}), id="refusal-not-a-string"),
         pytest.param(_completion({"content": "x"}, prompt_tokens=-1), id="negative-tokens"),
+        pytest.param(_completion({"content": "x"}, completion_tokens=10**12 + 1), id="tokens-past-a-trillion"),
         pytest.param(
             _completion({"content": "x"}, prompt_tokens_details={"cached_tokens": 10**6}), id="more-cached-than-input"
         ),

@@ -188,13 +188,18 @@ def build_tool_call(call_id: object, name: object, arguments: str, where: str) -
         raise malformed(f"{where}: invalid {fields}") from None
 
 
+# No reply has a trillion tokens; a count above it is not a count (and a turn's totals of such
+# counts could pass the 2^53 an event's integers, read by any JSON reader, are bounded to).
+MAX_TOKEN_COUNT = 10**12
+
+
 def token_count(fields: Mapping[str, Any], key: str, where: str) -> int:
     """A token count; absent or null is zero."""
     value = fields.get(key)
     if value is None:
         return 0
-    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-        raise malformed(f"{where}.{key} is not a non-negative integer")
+    if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= MAX_TOKEN_COUNT:
+        raise malformed(f"{where}.{key} is not a token count (an integer from 0 to {MAX_TOKEN_COUNT:,})")
     return value
 
 
