@@ -36,6 +36,14 @@ class TurnBudget:
     soft_fraction: float = 0.75
 
     def __post_init__(self) -> None:
+        # As strict as turnstile.toml is for the same keys: a count is an integer, an amount a
+        # number, neither a boolean (True < 8 would be a budget of one iteration).
+        for name in ("max_iterations", "max_tool_calls", "deadline_ms"):
+            if not _is_int(getattr(self, name)):
+                raise TypeError(f"{name} is an integer, not {getattr(self, name)!r}")
+        for name in ("max_cost_usd", "soft_fraction"):
+            if not (_is_int(getattr(self, name)) or isinstance(getattr(self, name), float)):
+                raise TypeError(f"{name} is a number, not {getattr(self, name)!r}")
         if self.max_iterations < 1 or self.max_tool_calls < 0 or self.max_cost_usd < 0 or self.deadline_ms < 0:
             raise ValueError("budget limits must be positive")
         # The output allowance divides the cost left by a price: an infinite limit has no
@@ -44,6 +52,10 @@ class TurnBudget:
             raise ValueError("max_cost_usd must be a finite number")
         if not 0 < self.soft_fraction <= 1:
             raise ValueError("soft_fraction must be in (0, 1]")
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 @dataclass(frozen=True, slots=True)

@@ -210,8 +210,8 @@ class Agent:
         max_attempts: int = 3,
         max_output_tokens: int = 1024,
     ) -> None:
-        if not name:
-            raise ValueError("an agent needs a name")
+        if not isinstance(name, str) or not name.strip():
+            raise TypeError(f"an agent's name is a non-empty str, not {name!r}")
         for what, given in (("model", model), *(("a fallback", f) for f in fallbacks)):
             if not isinstance(given, Model | TestModel):
                 hint = f" (Model({given!r}))" if isinstance(given, str) else ""
@@ -225,6 +225,12 @@ class Agent:
             if not isinstance(value, kind):  # type: ignore[arg-type]
                 expected = getattr(kind, "__name__", kind)  # (a union has none: `str | None`)
                 raise TypeError(f"agent {name!r}: {what} is {expected}, not {type(value).__name__}")
+        for what, count in (("max_attempts", max_attempts), ("max_output_tokens", max_output_tokens)):
+            if not isinstance(count, int) or isinstance(count, bool):
+                raise TypeError(f"agent {name!r}: {what} is an int, not {count!r}")
+        if isinstance(tools, Tool) or callable(tools):
+            one = getattr(tools, "name", None) or getattr(tools, "__name__", "the_tool")
+            raise TypeError(f"agent {name!r}: tools is a list of tools: tools=[{one}]")
         if max_attempts < 1 or max_output_tokens < 1:
             raise ValueError(f"agent {name!r}: max_attempts and max_output_tokens must be at least 1")
         if isinstance(double_text, str):

@@ -18,7 +18,7 @@ from test_cli import run_worker_until
 from test_cli import turnstile as turnstile_cli
 
 import turnstile
-from turnstile import Agent, Model, TestModel
+from turnstile import Agent, Model, TestModel, TurnBudget
 from turnstile.events import (
     AttemptFailed,
     DecodeError,
@@ -191,6 +191,11 @@ def test_kafka_clients_are_made_before_any_event_loop_runs(kafka_bootstrap: str,
         (lambda: Agent("a", model=TestModel(), budget={"max_iterations": 2}), "budget is TurnBudget, not dict"),
         (lambda: Agent("a", model=TestModel(), tools=[len]), "a tool is made with @tool or @agent.tool, not"),
         (lambda: Agent("a", model=TestModel(), tools="abc"), "a tool is made with @tool or @agent.tool, not str"),
+        (lambda: Agent("a", model=TestModel(), tools=len), "tools is a list of tools: tools=[len]"),
+        (lambda: Agent(5, model=TestModel()), "an agent's name is a non-empty str, not 5"),  # type: ignore[arg-type]
+        (lambda: Agent("a", model=TestModel(), max_attempts="3"), "max_attempts is an int, not '3'"),
+        (lambda: TurnBudget(max_iterations=2.5), "max_iterations is an integer, not 2.5"),
+        (lambda: TurnBudget(max_cost_usd=True), "max_cost_usd is a number, not True"),
     ],
 )
 def test_a_mistyped_agent_is_refused_where_it_is_made_not_at_its_first_turn(make, says) -> None:  # type: ignore[no-untyped-def]
