@@ -67,12 +67,18 @@ def arguments_model(function: ToolCallable, name: str, passed_by_engine: tuple[s
 
 
 def _result_text(value: object) -> str:
-    """What the model reads back: strings as they are, anything else as JSON."""
+    """What the model reads back: strings as they are, what JSON can say as JSON (objects
+    inside it as their `str()`), any other object as its `str()`."""
     if isinstance(value, str):
         return value
     if isinstance(value, BaseModel):
         return value.model_dump_json()
-    return orjson.dumps(value, default=str).decode()
+    if isinstance(value, dict | list | tuple):
+        return orjson.dumps(value, default=str).decode()
+    try:
+        return orjson.dumps(value).decode()
+    except TypeError:
+        return str(value)
 
 
 class ToolFlags(TypedDict, total=False):

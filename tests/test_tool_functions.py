@@ -61,6 +61,33 @@ def test_a_call_is_validated_against_the_signature_and_runs_sync_or_async() -> N
     assert not isinstance(extra, ValidCall) and "x: Extra inputs are not permitted" in extra.detail
 
 
+class Receipt:
+    def __str__(self) -> str:
+        return "receipt R-7"
+
+
+@pytest.mark.parametrize(
+    ("returned", "read"),
+    [
+        ("as it is", "as it is"),
+        ({"id": "A-1", "n": 2}, '{"id":"A-1","n":2}'),
+        ([1, None, True], "[1,null,true]"),
+        (3.5, "3.5"),
+        (Address(city="Oslo"), '{"city":"Oslo"}'),
+        (Receipt(), "receipt R-7"),  # its str(), not a JSON string of it
+        ({"receipt": Receipt()}, '{"receipt":"receipt R-7"}'),
+    ],
+)
+def test_what_a_tool_returns_is_read_back_by_the_model_as_text(returned: object, read: str) -> None:
+    @tool
+    def give() -> object:
+        """Give it."""
+        return returned
+
+    valid = validate_call(ToolRegistry([give]), ToolCall(call_id="c", name="give", arguments="{}"), False)
+    assert isinstance(valid, ValidCall) and asyncio.run(valid.tool.run(valid.arguments)) == read
+
+
 def test_a_parameter_without_annotation_or_a_tool_without_description_is_refused() -> None:
     def untyped(order_id):  # type: ignore[no-untyped-def]
         """Look up."""
