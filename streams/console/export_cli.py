@@ -24,7 +24,7 @@ from turnstile.streams.console.pages import turn_page
 from turnstile.streams.log import Record
 from turnstile.streams.runtime import SystemClock
 from turnstile.streams.serving import LogPlace
-from turnstile.streams.views import TurnView, build_view, turn_named
+from turnstile.streams.views import MIN_TURN_PREFIX, TurnView, build_view, turn_named
 
 
 async def export_turn(args: argparse.Namespace, place: LogPlace) -> int:
@@ -35,7 +35,8 @@ async def export_turn(args: argparse.Namespace, place: LogPlace) -> int:
     view = build_view(args.conversation, records)
     turn = view.turns.get(turn_named(view, args.turn_id))
     if turn is None:
-        raise CliError(NOT_FOUND, f"no turn {args.turn_id!r} in conversation {args.conversation!r} on {place}")
+        short = " (a turn id, or 8 or more of its first characters)" if len(args.turn_id) < MIN_TURN_PREFIX else ""
+        raise CliError(NOT_FOUND, f"no turn {args.turn_id!r} in conversation {args.conversation!r} on {place}{short}")
     now_ms = SystemClock().now_ms()
     at = iso_utc(now_ms)
     by = f"turnstile {__version__}"
