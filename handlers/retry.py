@@ -65,6 +65,12 @@ def retryable_status(status: int, headers: Mapping[str, str]) -> bool:
     return status in (408, 409, 429) or status >= 500
 
 
+def retryable_break(headers: Mapping[str, str]) -> bool:
+    """Whether a successful answer whose body broke off (a stream cut short) may be asked
+    again: yes, unless the server said `x-should-retry: false` when it began answering."""
+    return headers.get("x-should-retry") != "false"
+
+
 def server_wait_s(headers: Mapping[str, str], now_s: float) -> float | None:
     """The wait the server asked for, in seconds: `retry-after-ms`, else `retry-after` as
     seconds or as an HTTP date (relative to `now_s`, Unix seconds). None if it asked none."""

@@ -32,7 +32,15 @@ from turnstile.handlers.providers.wire import (
     provider_error_message,
     status_kind,
 )
-from turnstile.handlers.retry import GiveUp, RetryPolicy, given_up, next_retry, retryable_status, server_wait_s
+from turnstile.handlers.retry import (
+    GiveUp,
+    RetryPolicy,
+    given_up,
+    next_retry,
+    retryable_break,
+    retryable_status,
+    server_wait_s,
+)
 
 log = logging.getLogger(__name__)
 
@@ -119,13 +127,15 @@ class HttpProvider:
         # read timeout catches a server that stops sending.
         total_s = self._timeout_s if relay is None else request.time_left_s
         assembler = self._wire.assembler() if relay is not None else None
+        began: list[httpx.Headers] = []  # the answer's headers, once it began
         try:
             async with asyncio.timeout(total_s):
-                status, headers, payload = await self._send(content, relay, assembler)
+                status, headers, payload = await self._send(content, relay, assembler, began)
         except (TimeoutError, httpx.TimeoutException):
             failure = ProviderError("timeout", f"no response within {self._timeout_s:g} s", retryable=True)
         except httpx.TransportError as exc:
-            failure = ProviderError("connection", self._describe(exc), retryable=True)
+            again = not began or retryable_break(began[0])
+            failure = ProviderError("connection", self._describe(exc), retryable=again)
         except httpx.DecodingError as exc:
             failure = malformed(self._describe(exc))
         except ProviderError as exc:
@@ -135,11 +145,12 @@ class HttpProvider:
         if not 200 <= status < 300:
             return self._status_error(status, headers, payload)
         try:
-            if assembler is not None:
+            if assembler is not None and _event_stream(headers):
                 if not assembler.done:
-                    return ProviderError("connection", "the stream ended before the reply did", retryable=True)
+                    again = retryable_break(headers)
+                    return ProviderError("connection", "the stream ended before the reply did", retryable=again)
                 return self._wire.parse_reply(assembler.payload(), request.model)
-            parsed = orjson.loads(payload)
+            parsed = orjson.loads(payload)  # (a server that answered a streamed request whole, too)
         except orjson.JSONDecodeError:
             return malformed(f"body is not JSON: {self._excerpt(payload)}")
         except ProviderError as exc:
@@ -150,14 +161,16 @@ class HttpProvider:
             return exc
 
     async def _send(
-        self, content: bytes, relay: _Relay | None, assembler: ReplyAssembler | None
+        self, content: bytes, relay: _Relay | None, assembler: ReplyAssembler | None, began: list[httpx.Headers]
     ) -> tuple[int, httpx.Headers, bytes]:
-        """Status, headers and body; a successful streamed body goes to `assembler` as it
-        arrives (and its text to `relay`) instead."""
+        """Status, headers and body; a successful event stream goes to `assembler` as it
+        arrives (and its text to `relay`) instead. The headers go to `began` at once."""
         async with self._client.stream(
             "POST", self._url, content=content, headers=self._headers, timeout=self._timeout_s
         ) as response:
+            began.append(response.headers)
             streaming = relay is not None and assembler is not None and 200 <= response.status_code < 300
+            streaming = streaming and _event_stream(response.headers)
             decoder = SseDecoder()
             chunks: list[bytes] = []
             size = 0
@@ -260,6 +273,14 @@ def _key_start_at_end(text: str, secret: str) -> int:
         if secret.startswith(text[-size:]):
             return size
     return 0
+
+
+def _event_stream(headers: httpx.Headers) -> bool:
+    """Whether an answer is server-sent events. An answer without a content type is taken
+    as one (as it was asked for); a JSON one is a whole reply from a server that ignored
+    `stream: true` (it is parsed as such, not read as a stream with no events)."""
+    kind = str(headers.get("content-type", "text/event-stream")).split(";")[0].strip().lower()
+    return kind != "application/json"
 
 
 def _owned_client(timeout_s: float) -> httpx.AsyncClient:

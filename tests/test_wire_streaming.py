@@ -276,3 +276,30 @@ async def test_a_stream_whose_chunks_never_have_a_choice_is_malformed_with_its_u
     assert (caught.value.kind, caught.value.message) == ("malformed_response", "choices is empty")
     assert caught.value.usage == Usage(input_tokens=9, output_tokens=3)  # billed, so counted
 
+
+async def test_a_broken_stream_is_not_asked_again_when_the_server_said_not_to(openai: Family) -> None:
+    whole = stream_fixture("openai", "stream_text")
+    cut = streamed(whole[: len(whole) // 3])
+    openai.api.push(httpx.Response(200, headers={"x-should-retry": "false"}, stream=cut.stream))
+
+    with pytest.raises(ProviderError) as caught:
+        await openai.provider.complete(HELLO, Collected())
+
+    assert (caught.value.kind, caught.value.retryable) == ("connection", False)
+    assert len(openai.api.bodies) == 1  # as the SDKs honour x-should-retry
+
+
+@pytest.mark.parametrize("family", ["openai", "anthropic"])
+async def test_a_server_that_answers_a_streamed_request_whole_is_read_whole(
+    sides: dict[str, Family], family: str
+) -> None:
+    # (a compatible server that ignores stream: true; read as a stream it has no events)
+    side = sides[family]
+    side.api.push(httpx.Response(200, json=fixture(family, "text")))
+
+    reply = await side.provider.complete(HELLO, Collected())
+
+    whole = WIRES[family].parse_reply(fixture(family, "text"), "m")
+    assert (reply.text, reply.usage, reply.usage_reported) == (whole.text, whole.usage, True)
+    assert len(side.api.bodies) == 1
+
