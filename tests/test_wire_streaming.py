@@ -219,16 +219,22 @@ def test_tool_call_pieces_are_joined_by_index() -> None:
     )
 
 
+COUNTS = {"openai": ("prompt_tokens", "completion_tokens"), "anthropic": ("input_tokens", "output_tokens")}
+
+
 @pytest.mark.parametrize("family", ["openai", "anthropic"])
-@pytest.mark.parametrize("usage", ["absent", "null"])
+@pytest.mark.parametrize("usage", ["absent", "null", "empty", "counts null", "no output count"])
 def test_a_whole_reply_that_says_nothing_of_its_tokens_is_not_taken_as_costing_nothing(family: str, usage: str) -> None:
     body = fixture(family, "text")
+    read, wrote = COUNTS[family]
     if usage == "absent":
         del body["usage"]
     else:
-        body["usage"] = None
+        body["usage"] = {
+            "null": None, "empty": {}, "counts null": {read: None, wrote: None}, "no output count": {read: 12}
+        }[usage]  # fmt: skip
     silent = WIRES[family].parse_reply(body, "m")
-    assert (silent.usage, silent.usage_reported) == (Usage(), False)  # the turn prices it as unknown
+    assert not silent.usage_reported  # the turn prices it as unknown
     assert WIRES[family].parse_reply(fixture(family, "text"), "m").usage_reported
 
 
@@ -302,4 +308,28 @@ async def test_a_server_that_answers_a_streamed_request_whole_is_read_whole(
     whole = WIRES[family].parse_reply(fixture(family, "text"), "m")
     assert (reply.text, reply.usage, reply.usage_reported) == (whole.text, whole.usage, True)
     assert len(side.api.bodies) == 1
+
+
+def _without_usage(stream: bytes, *, start: bool, delta: bool) -> bytes:
+    events = []
+    for event in stream.split(b"\n\n"):
+        head, _, data = event.partition(b"\ndata: ")
+        if data and ((start and head == b"event: message_start") or (delta and head == b"event: message_delta")):
+            value = orjson.loads(data)
+            (value["message"] if start and "message" in value else value).pop("usage", None)
+            event = head + b"\ndata: " + orjson.dumps(value)
+        events.append(event)
+    return b"\n\n".join(events)
+
+
+@pytest.mark.parametrize(("start", "delta"), [(True, True), (False, True)])
+async def test_an_anthropic_stream_without_its_final_output_count_says_nothing_of_its_tokens(
+    anthropic: Family, start: bool, delta: bool
+) -> None:
+    # message_start's output_tokens is a placeholder (1): the count is message_delta's
+    anthropic.api.push(streamed(_without_usage(stream_fixture("anthropic", "stream_text"), start=start, delta=delta)))
+
+    reply = await anthropic.provider.complete(HELLO, Collected())
+
+    assert reply.text and not reply.usage_reported
 

@@ -23,6 +23,7 @@ from turnstile.handlers.providers.wire import (
     bill,
     build_tool_call,
     build_usage,
+    counts_given,
     expect_list,
     expect_object,
     finish_reason,
@@ -96,7 +97,7 @@ class AnthropicMessages:
         return AnthropicMessagesStream()
 
     def parse_reply(self, payload: Any, requested_model: str) -> ModelReply:
-        return parse_billed(payload, requested_model, _reply, _usage)
+        return parse_billed(payload, requested_model, _reply, _reported_usage)
 
 
 def _reply(body: dict[str, Any], requested_model: str) -> ModelReply:
@@ -126,7 +127,7 @@ def _reply(body: dict[str, Any], requested_model: str) -> ModelReply:
         finish_reason=reason,
         stop=stop,
         native=tuple(blocks),
-        usage_reported=body.get("usage") is not None,
+        usage_reported=_reported_usage(body.get("usage")) is not None,
     )
 
 
@@ -226,6 +227,11 @@ def _refusal_explanation(raw: object) -> str | None:
     return explanation if isinstance(explanation, str) and explanation.strip() else None
 
 
+def _reported_usage(raw: object) -> Usage | None:
+    """The reply's usage, when it says both what it read and what it wrote."""
+    return _usage(raw) if counts_given(raw, "input_tokens", "output_tokens") else None
+
+
 def _usage(raw: object) -> Usage:
     """`input_tokens` on this wire excludes the cache reads and writes; `Usage` counts the
     whole prompt, so they are added back."""
@@ -261,6 +267,8 @@ class AnthropicMessagesStream:
         self._blocks: dict[int, dict[str, Any]] = {}
         self._json: dict[int, list[str]] = {}
         self._unparsed: dict[int, str] = {}  # tool inputs that are not JSON, by block
+        # Whether message_delta gave the reply's output count: message_start's is a placeholder.
+        self._counted = False
 
     @property
     def done(self) -> bool:
@@ -286,6 +294,7 @@ class AnthropicMessagesStream:
             self._message.update(optional_object(data.get("delta"), "message_delta.delta"))
             usage = optional_object(data.get("usage"), "message_delta.usage")
             given = {name: count for name, count in usage.items() if count is not None}
+            self._counted = self._counted or "output_tokens" in given
             self._message["usage"] = {**optional_object(self._message.get("usage"), "usage"), **given}
         elif kind == "message_stop":
             self._done = True
@@ -335,7 +344,15 @@ class AnthropicMessagesStream:
             if _STOPS.get(str(self._message.get("stop_reason"))) != "truncated":
                 # Never run a call on a guess at its arguments.
                 error = malformed(f"content[{index}] (tool_use) input is not JSON: {text[:80]!r}")
-                bill(error, self._message.get("usage"), _usage)
+                bill(error, self._reported(), _reported_usage)
                 raise error
         blocks = (block for index, block in sorted(self._blocks.items()) if index not in self._unparsed)
-        return {**self._message, "content": list(blocks)}
+        return {**self._message, "usage": self._reported(), "content": list(blocks)}
+
+    def _reported(self) -> dict[str, Any]:
+        """The usage as the stream reported it. message_start's output count is a placeholder:
+        without message_delta's, the output count, and so the cost, is unknown."""
+        usage = dict(optional_object(self._message.get("usage"), "usage"))
+        if not self._counted:
+            usage.pop("output_tokens", None)
+        return usage

@@ -21,6 +21,7 @@ from turnstile.handlers.providers.sse import SseEvent
 from turnstile.handlers.providers.wire import (
     build_tool_call,
     build_usage,
+    counts_given,
     expect_list,
     expect_object,
     finish_reason,
@@ -84,7 +85,7 @@ class OpenAIChat:
         return OpenAIChatStream()
 
     def parse_reply(self, payload: Any, requested_model: str) -> ModelReply:
-        return parse_billed(payload, requested_model, _reply, _usage)
+        return parse_billed(payload, requested_model, _reply, _reported_usage)
 
 
 def _reply(body: dict[str, Any], requested_model: str) -> ModelReply:
@@ -105,7 +106,7 @@ def _reply(body: dict[str, Any], requested_model: str) -> ModelReply:
         usage=_usage(body.get("usage")),
         finish_reason=reason,
         stop=stop,
-        usage_reported=body.get("usage") is not None,
+        usage_reported=_reported_usage(body.get("usage")) is not None,
     )
 
 
@@ -161,6 +162,11 @@ def _parse_tool_call(raw: object, where: str) -> ToolCall:
     if not isinstance(arguments, str):
         raise malformed(f"{where}.function.arguments is not a string")
     return build_tool_call(call.get("id"), function.get("name"), arguments, where)
+
+
+def _reported_usage(raw: object) -> Usage | None:
+    """The reply's usage, when it says both what it read and what it wrote."""
+    return _usage(raw) if counts_given(raw, "prompt_tokens", "completion_tokens") else None
 
 
 def _usage(raw: object) -> Usage:

@@ -105,7 +105,7 @@ def parse_billed(
     payload: Any,
     requested_model: str,
     reply: Callable[[dict[str, Any], str], ModelReply],
-    usage: Callable[[object], Usage],
+    usage: Callable[[object], Usage | None],
 ) -> ModelReply:
     """`reply(body, requested_model)` of a response body; a malformed one raised with the usage
     the body reported (`bill`)."""
@@ -117,10 +117,10 @@ def parse_billed(
         raise
 
 
-def bill(error: ProviderError, raw_usage: object, parse: Callable[[object], Usage]) -> None:
-    """Gives a malformed reply's `error` the usage the provider reported for it, when that is
-    there and readable: a whole reply is billed even if it cannot be used. An unreadable
-    usage leaves nothing known to count."""
+def bill(error: ProviderError, raw_usage: object, parse: Callable[[object], Usage | None]) -> None:
+    """Gives a malformed reply's `error` the usage the provider reported for it (`parse`: None
+    unless it gave both counts), when that is there and readable: a whole reply is billed
+    even if it cannot be used. A usage unreadable or in part leaves nothing known to count."""
     if error.kind == "malformed_response" and raw_usage is not None:
         with suppress(ProviderError):
             error.usage = parse(raw_usage)
@@ -186,6 +186,12 @@ def build_tool_call(call_id: object, name: object, arguments: str, where: str) -
         # Over-long ids, names or arguments: the reply cannot be recorded as an event.
         fields = ", ".join(str(error["loc"][0]) for error in exc.errors())
         raise malformed(f"{where}: invalid {fields}") from None
+
+
+def counts_given(usage: object, input_key: str, output_key: str) -> bool:
+    """Whether a reply's `usage` says both how many tokens it read and how many it wrote: with
+    either missing (or null, or no usage at all) its cost is not known, and is not taken as 0."""
+    return isinstance(usage, Mapping) and usage.get(input_key) is not None and usage.get(output_key) is not None
 
 
 # No reply has a trillion tokens; a count above it is not a count (and a turn's totals of such
