@@ -48,11 +48,13 @@ class Retry:
 
 @dataclass(frozen=True, slots=True)
 class GiveUp:
-    """No retry now. `final`: a later attempt would not help either (the server said
-    not to, or asked for a wait this turn cannot afford)."""
+    """No retry now. `final`: a later attempt would not help either (the server said not
+    to, or asked for a longer wait than allowed). `told`: the reason goes into the error
+    (not for retries used up: the error says how many there were)."""
 
     reason: str
     final: bool
+    told: bool = True
 
 
 def retryable_status(status: int, headers: Mapping[str, str]) -> bool:
@@ -117,11 +119,12 @@ def next_retry(
             final=True,
         )
     if retries_done >= policy.max_retries:
-        return GiveUp(f"{retries_done} retries used", final=False)
+        return GiveUp(f"{retries_done} retries used", final=False, told=False)
     delay = wait if wait is not None and wait > 0 else backoff_s(policy, retries_done, jitter)
     if time_left_s is not None and delay >= time_left_s:
+        # Not final: the turn decides (it pauses on its deadline rather than fail).
         left = max(time_left_s, 0.0)
-        return GiveUp(f"waiting {delay:g} s would pass the turn's deadline ({left:g} s left)", final=True)
+        return GiveUp(f"waiting {delay:g} s would pass the turn's deadline ({left:g} s left)", final=False)
     return Retry(delay)
 
 
@@ -132,7 +135,7 @@ def given_up(error: ProviderError, decision: GiveUp, retries: int) -> ProviderEr
     note = f"after {retries} retries" if retries else "not retried"
     return ProviderError(
         error.kind,
-        f"{error.message} ({note}: {decision.reason})" if decision.final else f"{error.message} ({note})",
+        f"{error.message} ({note}: {decision.reason})" if decision.told else f"{error.message} ({note})",
         retryable=not decision.final,
         status=error.status,
         retry_after_s=error.retry_after_s,

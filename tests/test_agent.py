@@ -26,9 +26,11 @@ from turnstile.events import (
     ToolCallFinished,
     ToolCallStarted,
     TurnCompleted,
+    TurnPaused,
     decode,
     encode,
 )
+from turnstile.handlers.provider import ProviderError
 from turnstile.streams.agent import Answered, load_agent
 from turnstile.streams.file_log import FileLog, LogOwned
 from turnstile.streams.kafka_log import KafkaLog
@@ -288,6 +290,15 @@ def test_a_second_answer_on_a_folder_in_use_is_refused_before_its_message_is_sen
 async def _all_events(folder: Path) -> list[Event]:
     log = FileLog(folder)
     return [e for r in await log.reader().read(log.topics.events) if not isinstance(e := decode(r.value), DecodeError)]
+
+
+def test_a_server_asking_to_wait_past_the_deadline_pauses_the_turn_on_it_at_once(tmp_path: Path) -> None:
+    busy = ProviderError("rate_limited", "HTTP 429", retryable=True, status=429, retry_after_s=12.0)
+    agent = Agent("a", model=TestModel(replies=[busy, "ok"]), budget=TurnBudget(deadline_ms=5_000))
+    answered = asyncio.run(agent.answer("hi", data=tmp_path))
+    outcome = answered.outcome
+    assert isinstance(outcome, TurnPaused) and outcome.reason == "deadline"  # not failed, not slept 12 s
+    assert "would pass the turn's deadline" in outcome.resume_hint
 
 
 def test_a_log_place_with_an_address_kafka_does_not_take_is_refused() -> None:

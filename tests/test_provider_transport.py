@@ -91,14 +91,15 @@ def test_next_retry_decides_with_the_deadline_and_the_ceiling() -> None:
     limited = ProviderError("rate_limited", "429", retryable=True, status=429, retry_after_s=30)
     assert next_retry(policy, 0, limited, 0.0, None) == Retry(30)
     assert next_retry(policy, 0, limited, 0.0, time_left_s=45) == Retry(30)
-    assert isinstance(late := next_retry(policy, 0, limited, 0.0, time_left_s=20), GiveUp) and late.final
+    # not final: the turn decides what a wait past its deadline means (it pauses on it)
+    assert isinstance(late := next_retry(policy, 0, limited, 0.0, time_left_s=20), GiveUp) and not late.final
     assert "deadline" in late.reason
     too_long = ProviderError("rate_limited", "429", retryable=True, status=429, retry_after_s=61)
     assert next_retry(policy, 0, too_long, 0.0, None) == GiveUp(
         "the provider asked to wait 61 s, longer than the 60 s allowed", final=True
     )
     used = next_retry(policy, 2, limited, 0.0, None)
-    assert isinstance(used, GiveUp) and not used.final
+    assert isinstance(used, GiveUp) and not used.final and not used.told
     final = ProviderError("bad_request", "400", retryable=False, status=400)
     assert isinstance(next_retry(policy, 0, final, 0.0, None), GiveUp)
 
@@ -188,7 +189,7 @@ async def test_a_wait_longer_than_the_ceiling_or_the_deadline_fails_at_once_and_
     api.push(error(429, headers={"retry-after": "30"}))
     transport = make()
     failure = await transport.failure(ModelRequest("gpt-4.1", HELLO.messages, time_left_s=10.0))
-    assert (transport.sleeps, failure.retryable) == ([], False)
+    assert (transport.sleeps, failure.retryable, failure.retry_after_s) == ([], True, 30.0)  # the turn pauses
     assert "would pass the turn's deadline" in failure.message
 
 
