@@ -52,7 +52,8 @@ def resume_hint(conversation_id: str, turn_id: str, why: str) -> str:
 
 
 def waiting_for_approval(call: ToolCall) -> str:
-    return f"Waiting for approval to call {call.name} with arguments {call.arguments} (call {call.call_id})."
+    # (the call itself, arguments whole, is the pause's `pending_call`)
+    return f"Waiting for approval to call {call.name} with arguments {_excerpt(call.arguments)} (call {call.call_id})."
 
 
 def approval_hint(conversation_id: str, turn_id: str, call: ToolCall) -> str:

@@ -73,11 +73,11 @@ def _result_text(value: object) -> str:
         return value
     if isinstance(value, BaseModel):
         return value.model_dump_json()
-    if isinstance(value, dict | list | tuple):
-        return orjson.dumps(value, default=str).decode()
     try:
+        if isinstance(value, dict | list | tuple):
+            return orjson.dumps(value, default=str, option=orjson.OPT_NON_STR_KEYS).decode()
         return orjson.dumps(value).decode()
-    except TypeError:
+    except TypeError:  # (an integer past 64 bits, say): the call succeeded all the same
         return str(value)
 
 

@@ -76,6 +76,8 @@ class Receipt:
         (Address(city="Oslo"), '{"city":"Oslo"}'),
         (Receipt(), "receipt R-7"),  # its str(), not a JSON string of it
         ({"receipt": Receipt()}, '{"receipt":"receipt R-7"}'),
+        ({1: "a"}, '{"1":"a"}'),
+        ({"n": 2**70}, "{'n': 1180591620717411303424}"),  # JSON cannot say it here: its str()
     ],
 )
 def test_what_a_tool_returns_is_read_back_by_the_model_as_text(returned: object, read: str) -> None:

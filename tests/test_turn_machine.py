@@ -811,6 +811,19 @@ def test_a_pause_quotes_large_arguments_in_part_so_it_fits_the_log_with_its_call
     assert 'search({"q":"xxx' in paused.kept and len(paused.kept) < 2_000
 
 
+def test_an_approval_pause_quotes_large_arguments_in_part_so_it_fits_the_log_with_its_call_whole():
+    m = machine()
+    m.max_event_bytes = 1_048_446
+    claimed(m)
+    big = [(f"c{n}", "wire", orjson.dumps({"q": "x" * 190_000}).decode()) for n in range(5)]
+    commands = decide(m, ModelAnswered(reply("", *big), T0))
+    assert types(commands) == ["ModelResponded", "TurnPaused", "Finish"]  # not a TurnFailed for its size
+    paused = events(commands)[-1]
+    assert isinstance(paused, TurnPaused) and paused.reason == "approval"
+    assert paused.pending_call is not None and paused.pending_call.arguments == big[0][2]  # whole, to approve
+    assert len(paused.kept) < 3_000
+
+
 def test_a_request_whose_worst_case_does_not_fit_the_cost_left_is_not_sent():
     m = machine(settings(budget=TurnBudget(max_cost_usd=0.0001)))
     commands = claimed(m)
