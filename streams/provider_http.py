@@ -18,7 +18,7 @@ import random
 import ssl
 import time
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any
+from typing import Any, TypeGuard
 
 import httpx
 import orjson
@@ -31,6 +31,7 @@ from turnstile.handlers.providers.wire import (
     malformed,
     provider_error_message,
     status_kind,
+    stream_error,
 )
 from turnstile.handlers.retry import (
     GiveUp,
@@ -132,7 +133,8 @@ class HttpProvider:
             async with asyncio.timeout(total_s):
                 status, headers, payload = await self._send(content, relay, assembler, began)
         except (TimeoutError, httpx.TimeoutException):
-            failure = ProviderError("timeout", f"no response within {self._timeout_s:g} s", retryable=True)
+            again = not began or retryable_break(began[0])  # (mid-answer, the server may have said not to)
+            failure = ProviderError("timeout", f"no response within {self._timeout_s:g} s", retryable=again)
         except httpx.TransportError as exc:
             again = not began or retryable_break(began[0])
             failure = ProviderError("connection", self._describe(exc), retryable=again)
@@ -155,6 +157,8 @@ class HttpProvider:
             return malformed(f"body is not JSON: {self._excerpt(payload)}")
         except ProviderError as exc:
             return exc
+        if _error_body(parsed):  # an error answered with 200, as some gateways do
+            return stream_error(parsed["error"], "in the answer")
         try:
             return self._wire.parse_reply(parsed, request.model)
         except ProviderError as exc:
@@ -276,11 +280,17 @@ def _key_start_at_end(text: str, secret: str) -> int:
 
 
 def _event_stream(headers: httpx.Headers) -> bool:
-    """Whether an answer is server-sent events. An answer without a content type is taken
-    as one (as it was asked for); a JSON one is a whole reply from a server that ignored
-    `stream: true` (it is parsed as such, not read as a stream with no events)."""
+    """Whether an answer is server-sent events: its content type says so, or it says none (as
+    it was asked for). Any other is a whole reply from a server that ignored `stream: true`:
+    parsed as such, not read as a stream with no events (and retried, and paid again)."""
     kind = str(headers.get("content-type", "text/event-stream")).split(";")[0].strip().lower()
-    return kind != "application/json"
+    return kind == "text/event-stream"
+
+
+def _error_body(parsed: object) -> TypeGuard[dict[str, Any]]:
+    return isinstance(parsed, dict) and isinstance(parsed.get("error"), dict) and not (
+        "choices" in parsed or "content" in parsed
+    )
 
 
 def _owned_client(timeout_s: float) -> httpx.AsyncClient:

@@ -333,3 +333,28 @@ async def test_an_anthropic_stream_without_its_final_output_count_says_nothing_o
 
     assert reply.text and not reply.usage_reported
 
+
+@pytest.mark.parametrize("kind", ["text/plain", "application/x-ndjson", "application/json; charset=utf-8"])
+async def test_a_whole_reply_under_any_type_but_event_stream_is_read_whole(openai: Family, kind: str) -> None:
+    body = orjson.dumps(fixture("openai", "text"))
+    openai.api.push(httpx.Response(200, headers={"content-type": kind}, content=body))
+
+    reply = await openai.provider.complete(HELLO, Collected())
+
+    assert reply.text == "The 9th is cheaper." and reply.usage_reported and len(openai.api.bodies) == 1
+
+
+@pytest.mark.parametrize("streamed_request", [False, True])
+async def test_an_error_answered_with_200_is_the_error_it_names(openai: Family, streamed_request: bool) -> None:
+    # (some gateways answer an overload with 200 and an error body)
+    busy = {"error": {"type": "overloaded_error", "message": "Overloaded"}}
+    openai.api.push(httpx.Response(200, json=busy), httpx.Response(200, json=fixture("openai", "text")))
+
+    answered = await openai.provider.complete(HELLO, Collected() if streamed_request else None)
+
+    assert answered.text == "The 9th is cheaper." and len(openai.api.bodies) == 2  # retried as an overload
+    openai.api.push(httpx.Response(200, json={"error": {"type": "invalid_request_error", "message": "bad"}}))
+    with pytest.raises(ProviderError) as caught:
+        await openai.provider.complete(HELLO, Collected() if streamed_request else None)
+    assert (caught.value.kind, caught.value.message) == ("bad_request", "error in the answer: bad")
+

@@ -75,15 +75,15 @@ def stream_event_json(event: SseEvent) -> dict[str, Any]:
     return expect_object(data, f"{event.event!r} event")
 
 
-def stream_error(error: object) -> ProviderError:
-    """An error reported inside a stream (the HTTP status was already 200). Both families
-    name its type; it is retried like the status it stands for."""
+def stream_error(error: object, where: str = "in the stream") -> ProviderError:
+    """An error reported inside a stream, or in a body (the HTTP status was already 200).
+    Both families name its type; it is retried like the status it stands for."""
     fields = error if isinstance(error, dict) else {}
     kind = _STREAM_ERRORS.get(str(fields.get("type")), "server_error")
     message = fields.get("message")
     said = " ".join(message.split())[:MAX_PROVIDER_MESSAGE_CHARS] if isinstance(message, str) else None
     retryable = kind in ("overloaded", "rate_limited", "server_error")
-    detail = f"error in the stream: {said or 'no message'}"
+    detail = f"error {where}: {said or 'no message'}"
     return ProviderError(kind, detail, retryable=retryable, provider_message=said)
 
 
