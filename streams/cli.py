@@ -102,15 +102,16 @@ async def _wait_for_broker(bootstrap: str, patience_s: float) -> None:
         wait = min(wait * 2, 10.0)
 
 
-async def _require_topics(bootstrap: str, topics: config_file.TopicsConfig, command: str) -> None:
+async def _require_topics(bootstrap: str, config: config_file.Config, command: str) -> None:
     """The topics `command` reads or writes are there, or one line says which are not (the
     worker makes its snapshot topics itself; the others are the operator's to make, with the
     retention they want)."""
     from turnstile.streams.kafka_reader import TopicMissing, require_topics
 
+    topics = config.topics
     needed = [topics.events]
     if command == "run":
-        needed += [topics.outcomes, topics.dead_letters, topics.deltas]
+        needed += [topics.outcomes, topics.dead_letters] + ([topics.deltas] if config.stream else [])
     try:
         await require_topics(bootstrap, needed)
     except TopicMissing as exc:
@@ -476,7 +477,7 @@ def main(argv: list[str] | None = None) -> int:
             patience = config.connect_timeout_s if config is not None and args.command == "run" else 0
             await _wait_for_broker(bootstrap_of(broker), patience)
             if config is not None:
-                await _require_topics(bootstrap_of(broker), config.topics, args.command)
+                await _require_topics(bootstrap_of(broker), config, args.command)
         return await handler(args)
 
     try:

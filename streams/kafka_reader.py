@@ -49,9 +49,9 @@ async def require_topics(bootstrap: str, names: Iterable[str], timeout_s: float 
     client would otherwise wait for it, logging an error per metadata refresh, and then fail
     with a traceback (a producer) or idle for ever (a worker subscribed to it)."""
     consumer = _no_group(bootstrap)
-    await consumer.start()
     try:
         async with asyncio.timeout(timeout_s):
+            await consumer.start()
             present = await consumer.topics()
     finally:
         await consumer.stop()

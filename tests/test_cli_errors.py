@@ -118,6 +118,7 @@ def test_send_to_an_unreachable_broker_fails_at_once(tmp_path):
         (["export-turn", "c", "0123456789ab"], "topic 'nope-e' does"),
         (["approve", "c", "call_1"], "topic 'nope-e' does"),
         (["run"], "topics 'nope-e', 'nope-o', 'nope-d', 'nope-x' do"),
+        (["run", "--no-stream"], "topics 'nope-e', 'nope-o', 'nope-d' do"),  # no deltas written
     ],
 )
 def test_a_topic_not_on_the_broker_is_named_at_once_with_the_fix(
