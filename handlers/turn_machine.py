@@ -174,6 +174,8 @@ class TurnMachine:
     messages: list[ChatMessage] = field(default_factory=list)
     done: dict[str, DoneCall] = field(default_factory=dict)
     last_text: str | None = None
+    # Why the turn's cost became unknown, said when it did (a takeover reads the journal).
+    unknown_cost: str | None = None
     resume: Resume | None = None
     queue: deque[KeptStep | CallToSettle] = field(default_factory=deque)
     # The call whose tool (or reconciler) runs, and the command that runs it.
@@ -470,18 +472,27 @@ def _spent(m: TurnMachine, iterations: int) -> Spent:
     elapsed_ms = max(0, m.now_ms - turn.claimed_at)
     if turn.cost_usd is not None:
         return Spent(iterations, turn.tool_calls, turn.cost_usd, elapsed_ms)
-    return Spent(iterations, turn.tool_calls, None, elapsed_ms, _unknown_cost(turn.journal))
+    return Spent(iterations, turn.tool_calls, None, elapsed_ms, m.unknown_cost or _unknown_cost(turn.journal))
 
 
 def _unknown_cost(journal: list[Event]) -> str | None:
-    """Why the first response of unknown cost has one: not always because of the model asked
-    next (a fallback follows an unpriced model's billed but unusable reply)."""
+    """Why the cost of a turn taken over is unknown, as far as its journal tells: which step's
+    (not always the model asked next: a fallback follows an unpriced model's billed but
+    unusable reply), not whether its price or its usage was missing."""
     for e in journal:
-        if isinstance(e, ModelResponded) and e.cost_usd is None and e.usage == Usage():
-            return f"the reply of model {e.model!r} said nothing of its tokens (no usage)"
         if isinstance(e, ModelResponded | ProtocolFailure) and e.cost_usd is None and e.usage is not None:
-            return f"the price of model {e.model!r} is unknown"
+            return f"the cost of a reply of model {e.model!r} is unknown (no price for it, or no usage reported)"
     return None
+
+
+def _cost_of(m: TurnMachine, usage: Usage, reported: bool = True) -> float | None:
+    """A response's cost at the price of the model asked (the one its allowance was cut at);
+    when unknown, the machine notes why, for the pause that follows."""
+    cost = cost_usd(m.settings.prices, m.model, usage) if reported else None
+    if cost is None and m.unknown_cost is None:
+        no_price = f"the price of model {m.model!r} is unknown"
+        m.unknown_cost = no_price if reported else f"a reply of model {m.model!r} reported no usage"
+    return cost
 
 
 def _next_request(m: TurnMachine, out: _Out) -> None:
@@ -531,7 +542,7 @@ def _model_failed(m: TurnMachine, out: _Out, error: ProviderError) -> None:
                 kind="malformed_response",
                 detail=error.message,
                 usage=usage,
-                cost_usd=None if usage is None else cost_usd(m.settings.prices, model, usage),
+                cost_usd=None if usage is None else _cost_of(m, usage),
             )
         )
     decision = next_route(m.routes, m.route, error.kind)
@@ -557,7 +568,7 @@ def _answered(m: TurnMachine, out: _Out, reply: ModelReply) -> None:
             # Secret tool arguments are redacted on the log; the tools get the values.
             tool_calls=tuple(map(settings.tools.recorded, reply.tool_calls)),
             usage=reply.usage,
-            cost_usd=cost_usd(settings.prices, m.model, reply.usage) if reply.usage_reported else None,
+            cost_usd=_cost_of(m, reply.usage, reply.usage_reported),
             finish_reason=reply.finish_reason,
         ),
         # A reply that ends the turn is followed at once by the outcome: one round trip for

@@ -673,6 +673,15 @@ def test_a_reply_is_priced_as_the_model_asked_for_whatever_model_it_names(
     assert responded.cost_usd == (None if cost is None else pytest.approx(cost))
 
 
+def test_the_pause_on_an_unknown_price_names_the_model_asked_not_the_one_the_reply_names():
+    m = machine(settings(prices={"gpt-4o-2024-08-06": ModelPrice(2.5, 10.0)}))  # "m", the model asked, has none
+    claimed(m)
+    answer = dataclasses.replace(reply("looking", ("c1", "search", "{}")), model="gpt-4o-2024-08-06")
+    paused = events(decide(m, ModelAnswered(answer, T0)))[-1]
+    assert isinstance(paused, TurnPaused) and paused.reason == "cost"
+    assert "the price of model 'm' is unknown" in paused.resume_hint  # the name to add a price for
+
+
 def test_a_reply_that_reports_no_usage_has_an_unknown_cost_and_the_turn_pauses_on_cost_at_once():
     m = machine()
     claimed(m)
@@ -682,7 +691,7 @@ def test_a_reply_that_reports_no_usage_has_an_unknown_cost_and_the_turn_pauses_o
     responded, paused = events(commands)
     assert isinstance(responded, ModelResponded) and responded.cost_usd is None  # never 0
     assert isinstance(paused, TurnPaused) and paused.reason == "cost" and paused.metrics.cost_usd is None
-    assert "the reply of model 'm' said nothing of its tokens (no usage)" in paused.resume_hint
+    assert "a reply of model 'm' reported no usage, so the turn's cost cannot be bounded" in paused.resume_hint
 
 
 def test_model_responded_is_recorded_with_its_cost():
