@@ -32,7 +32,7 @@ from turnstile.streams.file_log import FileLog
 from turnstile.streams.provider_http import HttpProvider
 from turnstile.streams.publisher import message_event, publish
 
-FIXTURE_MODEL = "gpt-4.1-2025-04-14"  # the model the fixtures' replies name
+PRICES = {"gpt-4.1": ModelPrice(1.0, 2.0)}  # the model asked (the replies name a dated variant of it)
 HELLO = ModelRequest(model="gpt-4.1", messages=(ChatMessage("user", "Hello"),))
 
 
@@ -61,7 +61,7 @@ async def run_turn(tmp_path: Path, api: MockApi, tools: ToolRegistry | None = No
         provider = HttpProvider(OpenAIChat(), "https://api.openai.test/v1", API_KEY, client=client,
                                 retry=RetryPolicy(max_retries=0))
         config = dataclasses.replace(FAST, turn=dataclasses.replace(
-            FAST.turn, model="gpt-4.1", tools=tools or ToolRegistry(), prices={FIXTURE_MODEL: ModelPrice(1.0, 2.0)}
+            FAST.turn, model="gpt-4.1", tools=tools or ToolRegistry(), prices=PRICES
         ))
         async with running(log, provider, config):
             await publish(log, message_event("c1", "what is your key?", 1, "m1"))
@@ -184,7 +184,7 @@ async def test_secret_arguments_of_calls_a_pause_blocked_are_redacted_too(tmp_pa
         provider = HttpProvider(OpenAIChat(), "https://api.openai.test/v1", API_KEY, client=client,
                                 retry=RetryPolicy(max_retries=0))
         config = dataclasses.replace(FAST, turn=dataclasses.replace(
-            FAST.turn, model="gpt-4.1", tools=tools, prices={FIXTURE_MODEL: ModelPrice(1.0, 2.0)},
+            FAST.turn, model="gpt-4.1", tools=tools, prices=PRICES,
             budget=TurnBudget(max_tool_calls=1),
         ))
         async with running(log, provider, config):
