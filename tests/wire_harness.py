@@ -14,7 +14,12 @@ from typing import Any
 
 import httpx
 import jsonschema
+import pytest
 from anthropic_rules import violations as anthropic_violations
+
+from turnstile.events import Usage
+from turnstile.handlers.provider import ModelRequest, ProviderError
+from turnstile.streams.provider_http import HttpProvider
 
 FIXTURES = Path(__file__).parent / "fixtures"
 OPENAI_REQUEST_SCHEMA = json.loads((FIXTURES / "openai_create_chat_completion_request.schema.json").read_text())
@@ -108,3 +113,13 @@ class Collected:
 
     async def restart(self) -> None:
         self.seen.append("<restart>")
+
+
+async def billed_usage(api: MockApi, provider: HttpProvider, request: ModelRequest, body: Any) -> Usage | None:
+    """The usage the malformed reply `body` is billed with, as its error carries it."""
+    api.push(reply(body))
+    with pytest.raises(ProviderError) as caught:
+        await provider.complete(request)
+    assert caught.value.kind == "malformed_response"
+    return caught.value.usage
+
