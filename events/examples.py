@@ -108,9 +108,9 @@ def event_examples() -> dict[str, Event]:
             iteration=2,
             model="gpt-4.1-mini",
             kind="unknown_tool",
-            detail="tool 'book_hotel' is not registered",
+            detail="tool 'book_hotel' is not available",
             call_id="call_2",
-            signature='book_hotel:{"city":"Oslo"}',
+            signature="book_hotel:4b1f0c2a9d3e7f60",
         ),
         ContextCompacted(
             **_turn(10, 2500),

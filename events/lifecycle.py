@@ -115,8 +115,12 @@ ProtocolFailureKind = Literal["unknown_tool", "malformed_arguments", "repeated_c
 
 
 class ProtocolFailure(TurnEnvelope):
-    """The model broke the tool protocol. Recorded with model and iteration because
-    model-specific routing is often the cause; never a crash."""
+    """The model broke the tool protocol (an unknown tool, arguments that do not validate, the
+    same invalid call again), or its reply could not be used (`malformed_response`).
+    Recorded with model and iteration because model-specific routing is often the cause;
+    never a crash. A `malformed_response` the provider reported usage for carries `usage`
+    and `cost_usd` (null: the model has no price); both are left out when nothing was
+    reported, and `cost_usd` never comes without `usage`."""
 
     type: Literal["ProtocolFailure"] = "ProtocolFailure"
     iteration: Annotated[int, Field(ge=1, lt=MAX_INT)]

@@ -43,7 +43,8 @@ DEFAULT_PRICES: PriceTable = {"scripted-1": ModelPrice(0.0, 0.0, 0.0, 0.0)}
 
 def unpriced(prices: PriceTable, models: Sequence[str]) -> tuple[str, ...]:
     """The models a worker would run without a price: their cost is unknown, so a turn on
-    them pauses on its cost budget after the first reply (the budget fails closed)."""
+    them pauses on its cost budget before anything more is spent after its first reply (the
+    budget fails closed)."""
     return tuple(dict.fromkeys(m for m in models if m not in prices))
 
 

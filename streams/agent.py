@@ -52,7 +52,8 @@ class Model:
     """A model behind an HTTP API of one protocol family. The key is read from the
     environment variable `api_key_env` when the agent is served, never stored here.
     `price` (USD per million tokens) is what budgets are charged; a model without one
-    pauses its turn on cost after its first request, as the cost cannot be known."""
+    pauses its turn on cost before anything more is spent after its first reply, as the
+    cost cannot be known."""
 
     name: str
     family: Literal["openai", "anthropic"] = "openai"

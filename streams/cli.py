@@ -352,7 +352,7 @@ def _add_run_args(run: argparse.ArgumentParser) -> None:
     )
     b = d.budget
     run.add_argument(
-        "--max-iterations", type=int, help=f"model requests per logical turn (default: {b.max_iterations})"
+        "--max-iterations", type=int, help=f"model replies per attempt of a turn (default: {b.max_iterations})"
     )
     run.add_argument("--max-tool-calls", type=int, help=f"tool calls per logical turn (default: {b.max_tool_calls})")
     run.add_argument("--max-cost-usd", type=float, help=f"USD per logical turn (default: {b.max_cost_usd:g})")

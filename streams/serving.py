@@ -115,9 +115,9 @@ async def serve(
     turn = config.turn
     for model in unpriced(turn.prices, [turn.model, *(route.model for route in turn.fallbacks)]):
         log_.warning(
-            "model %s has no price: its cost is unknown, so each turn on it pauses on its cost budget after the"
-            " first reply; give it one: Model(price=ModelPrice(...)) in an Agent, [prices.\"%s\"] in"
-            " turnstile.toml, or run --price %s=INPUT,OUTPUT (USD per million tokens)",
+            "model %s has no price: its cost is unknown, so each turn on it pauses on its cost budget before"
+            " anything more is spent after its first reply; give it one: Model(price=ModelPrice(...)) in an"
+            " Agent, [prices.\"%s\"] in turnstile.toml, or run --price %s=INPUT,OUTPUT (USD per million tokens)",
             model,
             model,
             model,
