@@ -90,6 +90,7 @@ from turnstile.handlers.turn_rules import (
     DENIED,
     DID_NOT_RUN,
     NOT_STARTED,
+    STOPS_ALLOWED,
     approval_of,
     bounded_result,
     isolated_turn,
@@ -364,7 +365,11 @@ def _take_over(m: TurnMachine, out: _Out) -> None:
         # Retryable says a replay from scratch may follow: never after a side effect
         # started. Continuing the journal is not a replay (see `handlers/resume.py`).
         out.emit(AttemptFailed(**_stamp(m), reason=STOPPED_MID_ATTEMPT, retryable=not turn.side_effect_started))
-    failure = takeover_failure(step, turn.side_effect_started, turn.attempt, m.settings.max_attempts)
+    # A worker that stopped (a deploy's rebalance cut a long step) used no attempt of the
+    # model's: takeovers get `STOPS_ALLOWED` beyond the allowance, which still bounds a turn
+    # that takes its worker down each time.
+    allowed = m.settings.max_attempts + STOPS_ALLOWED
+    failure = takeover_failure(step, turn.side_effect_started, turn.attempt, allowed)
     if failure is not None:
         _fail(m, out, failure)
     else:

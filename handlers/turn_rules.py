@@ -49,6 +49,12 @@ def owner_verdict(verdict: AttemptVerdict | None) -> Literal["go_on", "fail", "r
     return "retry" if verdict.retryable else "fail"
 
 
+# Takeovers of a turn whose worker stopped mid-attempt, beyond its attempt allowance: a rolling
+# deploy's rebalances may cut a long model call more than once (each cut is an attempt on the
+# log), and that is no failure of the model's; a turn that kills its worker each time stops here.
+STOPS_ALLOWED = 10
+
+
 def takeover_failure(step: NextStep, side_effect_started: bool, attempt: int, max_attempts: int) -> str | None:
     """Why a turn taken over from a stopped worker cannot go on (its TurnFailed error), or
     None when the next attempt starts (resuming the journal when `step` says so)."""

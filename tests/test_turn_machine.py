@@ -44,7 +44,7 @@ from turnstile.handlers.provider import ModelReply, ProtocolFamily, ProviderErro
 from turnstile.handlers.resume import Resume, next_step
 from turnstile.handlers.tools import Tool, ToolRegistry
 from turnstile.handlers.turn_machine import TurnMachine, decide, machine_for
-from turnstile.handlers.turn_rules import result_cut_to_fit
+from turnstile.handlers.turn_rules import STOPS_ALLOWED, result_cut_to_fit
 from turnstile.handlers.turn_settings import Route, TurnSettings
 from turnstile.handlers.turn_steps import (
     Append,
@@ -387,6 +387,28 @@ def test_a_takeover_after_the_backoff_is_over_starts_the_next_attempt_at_once():
     assert types(commands) == ["AttemptStarted", "CallModel"]  # no second AttemptFailed
     start = events(commands)[0]
     assert isinstance(start, AttemptStarted) and start.attempt == 2 and start.resumes_run_id is None
+
+
+def test_workers_stopping_mid_call_use_none_of_the_models_attempts_up_to_a_bound_on_such_stops():
+    # Given a turn whose model call a rolling deploy's rebalances cut again and again (each
+    # next owner closes the stopped run and starts attempt n+1), when owners take it over,
+    # then it goes on past its 3 attempts; only a worker stopping 10 times more ends it.
+    def owner(n: int, state: ConversationState) -> TurnMachine:  # each owner draws its own ids
+        ids = (f"owner-{n}-{k}" for k in itertools.count())
+        return machine_for(state, settings(), "openai", lambda: next(ids))
+
+    m = machine()
+    claimed(m)
+    for n in range(2, 3 + STOPS_ALLOWED + 1):
+        m = owner(n, m.state)
+        commands = decide(m, TakenOver(T0 + 1_000 * n))
+        assert types(commands) == ["AttemptFailed", "AttemptStarted", "CallModel"], n
+    m = owner(99, m.state)
+    commands = decide(m, TakenOver(T0 + 60_000))
+    assert types(commands) == ["AttemptFailed", "TurnFailed", "Finish"]
+    failed = events(commands)[-1]
+    assert isinstance(failed, TurnFailed) and "maximum number of attempts" in failed.error
+    assert failed.metrics.attempt == 3 + STOPS_ALLOWED
 
 
 def test_a_takeover_whose_attempts_are_used_up_fails_instead_of_retrying():
