@@ -25,6 +25,7 @@ from aiokafka.errors import (
     RecordListTooLargeError,
     RecordTooLargeError,
     TopicAuthorizationFailedError,
+    UnknownMemberIdError,
 )
 from aiokafka.structs import OffsetAndMetadata
 
@@ -73,6 +74,13 @@ def bootstrap_of(url: str) -> str:
 class RebalanceFailed(RuntimeError):
     """The worker's part of a rebalance raised: which partitions it folds is unknown, so the
     consumer loop stops with it (the group gives the partitions to a member that works)."""
+
+
+class MembershipLost(RuntimeError):
+    """The group no longer knows this static member (its `--instance-id`): another worker
+    joined under the same instance id, or this one's session expired. The worker stops
+    (crash-only; started again, it rejoins): two workers under one id would each run the
+    other's turns, the broker fencing them in turn."""
 
 
 class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]
@@ -242,6 +250,8 @@ class KafkaLog:
         self._producer: AIOKafkaProducer | None = None
         self._listener: _Listener | None = None
         self._failure_raised = False
+        self._instance_id = membership.instance_id
+        self._lost: BaseException | None = None  # why the group no longer knows this static member
         self.stopping = False  # from `stop` on, rebalances are no longer the listener's business
         self.bootstrap = bootstrap
         # topic -> its `max.message.bytes`, read at start for the topics effects go to.
@@ -326,6 +336,12 @@ class KafkaLog:
         self._raise_a_failed_rebalance()
         batches = await self.consumer.getmany(timeout_ms=int(timeout_s * 1000), max_records=POLL_RECORDS)
         self._raise_a_failed_rebalance()  # (a rebalance may run while getmany waits)
+        if self._lost is not None:
+            self._failure_raised = True
+            raise MembershipLost(
+                f"the group no longer knows this worker as --instance-id {self._instance_id!r}: another worker "
+                "runs under the same id, or this one's session expired; it stops (give each worker its own id)"
+            ) from self._lost
         return [record_of(tp.partition, m) for tp, messages in batches.items() for m in messages]
 
     def _raise_a_failed_rebalance(self) -> None:
@@ -407,6 +423,8 @@ class KafkaLog:
             try:
                 await self.consumer.commit(mine)
             except Exception as exc:  # a rebalance in progress: the next commit carries it
+                if self._instance_id is not None and isinstance(exc.__cause__, UnknownMemberIdError):
+                    self._lost = self._lost or exc  # (not a rebalance: that is IllegalGeneration)
                 log.warning("offset commit skipped: %s", exc)
 
     def read_partitions(

@@ -10,7 +10,7 @@ import pytest
 from aiokafka import TopicPartition
 from kafka_fixtures import fresh_topics, kafka_bootstrap  # noqa: F401  (fixtures)
 
-from turnstile.streams.kafka_log import KafkaLog, Membership, RebalanceFailed
+from turnstile.streams.kafka_log import KafkaLog, Membership, MembershipLost, RebalanceFailed
 from turnstile.streams.log import PartitionStart, Topics
 from turnstile.streams.worker import WorkerConfig
 
@@ -327,3 +327,37 @@ async def test_partitions_taken_during_an_assignment_are_read_while_the_rest_sti
         stop.set()
         await task
         await log.stop()
+
+
+async def test_a_worker_whose_instance_id_another_worker_took_stops_rather_than_run_its_turns_too(
+    kafka_bootstrap: str,  # noqa: F811
+    fresh_topics: Topics,  # noqa: F811
+):
+    # Two live processes under one --instance-id would fence each other in turn, each running
+    # the turns of the partitions it got back: the one the group no longer knows stops.
+    group = f"g-{uuid.uuid4().hex[:8]}"
+    first = KafkaLog(kafka_bootstrap, group, fresh_topics, membership=Membership("pod-a"))
+    second = KafkaLog(kafka_bootstrap, group, fresh_topics, membership=Membership("pod-a"))
+    seen, stop = Seen(), asyncio.Event()
+    await first.start(seen)
+    try:
+        async with asyncio.timeout(60):
+            await until_polled(first, lambda: len(seen.assigned) == 8)
+            await second.start(Seen())  # the same instance id: the group now knows only this one
+            task = asyncio.create_task(polling(second, stop))
+            with pytest.raises(MembershipLost, match="no longer knows this worker as --instance-id 'pod-a'"):
+                while True:
+                    await first.poll(0.1)
+                    await first.commit({p: 0 for p in seen.assigned})
+        stop.set()
+        await task
+    finally:
+        stop.set()
+        await first.stop()
+        await second.stop()
+
+
+async def until_polled(log: KafkaLog, condition) -> None:  # type: ignore[no-untyped-def]
+    while not condition():
+        await log.poll(0.1)
+
