@@ -113,6 +113,12 @@ class Residency:
         finally:
             self._loading = None
 
+    def drop(self, partition: int) -> None:
+        """What the local store holds of `partition` goes (its snapshots stand for a log that
+        is gone)."""
+        if self.store is not None:
+            self.store.drop_partitions([partition])
+
     def stop_loading(self) -> None:
         """The worker stops: an assignment's load in flight, and any after, end in `Closed`."""
         self._stopping = True

@@ -275,7 +275,20 @@ class Worker:
         # Nothing awaits from here to the return: the log seeks to the returned offsets before
         # the consumer loop runs again, so no record read from elsewhere is folded.
         for p in fresh:
-            self._start_from(p, partitions[p], loaded.get(p))
+            start = partitions[p]
+            seek = loaded[p].seek if p in loaded else 0
+            if max(seek, start.committed) > start.end_offset:
+                # Snapshots, the local store or the group's offsets cover offsets the partition
+                # does not have: the topic was recreated since. Trusted, they would stand for a
+                # log that is gone (its new records folded into old states, or never answered,
+                # their outcome records taken as written): dropped, the partition is replayed and
+                # its effects redone (at least once, as after any takeover).
+                log.warning("partition %s: snapshots or commits cover offset %s, past its end %s: the topic was"
+                            " recreated; replayed from 0", p, max(seek, start.committed), start.end_offset)
+                self.residency.drop(p)
+                loaded.pop(p, None)
+                start = PartitionStart(start.end_offset, 0)
+            self._start_from(p, start, loaded.get(p))
         self.residency.restored_all(loaded)
         starts = {p: self.partitions[p].at.position for p in partitions}
         fresh.sort()

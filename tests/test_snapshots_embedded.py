@@ -343,6 +343,24 @@ async def test_after_a_clean_stop_a_restart_on_its_store_reads_no_snapshot_and_n
         assert_holds(fourth.worker, _log_states(log))
 
 
+async def test_a_store_kept_across_a_log_recreated_from_scratch_is_not_trusted(tmp_path: Path) -> None:
+    # Given a worker stopped cleanly (its store checkpointed) on a log that is then deleted
+    # and made again, with fewer records than its store covers (topics recreated; a move to
+    # another cluster), when it starts on the new log with the same store
+    stored = dataclasses.replace(EAGER, eviction=EvictionPolicy(idle_ms=0, state_dir=tmp_path / "state"))
+    log = FileLog(tmp_path / "log", partitions=PARTITIONS)
+    await _publish(log, generated_log(random.Random(5), 6, 400))
+    async with Run(log, stored) as first:
+        await first.snapshots_cover_everything()
+    shutil.rmtree(tmp_path / "log")
+    log = FileLog(tmp_path / "log", partitions=PARTITIONS)
+    await _publish(log, generated_log(random.Random(6), 6, 60))
+    async with Run(log, stored) as second:
+        # then it holds what the new log gives, not what the store said of the old one
+        assert second.worker.snapshots is not None and second.worker.snapshots.restarts == 0
+        assert_holds(second.worker, _log_states(log))
+
+
 async def test_snapshots_broken_at_a_first_start_are_not_forgotten_by_a_restart_on_its_store(tmp_path: Path) -> None:
     # Given a log whose every snapshot is broken when a worker with a kept store first starts
     stored = dataclasses.replace(EAGER, eviction=EvictionPolicy(idle_ms=0, state_dir=tmp_path / "state"))
