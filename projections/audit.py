@@ -710,9 +710,13 @@ class Auditor:
         self._stale.append(self._finding(conversation, turn_id, detail))
         return True
 
-    def report(self, strict: bool = False, stall_after_s: float = DEFAULT_STALL_AFTER_S) -> AuditReport:
+    def report(
+        self, strict: bool = False, stall_after_s: float = DEFAULT_STALL_AFTER_S, now_ms: int | None = None
+    ) -> AuditReport:
         """`stall_after_s`: how long, by event time, inputs may wait unclaimed while their
-        partition goes on before the conversation is reported as stalled."""
+        partition goes on before the conversation is reported as stalled. `now_ms` (the audit's
+        clock): an input the workers' group has committed past waits until now, whether or not
+        its partition went on (the workers read it and will not come back to it)."""
         open_turns = []
         for conv, state in sorted(self.states.items()):
             turn = state.active
@@ -739,7 +743,7 @@ class Auditor:
             dead_letters=list(self._dead_letters or ()),
             not_dead_lettered=self._not_dead_lettered(),
             not_committed_past=self._not_committed_past(),
-            stalled=self._stalled(stall_after_s),
+            stalled=self._stalled(stall_after_s, now_ms),
             strict=strict,
         )
 
@@ -759,19 +763,22 @@ class Auditor:
             found.append(Finding(p, at, poison.conversation_id if poison else None, None, detail))
         return found
 
-    def _stalled(self, stall_after_s: float) -> list[Finding]:
+    def _stalled(self, stall_after_s: float, now_ms: int | None) -> list[Finding]:
         """Conversations with no active turn whose oldest pending input waited longer than
-        `stall_after_s` while events went on being written to its partition."""
+        `stall_after_s` while events went on being written to its partition, or (`now_ms`)
+        since the workers' group committed past it."""
         found = []
         for conv, state in sorted(self.states.items()):
             if state.active is not None or not state.pending:
                 continue
             oldest = min(state.pending.values(), key=lambda p: p.occurred_at)
             p, o = self._input_at.get((conv, oldest.input_id), (self._partition_of.get(conv, 0), 0))
-            waited_ms = self._last_time.get(p, oldest.occurred_at) - oldest.occurred_at
+            passed = now_ms is not None and self._committed is not None and self._committed.get(p, 0) > o
+            until = now_ms if passed and now_ms is not None else self._last_time.get(p, oldest.occurred_at)
+            waited_ms = until - oldest.occurred_at
             if waited_ms > stall_after_s * 1000:
-                detail = (f"{len(state.pending)} input(s) pending with no claim for {waited_ms / 1000:.0f} s "
-                          "while the partition went on")  # fmt: skip
+                why = "though the workers' group committed past it" if passed else "while the partition went on"
+                detail = f"{len(state.pending)} input(s) pending with no claim for {waited_ms / 1000:.0f} s {why}"
                 found.append(Finding(p, o, conv, None, detail))
         return found
 

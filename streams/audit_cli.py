@@ -27,6 +27,7 @@ from turnstile.projections.audit import DEFAULT_STALL_AFTER_S, AuditLimits, Audi
 from turnstile.streams.cli_errors import at_least
 from turnstile.streams.file_log import FileLog
 from turnstile.streams.log import Record, Topics
+from turnstile.streams.runtime import SystemClock
 
 DEFAULT_GROUP = "turnstile-audit"
 WORKER_GROUP = "turnstile-worker"
@@ -108,7 +109,7 @@ def audit_records(
     elif records:
         print("turnstile audit: the workers' group has no committed offsets on this log; "
               "how far it got is not reported (--worker-group names it)", file=sys.stderr)  # fmt: skip
-    return auditor.report(strict=args.strict, stall_after_s=args.stall_after_s)
+    return auditor.report(strict=args.strict, stall_after_s=args.stall_after_s, now_ms=SystemClock().now_ms())
 
 
 def _letters(records: list[Record]) -> list[DeadLetter]:

@@ -437,6 +437,21 @@ def test_given_the_workers_committed_offsets_when_audited_then_a_partition_stuck
     assert Auditor().feed_all(log).report().not_committed_past == []  # no offsets given: not reported
 
 
+def test_an_input_the_workers_committed_past_without_claiming_it_is_stalled_even_at_the_logs_end() -> None:
+    # Given an input at the end of a quiet log (its partition does not go on), when the
+    # workers' group has committed past it and it is still not claimed a minute later
+    log = records(message("m1", 1_000))
+    passed = Auditor().feed_all(log).feed_committed({0: 1})
+    [stalled] = passed.report(stall_after_s=60, now_ms=62_000).stalled
+    assert stalled.where == "0@0" and "pending with no claim for 61 s though the workers' group committed past" in (
+        stalled.detail
+    )
+    assert passed.report(strict=True, stall_after_s=60, now_ms=62_000).violations == 1
+    # (not before the stall age, and not when the group has not read it yet: it may be on its way)
+    assert passed.report(stall_after_s=60, now_ms=30_000).stalled == []
+    assert Auditor().feed_all(log).feed_committed({0: 0}).report(stall_after_s=60, now_ms=62_000).stalled == []
+
+
 def test_a_strict_audit_does_not_call_a_log_clean_when_the_workers_committed_nothing(tmp_path: Path) -> None:
     # Given a clean log that no worker of the named group has committed on
     _, turn = one_turn()
