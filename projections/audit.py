@@ -715,8 +715,9 @@ class Auditor:
     ) -> AuditReport:
         """`stall_after_s`: how long, by event time, inputs may wait unclaimed while their
         partition goes on before the conversation is reported as stalled. `now_ms` (the audit's
-        clock): an input the workers' group has committed past waits until now, whether or not
-        its partition went on (the workers read it and will not come back to it)."""
+        clock, when it began reading): an input the workers' group has committed past waits
+        until then, whether or not its partition went on (its workers read it; a claim
+        within the debounce is far shorter)."""
         open_turns = []
         for conv, state in sorted(self.states.items()):
             turn = state.active

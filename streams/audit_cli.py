@@ -91,9 +91,11 @@ def audit_records(
     args: argparse.Namespace,
     dlq: list[Record] | None = None,
     committed: dict[int, int] | None = None,
+    began_ms: int | None = None,
 ) -> AuditReport:
     """`dlq`: the dead-letter topic's records, None if it could not be read; `committed`:
-    the workers' group's offsets, None (or empty: not this log's group) if unknown."""
+    the workers' group's offsets, None (or empty: not this log's group) if unknown;
+    `began_ms`: when the audit began reading, the time an input's wait is counted to."""
     limits = AuditLimits(args.max_iterations, args.max_tool_calls, args.max_cost_usd, args.deadline_s)
     auditor = Auditor(limits).feed_all(records)
     if dlq is not None:
@@ -109,7 +111,7 @@ def audit_records(
     elif records:
         print("turnstile audit: the workers' group has no committed offsets on this log; "
               "how far it got is not reported (--worker-group names it)", file=sys.stderr)  # fmt: skip
-    return auditor.report(strict=args.strict, stall_after_s=args.stall_after_s, now_ms=SystemClock().now_ms())
+    return auditor.report(strict=args.strict, stall_after_s=args.stall_after_s, now_ms=began_ms)
 
 
 def _letters(records: list[Record]) -> list[DeadLetter]:
@@ -125,15 +127,19 @@ def _letters(records: list[Record]) -> list[DeadLetter]:
 async def run(args: argparse.Namespace) -> int:
     from aiokafka.errors import KafkaError
 
+    # Before the read: an input still unclaimed when its partition is read had waited at least
+    # this long (one claimed while the audit read other partitions is not counted against it).
+    began_ms = SystemClock().now_ms()
     try:
         if args.broker:
-            report = await _audit_kafka(args)
+            report = await _audit_kafka(args, began_ms)
         else:
             if not (args.data / args.events_topic).is_dir():
                 raise LookupError(f"no embedded log of topic {args.events_topic!r} in {args.data}")
             log = FileLog(args.data, Topics(args.events_topic, dead_letters=args.dlq_topic))
             records = log.read_all(args.events_topic)
-            report = audit_records(records, args, log.read_all(args.dlq_topic), log.committed_offsets())
+            committed = log.committed_offsets()
+            report = audit_records(records, args, log.read_all(args.dlq_topic), committed, began_ms)
     except (OSError, LookupError, TimeoutError, KafkaError) as exc:
         print(f"turnstile audit: cannot read the log: {exc}", file=sys.stderr)
         return 2
@@ -141,7 +147,7 @@ async def run(args: argparse.Namespace) -> int:
     return 0 if report.ok else 1
 
 
-async def _audit_kafka(args: argparse.Namespace) -> AuditReport:
+async def _audit_kafka(args: argparse.Namespace, began_ms: int) -> AuditReport:
     from turnstile.streams.kafka_log import bootstrap_of
     from turnstile.streams.kafka_reader import read_topic
 
@@ -155,7 +161,7 @@ async def _audit_kafka(args: argparse.Namespace) -> AuditReport:
     for record in records:
         ends[record.partition] = max(ends.get(record.partition, 0), record.offset + 1)
     committed = await _reported(bootstrap, args.worker_group, args.events_topic, set(ends))
-    report = audit_records(records, args, dlq, committed)
+    report = audit_records(records, args, dlq, committed, began_ms)
     if not args.from_beginning:
         report = report.since(await _reported(bootstrap, args.group, args.events_topic, set(ends)))
     await _mark_reported(bootstrap, args.group, args.events_topic, ends)

@@ -420,11 +420,16 @@ class KafkaLog:
             if (tp := TopicPartition(self.topics.events, p)) in owned
         }
         if mine:
+            # Sent as a member the group had given an id and a generation (aiokafka resets both
+            # on a rebalance's IllegalGeneration, and a revoke's commit then goes out as no
+            # member at all: that refusal is no sign of another process under this id).
+            coordinator = getattr(self.consumer, "_coordinator", None)
+            as_member = bool(getattr(coordinator, "member_id", "")) and getattr(coordinator, "generation", -1) >= 0
             try:
                 await self.consumer.commit(mine)
             except Exception as exc:  # a rebalance in progress: the next commit carries it
-                if self._instance_id is not None and isinstance(exc.__cause__, UnknownMemberIdError):
-                    self._lost = self._lost or exc  # (not a rebalance: that is IllegalGeneration)
+                if self._instance_id is not None and as_member and isinstance(exc.__cause__, UnknownMemberIdError):
+                    self._lost = self._lost or exc  # the group does not know the member it had made
                 log.warning("offset commit skipped: %s", exc)
 
     def read_partitions(

@@ -286,7 +286,7 @@ class Worker:
                 log.warning("partition %s: snapshots or commits cover offset %s, past its end %s: the topic was"
                             " recreated; replayed from 0", p, max(seek, start.committed), start.end_offset)
                 self.residency.drop(p)
-                loaded.pop(p, None)
+                loaded[p] = Loaded(seek=0, covered={}, resident={}, stored=[], ignored=[])  # (snapshotted anew)
                 start = PartitionStart(start.end_offset, 0)
             self._start_from(p, start, loaded.get(p))
         self.residency.restored_all(loaded)

@@ -359,6 +359,13 @@ async def test_a_store_kept_across_a_log_recreated_from_scratch_is_not_trusted(t
         # then it holds what the new log gives, not what the store said of the old one
         assert second.worker.snapshots is not None and second.worker.snapshots.restarts == 0
         assert_holds(second.worker, _log_states(log))
+        await second.snapshots_cover_everything()
+    # and snapshots the new log's partitions anew: a restart starts from them
+    ends = _ends(log)
+    log = CountingLog(tmp_path / "log", partitions=PARTITIONS)
+    async with Run(log, stored) as third:
+        assert third.worker.snapshots is not None and third.worker.snapshots.seeks == ends
+        assert_holds(third.worker, _log_states(log))
 
 
 async def test_snapshots_broken_at_a_first_start_are_not_forgotten_by_a_restart_on_its_store(tmp_path: Path) -> None:
