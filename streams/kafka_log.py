@@ -25,6 +25,7 @@ from aiokafka.errors import (
     RecordListTooLargeError,
     RecordTooLargeError,
     TopicAuthorizationFailedError,
+    UnknownError,
     UnknownMemberIdError,
 )
 from aiokafka.structs import OffsetAndMetadata
@@ -334,7 +335,14 @@ class KafkaLog:
     async def poll(self, timeout_s: float) -> list[Record]:
         """What arrived; raises `RebalanceFailed` once the worker's part of a rebalance failed."""
         self._raise_a_failed_rebalance()
-        batches = await self.consumer.getmany(timeout_ms=int(timeout_s * 1000), max_records=POLL_RECORDS)
+        try:
+            batches = await self.consumer.getmany(timeout_ms=int(timeout_s * 1000), max_records=POLL_RECORDS)
+        except UnknownError as exc:
+            # The group's answer to a static member another process fenced (FENCED_INSTANCE_ID,
+            # a code aiokafka does not know) comes out of a rejoin as an unknown error.
+            if self._instance_id is None:
+                raise
+            self._lost = self._lost or exc
         self._raise_a_failed_rebalance()  # (a rebalance may run while getmany waits)
         if self._lost is not None:
             self._failure_raised = True

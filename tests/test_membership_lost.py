@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 import pytest
 from aiokafka import TopicPartition
-from aiokafka.errors import CommitFailedError, IllegalGenerationError, UnknownMemberIdError
+from aiokafka.errors import CommitFailedError, IllegalGenerationError, UnknownError, UnknownMemberIdError
 
 from turnstile.streams.kafka_log import KafkaLog, Membership, MembershipLost
 from turnstile.streams.log import Topics
@@ -68,3 +68,19 @@ def test_a_rebalance_or_a_dynamic_member_goes_on(
     coordinator: Coordinator, cause: type[Exception], instance_id: str | None
 ) -> None:
     polled_after_a_refused_commit(Refusing(coordinator, cause), instance_id)  # no MembershipLost
+
+
+@dataclass
+class Fenced(Refusing):
+    """A consumer whose rejoin the group answers FENCED_INSTANCE_ID, which aiokafka reads as unknown."""
+
+    async def getmany(self, timeout_ms: int, max_records: int) -> dict[object, list[object]]:
+        raise UnknownError()
+
+
+def test_a_rejoin_the_group_refuses_with_an_error_the_client_does_not_know_stops_a_static_member() -> None:
+    consumer = Fenced(Coordinator("", -1), IllegalGenerationError)
+    with pytest.raises(MembershipLost):
+        polled_after_a_refused_commit(consumer)
+    with pytest.raises(UnknownError):  # a dynamic member: the client's error, as before
+        polled_after_a_refused_commit(consumer, None)
