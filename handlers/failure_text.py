@@ -53,6 +53,13 @@ NOT_REPLAYED = (
 MAX_ATTEMPTS = "The turn failed after the maximum number of attempts."
 
 
+def stopped_too_often(stops: int) -> str:
+    return (
+        f"The turn failed: the worker running it stopped mid-attempt {stops} times (a turn that "
+        "takes its worker down each time is not taken over again)."
+    )
+
+
 def failed_by_owner(reason: str, side_effect_ran: bool) -> str:
     """A turn whose worker failed its attempt for good and stopped before saying so: the
     next owner says it, with the attempt's recorded reason."""

@@ -90,7 +90,6 @@ from turnstile.handlers.turn_rules import (
     DENIED,
     DID_NOT_RUN,
     NOT_STARTED,
-    STOPS_ALLOWED,
     approval_of,
     bounded_result,
     isolated_turn,
@@ -322,7 +321,7 @@ def _start_attempt(m: TurnMachine, out: _Out, first: bool, resume: Resume | None
 
 def _attempt_failed(m: TurnMachine, out: _Out, error: ProviderError, reason: str) -> None:
     turn = m.turn
-    attempt, unsafe = turn.attempt, turn.side_effect_started
+    attempt, unsafe = turn.model_attempts, turn.side_effect_started
     retry = retries_after(error, attempt, m.settings.max_attempts, unsafe)
     due = m.now_ms + round(m.settings.backoff_s(attempt, error) * 1000)
     if retry and due >= _deadline(m):
@@ -366,10 +365,8 @@ def _take_over(m: TurnMachine, out: _Out) -> None:
         # started. Continuing the journal is not a replay (see `handlers/resume.py`).
         out.emit(AttemptFailed(**_stamp(m), reason=STOPPED_MID_ATTEMPT, retryable=not turn.side_effect_started))
     # A worker that stopped (a deploy's rebalance cut a long step) used no attempt of the
-    # model's: takeovers get `STOPS_ALLOWED` beyond the allowance, which still bounds a turn
-    # that takes its worker down each time.
-    allowed = m.settings.max_attempts + STOPS_ALLOWED
-    failure = takeover_failure(step, turn.side_effect_started, turn.attempt, allowed)
+    # model's (the fold counts it in `stops`, bounded by `STOPS_ALLOWED`).
+    failure = takeover_failure(step, turn.side_effect_started, turn.model_attempts, turn.stops, m.settings.max_attempts)
     if failure is not None:
         _fail(m, out, failure)
     else:
@@ -381,12 +378,13 @@ def _retry_after_backoff(m: TurnMachine, out: _Out, failed_at: int) -> None:
     its backoff after the failure's event time. The wait a server asked for is not on the
     log: the exponential backoff is what is honoured."""
     turn = m.turn
-    failure = takeover_failure(StartOver(), turn.side_effect_started, turn.attempt, m.settings.max_attempts)
+    attempts, stops = turn.model_attempts, turn.stops
+    failure = takeover_failure(StartOver(), turn.side_effect_started, attempts, stops, m.settings.max_attempts)
     if failure is not None:
         _fail(m, out, failure)
         return
     # No later than the deadline: the attempt started then pauses on it at once.
-    due = min(failed_at + round(m.settings.backoff_s(turn.attempt) * 1000), _deadline(m))
+    due = min(failed_at + round(m.settings.backoff_s(attempts) * 1000), _deadline(m))
     if due > m.now_ms:
         out.then(SleepUntil(due))
     else:

@@ -9,7 +9,7 @@ from collections.abc import Iterable
 from typing import Literal, TypeGuard
 
 from turnstile.events import STOPPED_MID_ATTEMPT, Event, ToolCallFinished, ToolCallStarted, encode
-from turnstile.handlers.failure_text import MAX_ATTEMPTS, NOT_REPLAYED, unresumable
+from turnstile.handlers.failure_text import MAX_ATTEMPTS, NOT_REPLAYED, stopped_too_often, unresumable
 from turnstile.handlers.provider import ProviderError
 from turnstile.handlers.resume import NextStep, Resume, Unresumable
 from turnstile.handlers.tools import call_signature
@@ -29,11 +29,12 @@ def isolated_turn(inputs: Iterable[PendingInput]) -> bool:
     return all(i.kind == "injected" and i.source == "schedule" for i in inputs)
 
 
-def retries_after(error: ProviderError, attempt: int, max_attempts: int, side_effect_started: bool) -> bool:
-    """Whether attempt `attempt`, failed with `error`, is followed by another: only for a
-    retryable error, within the attempt allowance, and never once a side-effecting call
-    started (rule 9: a new attempt replays the turn from its inputs)."""
-    return error.retryable and attempt < max_attempts and not side_effect_started
+def retries_after(error: ProviderError, model_attempts: int, max_attempts: int, side_effect_started: bool) -> bool:
+    """Whether the turn's attempt failed with `error` is followed by another: only for a
+    retryable error, within the attempt allowance (`model_attempts` made so far, stopped
+    ones not counted), and never once a side-effecting call started (rule 9: a new attempt
+    replays the turn from its inputs)."""
+    return error.retryable and model_attempts < max_attempts and not side_effect_started
 
 
 def owner_verdict(verdict: AttemptVerdict | None) -> Literal["go_on", "fail", "retry"]:
@@ -49,20 +50,26 @@ def owner_verdict(verdict: AttemptVerdict | None) -> Literal["go_on", "fail", "r
     return "retry" if verdict.retryable else "fail"
 
 
-# Takeovers of a turn whose worker stopped mid-attempt, beyond its attempt allowance: a rolling
-# deploy's rebalances may cut a long model call more than once (each cut is an attempt on the
-# log), and that is no failure of the model's; a turn that kills its worker each time stops here.
+# Takeovers of a turn whose worker stopped mid-attempt: a rolling deploy's rebalances may cut a
+# long model call more than once (each cut is an attempt on the log), and that is no failure of
+# the model's, so such stops are counted apart from its attempts; a turn that kills its worker
+# each time stops here.
 STOPS_ALLOWED = 10
 
 
-def takeover_failure(step: NextStep, side_effect_started: bool, attempt: int, max_attempts: int) -> str | None:
-    """Why a turn taken over from a stopped worker cannot go on (its TurnFailed error), or
-    None when the next attempt starts (resuming the journal when `step` says so)."""
+def takeover_failure(
+    step: NextStep, side_effect_started: bool, model_attempts: int, stops: int, max_attempts: int
+) -> str | None:
+    """Why a turn taken over cannot go on (its TurnFailed error), or None when the next
+    attempt starts (resuming the journal when `step` says so). `model_attempts`: those that
+    ran to a verdict (the stopped are `stops`)."""
     if isinstance(step, Unresumable):
         return unresumable(step.call.tool, step.call.call_id)
     if side_effect_started and not isinstance(step, Resume):
         return NOT_REPLAYED
-    if attempt >= max_attempts:
+    if stops > STOPS_ALLOWED:
+        return stopped_too_often(stops)
+    if model_attempts >= max_attempts:
         return MAX_ATTEMPTS
     return None
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from turnstile.events import (
+    STOPPED_MID_ATTEMPT,
     AttemptFailed,
     AttemptStarted,
     ContextCompacted,
@@ -232,6 +233,8 @@ def _record_step(state: ConversationState, event: Event) -> Rejection | None:
         case AttemptFailed():
             turn.attempt_state = "closed"
             turn.verdict = AttemptVerdict(event.retryable, event.reason, event.occurred_at)
+            if event.reason == STOPPED_MID_ATTEMPT:
+                turn.stops += 1
         case ProtocolFailure():
             # Repeats of one invalid call are counted per logical turn; the `repeated_call`
             # records that report the count are not themselves counted.

@@ -26,6 +26,10 @@ state is needed in memory (`decode_snapshot`); deflated, it is a fraction of the
 fetch and to store (transcripts are text; ids repeat across history, turns and claims).
 The deflated bytes may differ between zlib builds; the state they hold does not.
 
+Encoding v4 is v3 with one more field at the end of the active turn: its `stops` (attempts
+a takeover closed because their worker stopped). A v3 snapshot decodes with no stops
+counted, as v3's workers counted them (each stop an attempt of the model's).
+
 Versions: v2 added the closing verdict of the active turn's attempt (`ActiveTurn.verdict`)
 as the last field of the active turn; everything else is as in v1. A v1 snapshot still
 decodes, upcast (`_upcast_verdict`). v3 added the head and deflated v2's state behind it. Only the
@@ -59,9 +63,10 @@ from turnstile.projections.state import (
 )
 from turnstile.projections.status import STATUSES, Status, conversation_status
 
-SNAPSHOT_VERSION = 3
-_READABLE = (1, 2, 3)  # every version a snapshot was ever written in
+SNAPSHOT_VERSION = 4
+_READABLE = (1, 2, 3, 4)  # every version a snapshot was ever written in
 _WHOLE = (1, 2)  # those written as one object, without a head
+_HEADED = (3, 4)  # those with a head line
 _HEAD_FIELDS = {"snapshot", "covered", "conversation", "status", "crc"}
 # The fastest level: encoding runs on the worker's loop at its checkpoints, and the state's
 # JSON deflates about as well at 1 as at 6.
@@ -121,7 +126,7 @@ def decode_snapshot(value: bytes | None, conversation_id: str | None = None) -> 
         head, body = _split(value, conversation_id)
         if isinstance(head, _Whole):
             return head.snapshot
-        state = _read_state(_json(_inflate(body)), 2)
+        state = _read_state(_json(_inflate(body)), head.version)
         if state.conversation_id != head.conversation:
             _bad(f"a head of {head.conversation!r} on the state of {state.conversation_id!r}")
     except _Invalid as exc:
@@ -150,6 +155,7 @@ class _Head:
     conversation: str
     covered: int
     status: Status
+    version: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,7 +166,7 @@ class _Whole:
 
 
 def _split(value: bytes | None, conversation_id: str | None) -> tuple[_Head | _Whole, memoryview]:
-    """A v3 snapshot's head, checked (key, version, checksum), and its body (a view: a load
+    """A v3 or v4 snapshot's head, checked (key, version, checksum), and its body (a view: a load
     checks the body of every snapshot and copies none); an older one whole."""
     if value is None:
         _bad("empty value")
@@ -171,8 +177,9 @@ def _split(value: bytes | None, conversation_id: str | None) -> tuple[_Head | _W
             doc = orjson.loads(value[:cut])
     if not isinstance(doc, dict) or "state" in doc:
         return _Whole(_decode_whole(value, conversation_id)), memoryview(b"")
-    if doc.get("snapshot") != SNAPSHOT_VERSION or isinstance(doc.get("snapshot"), bool):
-        _bad(f"snapshot version {doc.get('snapshot')!r} is not one of {list(_READABLE)}")
+    version = doc.get("snapshot")
+    if version not in _HEADED or isinstance(version, bool):
+        _bad(f"snapshot version {version!r} is not one of {list(_READABLE)}")
     if set(doc) != _HEAD_FIELDS:
         _bad(f"expected a head with exactly {sorted(_HEAD_FIELDS)}")
     conversation = _str(doc["conversation"])
@@ -181,7 +188,7 @@ def _split(value: bytes | None, conversation_id: str | None) -> tuple[_Head | _W
     body = memoryview(value)[cut + 1 :]
     if zlib.crc32(body) != doc["crc"]:
         _bad("the state does not match the head's checksum (damaged)")
-    return _Head(conversation, _int(doc["covered"]), _choice(doc["status"], STATUSES)), body
+    return _Head(conversation, _int(doc["covered"]), _choice(doc["status"], STATUSES), version), body
 
 
 def _inflate(body: memoryview) -> bytes:
@@ -219,7 +226,7 @@ def _decode_whole(value: bytes, conversation_id: str | None) -> Snapshot | Snaps
     return Snapshot(state, covered)
 
 
-# -- the state of v2 and v3 (as v1 but for the active turn) -------------------------------------------------
+# -- the state of v2 to v4 (as v1 but for the active turn) -------------------------------------------------
 def _state(s: ConversationState) -> list[Any]:
     """[conversation_id, events_applied, history, pending, active, turns, seen_inputs,
     claimed_by, rejected]; the last three are [key, value] pairs."""
@@ -228,7 +235,7 @@ def _state(s: ConversationState) -> list[Any]:
         s.events_applied,
         [[_ROLES.index(h.role), h.content, h.occurred_at, h.turn_id, h.outcome] for h in s.history],
         [_input_v1(p) for p in s.pending.values()],
-        None if s.active is None else _active_v2(s.active),
+        None if s.active is None else _active_v4(s.active),
         [_turn_v1(t) for t in s.turns.values()],
         list(s.seen_inputs.items()),
         list(s.claimed_by.items()),
@@ -244,13 +251,13 @@ def _input_v1(p: PendingInput) -> list[Any]:
     return [p.input_id, p.kind, p.content, p.occurred_at, p.source, grant]
 
 
-def _active_v2(a: ActiveTurn) -> list[Any]:
+def _active_v4(a: ActiveTurn) -> list[Any]:
     """[turn_id, inputs, history_boundary, claimed_at, run_id, attempt, attempt_state, model,
     iterations, tool_calls, input_tokens, output_tokens, cached_input_tokens,
     cache_write_tokens, reasoning_tokens, cost_usd, fallbacks, operations ([call_id, tool,
     side_effect, status] each), invalid_calls ([signature, n] pairs), step_ids (sorted),
     journal (the events, each in the events' own wire encoding), verdict ([retryable,
-    reason, at] or null; v2 only)]."""
+    reason, at] or null; since v2), stops (since v4)]."""
     verdict = None if a.verdict is None else [a.verdict.retryable, a.verdict.reason, a.verdict.at]
     return [
         a.turn_id,
@@ -275,6 +282,7 @@ def _active_v2(a: ActiveTurn) -> list[Any]:
         sorted(a.step_ids),
         [orjson.Fragment(encode(e)) for e in a.journal],
         verdict,
+        a.stops,
     ]
 
 
@@ -285,7 +293,7 @@ def _turn_v1(t: TurnRecord) -> list[Any]:
     return [t.turn_id, list(t.input_ids), t.outcome, t.attempts, call]
 
 
-# -- decoding v1, v2 and the body of v3 --------------------------------------------------------------------------
+# -- decoding v1, v2 and the body of v3 and v4 ------------------------------------------------------------------------
 class _Invalid(Exception):
     pass
 
@@ -376,7 +384,7 @@ def _read_input_v1(value: object) -> PendingInput:
 
 
 def _read_active(value: object, version: int) -> ActiveTurn:
-    fields = _list(value, 21 if version == 1 else 22)
+    fields = _list(value, {1: 21, 2: 22, 3: 22}.get(version, 23))
     (turn, inputs, boundary, claimed_at, run, attempt, attempt_state, model, iterations, tool_calls,
      input_tokens, output_tokens, cached, cache_write, reasoning, cost, fallbacks, operations, invalid, steps,
      journal) = fields[:21]  # fmt: skip
@@ -411,6 +419,7 @@ def _read_active(value: object, version: int) -> ActiveTurn:
         invalid_calls={_str(k): _int(n) for k, n in (_list(pair, 2) for pair in _list(invalid))},
         step_ids={_str(s) for s in _list(steps)},
         journal=[_read_event(e) for e in _list(journal)],
+        stops=_int(fields[22]) if version >= 4 else 0,
     )
 
 

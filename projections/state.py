@@ -101,6 +101,10 @@ class ActiveTurn:
     reasoning_tokens: int = 0
     cost_usd: float | None = 0.0
     fallbacks: int = 0
+    # Attempts a takeover closed because their worker stopped (`STOPPED_MID_ATTEMPT`: a
+    # deploy's rebalance, a crash): attempts, but no failure of the model's. `attempt - stops`
+    # is what the model's attempt allowance and backoff count.
+    stops: int = 0
     operations: dict[str, Operation] = field(default_factory=dict)
     # Canonical signature of an invalid tool call -> how often the model made it.
     invalid_calls: dict[str, int] = field(default_factory=dict)
@@ -114,6 +118,11 @@ class ActiveTurn:
     @property
     def input_ids(self) -> tuple[str, ...]:
         return tuple(i.input_id for i in self.inputs)
+
+    @property
+    def model_attempts(self) -> int:
+        """The attempts that ran to a verdict of their own (or run now): all but the stopped."""
+        return self.attempt - self.stops
 
     @property
     def side_effect_started(self) -> bool:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from builders import CONV, claim, completed, eid, message, started
 
-from turnstile.events import AttemptFailed, ToolCallStarted, TurnFailed, decode, encode
+from turnstile.events import STOPPED_MID_ATTEMPT, AttemptFailed, ToolCallStarted, TurnFailed, decode, encode
 from turnstile.events.outcomes import OperationRecord
 from turnstile.projections import apply_event, new_state
 
@@ -104,6 +104,28 @@ def test_a_run_closed_by_attempt_failed_cannot_complete_the_turn():
     assert verdicts[4] is not None and "already closed" in verdicts[4].reason
     assert state.active is not None and state.active.turn_id == c.turn_id
     assert state.turns == {}
+
+
+def test_attempts_closed_because_their_worker_stopped_are_counted_apart_from_the_models():
+    # Given attempt 1 closed by a takeover (its worker stopped) and attempt 2 failed by the
+    # model, when both are folded, then the turn has made 3 attempts, 1 of them stopped,
+    # and the model's allowance has used 2.
+    c = claim(["a"], 1000, 0)
+
+    def failed(run_id: str, attempt: int, reason: str, at: int) -> AttemptFailed:
+        return AttemptFailed(
+            event_id=eid(), conversation_id=c.conversation_id, occurred_at=at, turn_id=c.turn_id,
+            run_id=run_id, attempt=attempt, reason=reason, retryable=True,
+        )  # fmt: skip
+
+    events = [
+        message("a", 100), c, started(c, 1001), failed(c.run_id, 1, STOPPED_MID_ATTEMPT, 1100),
+        started(c, 1101, "run-2", 2), failed("run-2", 2, "HTTP 500", 1200), started(c, 1300, "run-3", 3),
+    ]  # fmt: skip
+    state, verdicts = fold(events)
+    assert verdicts == [None] * len(events)
+    turn = state.active
+    assert turn is not None and (turn.attempt, turn.stops, turn.model_attempts) == (3, 1, 2)
 
 
 def test_a_failed_turn_tells_later_turns_which_side_effects_it_made():

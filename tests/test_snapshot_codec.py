@@ -46,7 +46,7 @@ def test_every_folded_state_round_trips_exactly(seed: int, conversations: int, e
 
 
 def _head_and_state(value: bytes) -> tuple[dict[str, object], bytes]:
-    """A v3 snapshot's head without its checksum, and its state inflated: what must not change
+    """A v3 or v4 snapshot's head without its checksum, and its state inflated: what must not change
     (the deflated bytes, and so their checksum, may differ between zlib builds)."""
     head, body = value.split(b"\n", 1)
     doc = orjson.loads(head)
@@ -54,7 +54,7 @@ def _head_and_state(value: bytes) -> tuple[dict[str, object], bytes]:
     return doc, zlib.decompress(body)
 
 
-# v3 is a head line and the deflated state: binary, stored as written.
+# v3 and v4 are a head line and the deflated state: binary, stored as written.
 @pytest.mark.parametrize("path", sorted(GOLDEN.glob(f"v{SNAPSHOT_VERSION}.*.snap")), ids=lambda p: p.name)
 def test_golden_snapshots_decode_and_encode_to_the_same_head_and_state(path: Path) -> None:
     value = path.read_bytes()
@@ -73,8 +73,30 @@ def test_v2_snapshots_decode_to_the_state_their_v3_golden_holds(path: Path) -> N
     assert peek_snapshot(path.read_bytes()) == SnapshotHead(old.covered, conversation_status(old.state), old.state)
 
 
+@pytest.mark.parametrize("path", sorted(GOLDEN.glob("v3.*.snap")), ids=lambda p: p.name)
+def test_v3_snapshots_decode_to_the_state_their_v4_golden_holds(path: Path) -> None:
+    # v4 added the active turn's stops: a v3 snapshot (which has none recorded) is the same
+    # state with none counted, as v3's workers counted them.
+    old = decode_snapshot(path.read_bytes())
+    new = decode_snapshot((GOLDEN / path.name.replace("v3.", "v4.", 1)).read_bytes())
+    assert isinstance(old, Snapshot) and old == new
+    old_head = _head_and_state(path.read_bytes())[0]
+    assert old_head == {**_head_and_state((GOLDEN / path.name.replace("v3.", "v4.", 1)).read_bytes())[0], "snapshot": 3}
+
+
+@pytest.mark.parametrize(("version", "fields", "why"), [(4, 22, "an array of 23"), (3, 23, "an array of 22")])
+def test_an_active_turn_is_read_as_long_as_its_version_says(version: int, fields: int, why: str) -> None:
+    # A v4 head on a v3 active turn (or the reverse) is refused, not read with a field shifted.
+    state = orjson.loads(_head_and_state((GOLDEN / "v4.stopped_turn.snap").read_bytes())[1])
+    state[4] = (state[4] + [0])[:fields]
+    body = zlib.compress(orjson.dumps(state))
+    head = {"snapshot": version, "covered": 59, "conversation": state[0], "status": "active", "crc": zlib.crc32(body)}
+    decoded = decode_snapshot(orjson.dumps(head) + b"\n" + body)
+    assert isinstance(decoded, SnapshotError) and why in decoded.detail
+
+
 def test_the_head_is_read_without_the_state_and_a_damaged_state_is_refused_by_it() -> None:
-    value = (GOLDEN / "v3.approval_pending.snap").read_bytes()
+    value = (GOLDEN / "v4.approval_pending.snap").read_bytes()
     assert peek_snapshot(value, "gen-1") == SnapshotHead(59, "debouncing")
     damaged = value[:-4] + bytes(4)
     for decoded in (peek_snapshot(damaged), decode_snapshot(damaged)):
@@ -112,6 +134,9 @@ def test_the_golden_values_hold_the_shapes_a_worker_resumes_from() -> None:
     closed = backing_off.state.active
     assert closed.attempt_state == "closed" and closed.verdict is not None and closed.verdict.retryable
     assert closed.verdict.at == 1767225600900 and "HTTP 500" in closed.verdict.reason
+    stopped = decode_snapshot((GOLDEN / "v4.stopped_turn.snap").read_bytes())
+    assert isinstance(stopped, Snapshot) and stopped.state.active is not None
+    assert (stopped.state.active.attempt, stopped.state.active.stops, stopped.state.active.model_attempts) == (2, 1, 1)
 
 
 _V3_BODY = zlib.compress(b'["gen-2",0,[],[],null,[],[],[],[]]')
@@ -136,7 +161,7 @@ def _golden_doc() -> dict[str, object]:
         (b"\xff not json", "not JSON"),
         (b"[1, 2]", "expected an object"),
         (orjson.dumps({**_golden_doc(), "snapshot": 3}), "snapshot version 3 is not one of [1, 2] (v3 has a head"),
-        (_v3_head({"snapshot": 4}), "snapshot version 4 is not one of [1, 2, 3]"),
+        (_v3_head({"snapshot": 5}), "snapshot version 5 is not one of [1, 2, 3, 4]"),
         (_v3_head({"status": "asleep"}), "expected one of ['idle'"),
         (_v3_head({"crc": 1}), "checksum"),
         (_v3_head({"covered": -3}), "non-negative integer"),

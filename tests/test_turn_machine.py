@@ -389,26 +389,55 @@ def test_a_takeover_after_the_backoff_is_over_starts_the_next_attempt_at_once():
     assert isinstance(start, AttemptStarted) and start.attempt == 2 and start.resumes_run_id is None
 
 
-def test_workers_stopping_mid_call_use_none_of_the_models_attempts_up_to_a_bound_on_such_stops():
-    # Given a turn whose model call a rolling deploy's rebalances cut again and again (each
-    # next owner closes the stopped run and starts attempt n+1), when owners take it over,
-    # then it goes on past its 3 attempts; only a worker stopping 10 times more ends it.
-    def owner(n: int, state: ConversationState) -> TurnMachine:  # each owner draws its own ids
-        ids = (f"owner-{n}-{k}" for k in itertools.count())
-        return machine_for(state, settings(), "openai", lambda: next(ids))
+def _owner(n: int, state: ConversationState) -> TurnMachine:
+    """The machine of the n-th worker to own the turn (each draws its own ids)."""
+    ids = (f"owner-{n}-{k}" for k in itertools.count())
+    return machine_for(state, settings(), "openai", lambda: next(ids))
 
+
+def _stopped(times: int) -> TurnMachine:
+    """A turn whose model call a rolling deploy's rebalances cut `times` times: each next
+    owner closed the stopped run and started the next attempt."""
     m = machine()
     claimed(m)
-    for n in range(2, 3 + STOPS_ALLOWED + 1):
-        m = owner(n, m.state)
+    for n in range(2, 2 + times):
+        m = _owner(n, m.state)
         commands = decide(m, TakenOver(T0 + 1_000 * n))
         assert types(commands) == ["AttemptFailed", "AttemptStarted", "CallModel"], n
-    m = owner(99, m.state)
+    return m
+
+
+def test_workers_stopping_mid_call_use_none_of_the_models_attempts_up_to_a_bound_on_such_stops():
+    # Given a turn cut by its workers stopping as often as is taken over, when one more
+    # owner takes it over, then the turn fails, saying why (not "the maximum number of
+    # attempts": the model failed none).
+    m = _owner(99, _stopped(STOPS_ALLOWED).state)
     commands = decide(m, TakenOver(T0 + 60_000))
     assert types(commands) == ["AttemptFailed", "TurnFailed", "Finish"]
     failed = events(commands)[-1]
-    assert isinstance(failed, TurnFailed) and "maximum number of attempts" in failed.error
-    assert failed.metrics.attempt == 3 + STOPS_ALLOWED
+    assert isinstance(failed, TurnFailed) and f"stopped mid-attempt {STOPS_ALLOWED + 1} times" in failed.error
+    assert failed.metrics.attempt == 1 + STOPS_ALLOWED
+
+
+def test_a_turn_its_workers_stopped_still_has_all_of_the_models_attempts():
+    # Given a turn cut by three stops (attempt 4 running), when the model fails retryably,
+    # then it is retried with the first backoff, as a turn never stopped would be, and
+    # only its third failure of the model's (3 attempts allowed) fails it.
+    m = _stopped(3)
+    assert m.state.active is not None and (m.state.active.attempt, m.state.active.stops) == (4, 3)
+    error = ProviderError("rate_limited", "429", retryable=True, status=429)
+    at = T0 + 10_000
+    for attempt in (4, 5):
+        commands = decide(m, ModelFailed(error, at))
+        assert types(commands) == ["AttemptFailed", "SleepUntil"], attempt
+        assert effect(commands) == SleepUntil(at + settings().backoff_s(attempt - 3) * 1000)
+        started = events(decide(m, Woke(at + 5_000)))[0]
+        assert isinstance(started, AttemptStarted) and started.attempt == attempt + 1
+        at += 10_000
+    commands = decide(m, ModelFailed(error, at))
+    assert types(commands) == ["AttemptFailed", "TurnFailed", "Finish"]
+    failed = events(commands)[-1]
+    assert isinstance(failed, TurnFailed) and "on all 3 attempts" in failed.error
 
 
 def test_a_takeover_whose_attempts_are_used_up_fails_instead_of_retrying():

@@ -10,6 +10,7 @@ from turnstile.handlers.resume import Resume, StartOver, Unresumable
 from turnstile.handlers.tools import call_signature
 from turnstile.handlers.turn_rules import (
     MAX_RESULT_CHARS,
+    STOPS_ALLOWED,
     approval_of,
     bounded_result,
     fenced,
@@ -53,11 +54,14 @@ def test_a_takeover_goes_on_unless_a_side_effect_cannot_be_settled_or_attempts_a
         event_id="e", conversation_id="c", occurred_at=0, turn_id="t", run_id="r", attempt=1,
         iteration=1, call_id="c1", tool="send", arguments="{}", side_effect=True,
     )  # fmt: skip
-    assert "send, call c1" in (takeover_failure(Unresumable(start), True, 1, 3) or "")
-    assert takeover_failure(StartOver(), True, 1, 3) == NOT_REPLAYED
-    assert takeover_failure(StartOver(), False, 3, 3) == MAX_ATTEMPTS
-    assert takeover_failure(StartOver(), False, 1, 3) is None
-    assert takeover_failure(Resume((), {}, {}), True, 1, 3) is None
+    assert "send, call c1" in (takeover_failure(Unresumable(start), True, 1, 0, 3) or "")
+    assert takeover_failure(StartOver(), True, 1, 0, 3) == NOT_REPLAYED
+    assert takeover_failure(StartOver(), False, 3, 0, 3) == MAX_ATTEMPTS
+    assert takeover_failure(StartOver(), False, 1, 0, 3) is None
+    assert takeover_failure(Resume((), {}, {}), True, 1, 0, 3) is None
+    # stops are counted apart from the model's attempts, and bounded
+    assert takeover_failure(StartOver(), False, 2, STOPS_ALLOWED, 3) is None
+    assert "stopped mid-attempt 11 times" in (takeover_failure(StartOver(), False, 0, STOPS_ALLOWED + 1, 3) or "")
 
 
 def test_an_approval_decides_exactly_its_call_once():
