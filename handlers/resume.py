@@ -35,9 +35,22 @@ CUT_OFF = frozenset({"length", "max_tokens", "model_context_window_exceeded"})
 Recovery = Literal["rerun", "idempotent", "reconcile", "none"]
 
 
-def idempotency_key(turn_id: str, call_id: str) -> str:
-    """Stable over every run of one call of one logical turn, and nothing else."""
-    return hashlib.sha256(f"{turn_id}\x00{call_id}".encode()).hexdigest()[:32]
+def idempotency_key(conversation_id: str, turn_id: str, call_id: str) -> str:
+    """Stable over every run of one call of one logical turn of one conversation, and
+    nothing else: turn ids repeat across conversations (two that both send message `m-1`
+    have turns of one id) and call ids may too (a server numbering them `call-1`), so a
+    key of those two alone let one customer's call be deduplicated against another's."""
+    return hashlib.sha256(f"{conversation_id}\x00{turn_id}\x00{call_id}".encode()).hexdigest()[:32]
+
+
+def key_of_first_run(journal: Sequence[Event], call_id: str) -> str | None:
+    """The idempotency key the call's first run was given, as its `ToolCallStarted` on the
+    log says: a run again must present the same key, whatever this version would derive
+    (keys were derived without the conversation id before)."""
+    for event in journal:
+        if isinstance(event, ToolCallStarted) and event.call_id == call_id and event.idempotency_key is not None:
+            return event.idempotency_key
+    return None
 
 
 @dataclass(frozen=True, slots=True)

@@ -83,7 +83,7 @@ from turnstile.handlers.pauses import (
 from turnstile.handlers.pricing import cost_usd
 from turnstile.handlers.protocol import repeated_call_error, tool_error
 from turnstile.handlers.provider import ChatMessage, ModelReply, ModelRequest, ProtocolFamily, ProviderError, ToolSpec
-from turnstile.handlers.resume import Recovery, Resume, StartOver, idempotency_key, next_step
+from turnstile.handlers.resume import Recovery, Resume, StartOver, idempotency_key, key_of_first_run, next_step
 from turnstile.handlers.stops import AskAgain, Complete, CutOff, Refused, RunTools, after_reply
 from turnstile.handlers.tools import InvalidCall, ValidCall, validate_call
 from turnstile.handlers.turn_rules import (
@@ -717,7 +717,11 @@ def _timeout_s(m: TurnMachine, tool_name: str) -> float:
 
 def _run_tool(m: TurnMachine, out: _Out, checked: ValidCall, item: CallToSettle) -> None:
     call, tool = checked.call, checked.tool
-    key = idempotency_key(m.turn.turn_id, call.call_id) if tool.idempotent else None
+    key = None
+    if tool.idempotent:
+        key = key_of_first_run(m.turn.journal, call.call_id) or idempotency_key(
+            m.state.conversation_id, m.turn.turn_id, call.call_id
+        )
     left_s = time_left_s(_spent(m, item.iteration), m.settings.budget)
     timeout_s = min(_timeout_s(m, tool.name), left_s)
     # On the log, acknowledged, before the tool can touch anything.

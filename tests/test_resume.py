@@ -95,9 +95,13 @@ def test_an_unfinished_side_effect_of_a_tool_that_cannot_settle_it_is_unresumabl
     assert next_step([responded(1, ("c1", "transfer")), start], recovery("none")) == Unresumable(start)
 
 
-def test_the_idempotency_key_is_stable_per_call_and_differs_between_calls_and_turns():
-    assert idempotency_key("t1", "c1") == idempotency_key("t1", "c1")
-    assert len({idempotency_key("t1", "c1"), idempotency_key("t1", "c2"), idempotency_key("t2", "c1")}) == 3
+def test_the_idempotency_key_is_stable_per_call_and_differs_between_calls_turns_and_conversations():
+    # Turn ids repeat across conversations (both sent message "1") and call ids may too
+    # (a server numbering them): a payment API deduplicating on the key must still see two.
+    assert idempotency_key("alice", "t1", "c1") == idempotency_key("alice", "t1", "c1")
+    keys = {idempotency_key(*ids) for ids in [("alice", "t1", "c1"), ("alice", "t1", "c2"), ("alice", "t2", "c1"),
+                                              ("bob", "t1", "c1")]}  # fmt: skip
+    assert len(keys) == 4
 
 
 # -- the fold --------------------------------------------------------------------------------

@@ -577,6 +577,23 @@ def test_a_takeover_resumes_the_journal_without_asking_the_model_again():
     assert isinstance(run, RunTool) and run.started.tool == "pay" and run.started.idempotency_key is not None
 
 
+def test_an_idempotent_call_run_again_presents_the_key_its_first_run_was_given():
+    # Given a pay call started by a worker of the version before (its key derived without
+    # the conversation id, as on its ToolCallStarted), when the next owner runs it again,
+    # then it presents that key, not the one this version derives: one effect, not two.
+    m = machine()
+    claimed(m)
+    commands = decide(m, ModelAnswered(reply("paying", ("c2", "pay", "{}")), T0))
+    first = effect(commands)
+    assert isinstance(first, RunTool) and first.started.idempotency_key is not None
+    turn = m.state.active
+    assert turn is not None and turn.journal[-1] == first.started
+    turn.journal[-1] = first.started.model_copy(update={"idempotency_key": "key-of-the-version-before"})
+    taken = machine(state=m.state)
+    again = effect(decide(taken, TakenOver(T0 + 1_000)))
+    assert isinstance(again, RunTool) and again.started.idempotency_key == "key-of-the-version-before"
+
+
 
 class Token(BaseModel):
     model_config = ConfigDict(extra="forbid")
