@@ -21,6 +21,7 @@ from turnstile.events.lifecycle import (
     Usage,
 )
 from turnstile.events.outcomes import (
+    EXHAUSTED_BECAUSE,
     OperationRecord,
     TurnCompleted,
     TurnExhausted,
@@ -43,6 +44,7 @@ from turnstile.events.union import (
 
 __all__ = [
     "EVENT_ADAPTER",
+    "EXHAUSTED_BECAUSE",
     "INPUT_TYPES",
     "OUTCOME_TYPES",
     "SCHEMA_VERSION",

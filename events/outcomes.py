@@ -92,6 +92,11 @@ class TurnPaused(_Outcome):
 # iterations: the turn's iteration allowance was used; output_tokens: the reply was cut off
 # at the request's output allowance (or the context window), so `last_text` is partial.
 ExhaustedAllowance = Literal["iterations", "output_tokens"]
+# What each allowance's running out means, as every view says it.
+EXHAUSTED_BECAUSE: dict[ExhaustedAllowance, str] = {
+    "iterations": "iteration allowance used without a final answer",
+    "output_tokens": "the reply was cut off at its output token limit",
+}
 
 
 class TurnExhausted(_Outcome):

@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from turnstile.events import (
+    EXHAUSTED_BECAUSE,
     STOPPED_MID_ATTEMPT,
     AttemptFailed,
     AttemptStarted,
@@ -331,11 +332,8 @@ def _closing_text(outcome: TerminalOutcome, journal: list[Event]) -> str:
             # Not its resume hint: that is for the people who resume it (commands, event names).
             paused = f"[Paused ({outcome.reason}) before it finished]"
             return f"{outcome.kept}\n{paused}{_side_effects(outcome, journal)}".lstrip()
-        case TurnExhausted() if outcome.allowance == "output_tokens":
-            stopped = "[Stopped: the reply was cut off at its output token limit]"
-            return f"{outcome.last_text or ''}\n{stopped}{_side_effects(outcome, journal)}".lstrip()
         case TurnExhausted():
-            stopped = "[Stopped: iteration allowance used without a final answer]"
+            stopped = f"[Stopped: {EXHAUSTED_BECAUSE[outcome.allowance]}]"
             return f"{outcome.last_text or ''}\n{stopped}{_side_effects(outcome, journal)}".lstrip()
 
 

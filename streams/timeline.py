@@ -5,6 +5,8 @@ from __future__ import annotations
 from typing import assert_never
 
 from turnstile.events import (
+    EXHAUSTED_BECAUSE,
+    STOPPED_MID_ATTEMPT,
     AttemptFailed,
     AttemptStarted,
     ContextCompacted,
@@ -62,7 +64,7 @@ def describe(event: Event) -> str:
         case FallbackEngaged():
             detail = f"fallback {event.from_model} -> {event.to_model}: {_short(event.reason, 50)}"
         case AttemptFailed():
-            detail = f"attempt {event.attempt} failed ({'will retry' if event.retryable else 'final'}): {event.reason}"
+            detail = f"attempt {event.attempt} failed ({_then(event)}): {event.reason}"
         case TurnCompleted():
             detail = f"COMPLETED {dict(event.statuses)}: {_short(event.reply, 50)!r}"
         case TurnFailed():
@@ -70,10 +72,16 @@ def describe(event: Event) -> str:
         case TurnPaused():
             detail = f"PAUSED ({event.reason}): {_short(event.resume_hint)}"
         case TurnExhausted():
-            used = "output token limit reached" if event.allowance == "output_tokens" else "iteration allowance used"
-            detail = f"EXHAUSTED: {used}"
+            detail = f"EXHAUSTED: {EXHAUSTED_BECAUSE[event.allowance]}"
         case TurnInterrupted():
             detail = f"INTERRUPTED by message {event.message_id} (its inputs go back to pending)"
         case _:  # every event type has its line: mypy names the one left out
             assert_never(event)
     return f"{event.type:<17} {turn}{detail}".rstrip()
+
+
+def _then(failed: AttemptFailed) -> str:
+    """What follows the failed attempt, as its event says."""
+    if failed.reason == STOPPED_MID_ATTEMPT:
+        return "its worker stopped; the next owner takes the turn over"
+    return "will retry" if failed.retryable else "final"

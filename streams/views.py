@@ -11,9 +11,10 @@ timeline, marked `ignored` with the reason, because an operator wants to see the
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, assert_never
 
 from turnstile.events import (
+    EXHAUSTED_BECAUSE,
     OUTCOME_TYPES,
     AttemptFailed,
     AttemptStarted,
@@ -22,10 +23,14 @@ from turnstile.events import (
     FallbackEngaged,
     ModelResponded,
     ProtocolFailure,
+    TerminalOutcome,
     ToolCallFinished,
     ToolCallStarted,
     TurnClaimed,
+    TurnCompleted,
     TurnEnvelope,
+    TurnExhausted,
+    TurnFailed,
     TurnInterrupted,
     TurnPaused,
     Usage,
@@ -210,16 +215,18 @@ def _record(view: ConversationView, record: Record, event: Event, ignored: str |
             turn.outcome_detail = _outcome_detail(event)
 
 
-def _outcome_detail(event: Event) -> str:
-    reply = getattr(event, "reply", None)
-    if reply is not None:
-        return str(reply)
-    error = getattr(event, "error", None)
-    if error is not None:
-        return str(error)
-    if isinstance(event, TurnPaused):
-        return f"paused ({event.reason}): {event.resume_hint}"
-    return "iteration allowance used without a final answer"
+def _outcome_detail(event: TerminalOutcome) -> str:
+    match event:
+        case TurnCompleted():
+            return event.reply
+        case TurnFailed():
+            return event.error
+        case TurnPaused():
+            return f"paused ({event.reason}): {event.resume_hint}"
+        case TurnExhausted():
+            return EXHAUSTED_BECAUSE[event.allowance]
+        case _:
+            assert_never(event)
 
 
 # -- JSON --------------------------------------------------------------------------------
