@@ -56,12 +56,26 @@ def _last_turn(state: ConversationState) -> TurnRecord | Refused:
 
 
 def awaiting_approval(state: ConversationState) -> TurnRecord | None:
-    """The conversation's last turn when it is paused for an approval (its `pending_call`,
-    the call to approve or deny) and no turn runs; else None."""
-    last = _last_turn(state)
-    if isinstance(last, Refused) or last.outcome != "paused" or last.pending_call is None:
+    """The newest turn paused for an approval (its `pending_call`, the call to approve or
+    deny) that is still undecided, when no turn runs; else None."""
+    if state.active is not None:
         return None
-    return last
+    return next(iter(_undecided(state)), None)
+
+
+def _undecided(state: ConversationState) -> list[TurnRecord]:
+    """The turns paused for an approval whose decision no turn has claimed, newest first.
+    Not only the last turn: a user who writes again while a call waits ("any news on my
+    refund?") gets a turn of its own, and the call still waits for its decision."""
+    waiting = []
+    for turn in reversed(state.turns.values()):
+        call = turn.pending_call
+        if turn.outcome != "paused" or call is None:
+            continue
+        key = approval_key(turn.turn_id, call.call_id)
+        if key not in state.seen_inputs or key in state.pending:  # (pending: a duplicate is harmless)
+            waiting.append(turn)
+    return waiting
 
 
 def approval_key(turn_id: str, call_id: str) -> str:
@@ -108,18 +122,12 @@ def decide_approval(
     last = _last_turn(state)
     if isinstance(last, Refused):
         return last
-    turn = last.turn_id[:12]
-    if last.outcome != "paused":
-        who = f"conversation {state.conversation_id!r}"
-        return Refused(f"{who} has nothing paused: its last turn {turn} {last.outcome}")
-    call = last.pending_call
-    if call is None:
-        return Refused(
-            f"turn {turn} paused on its budget, not for an approval; continue it with "
-            f"`turnstile resume {state.conversation_id}`"
-        )
-    if call.call_id != call_id:
-        return Refused(f"turn {turn} waits for approval of call {call.call_id!r} ({call.name}), not {call_id!r}")
+    undecided = _undecided(state)
+    asked = next((t for t in undecided if t.pending_call is not None and t.pending_call.call_id == call_id), None)
+    if asked is None:
+        return _not_waiting(state, last, undecided, call_id)
+    call, turn = asked.pending_call, asked.turn_id[:12]
+    assert call is not None
     if problem := _note_problem(note):
         return problem
     head = f"{'Approved' if approved else 'Denied'}: {call.name} with arguments "
@@ -128,7 +136,7 @@ def decide_approval(
     room = MAX_CONTENT_CHARS - len(head) - len(tail)
     shown = call.arguments if len(call.arguments) <= room else call.arguments[: room - 1] + "…"
     content = head + shown + tail
-    key = approval_key(last.turn_id, call.call_id)
+    key = approval_key(asked.turn_id, call.call_id)
     if conflict := _conflict(state, key, content, f"a decision on call {call.call_id!r} of turn {turn}"):
         return conflict
     event = InputInjected(
@@ -138,9 +146,27 @@ def decide_approval(
         occurrence_key=key,
         source="approval",
         content=content,
-        approval=Approval(turn_id=last.turn_id, call_id=call.call_id, approved=approved),
+        approval=Approval(turn_id=asked.turn_id, call_id=call.call_id, approved=approved),
     )
     return Operation(event, _next_turn(state, key, policy))
+
+
+def _not_waiting(state: ConversationState, last: TurnRecord, undecided: list[TurnRecord], call_id: str) -> Refused:
+    """Why no call `call_id` waits for a decision, naming what does wait, if anything."""
+    if undecided:
+        newest = undecided[0]
+        assert newest.pending_call is not None
+        call = newest.pending_call
+        return Refused(
+            f"turn {newest.turn_id[:12]} waits for approval of call {call.call_id!r} ({call.name}), not {call_id!r}"
+        )
+    turn = last.turn_id[:12]
+    if last.outcome == "paused" and last.pending_call is None:
+        return Refused(
+            f"turn {turn} paused on its budget, not for an approval; continue it with "
+            f"`turnstile resume {state.conversation_id}`"
+        )
+    return Refused(f"conversation {state.conversation_id!r} has nothing paused: its last turn {turn} {last.outcome}")
 
 
 def decide_resume(

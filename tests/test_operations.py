@@ -27,7 +27,14 @@ from turnstile.events import (
     logical_turn_id,
 )
 from turnstile.events.inputs import MAX_CONTENT_CHARS
-from turnstile.handlers.operations import MAX_NOTE_CHARS, Operation, Refused, decide_approval, decide_resume
+from turnstile.handlers.operations import (
+    MAX_NOTE_CHARS,
+    Operation,
+    Refused,
+    awaiting_approval,
+    decide_approval,
+    decide_resume,
+)
 from turnstile.projections import apply_event, new_state
 from turnstile.projections.state import TurnRecord
 from turnstile.streams.file_log import FileLog
@@ -77,6 +84,27 @@ def test_given_no_paused_approval_when_approving_then_the_refusal_says_why() -> 
     assert isinstance(budget, Refused) and "`turnstile resume c1`" in budget.reason
     empty = decide_approval(new_state("c1"), "call-1", True, None, event_id="e", now_ms=5)
     assert empty == Refused("conversation 'c1' has no turns: nothing is paused")
+
+
+def test_given_a_call_waiting_when_the_user_writes_again_then_it_still_waits_for_its_decision() -> None:
+    # Given a turn paused for approval of a call, and the user's follow-up ("any news on my
+    # refund?") answered by a turn of its own
+    state = state_with("paused", CALL)
+    state.turns["t2"] = TurnRecord("t2", ("m2",), "completed", 1, None)
+    # Then the call still waits: shown, and approvable by its id
+    assert awaiting_approval(state) == state.turns["t1"]
+    decided = decide_approval(state, "call-1", True, None, event_id="e", now_ms=5)
+    assert isinstance(decided, Operation) and isinstance(decided.event, InputInjected)
+    assert decided.event.approval is not None and decided.event.approval.turn_id == "t1"
+    # (written twice before its claim: a duplicate, as for the last turn)
+    assert apply_event(state, decided.event) is None
+    assert awaiting_approval(state) == state.turns["t1"]
+    # When a turn claims the decision, then nothing waits any more
+    state.pending.clear()
+    state.turns["t3"] = TurnRecord("t3", (decided.input_id,), "completed", 1, None)
+    assert awaiting_approval(state) is None
+    again = decide_approval(state, "call-1", False, None, event_id="e2", now_ms=6)
+    assert again == Refused("conversation 'c1' has nothing paused: its last turn t3 completed")
 
 
 def test_given_a_failed_turn_when_resumed_then_a_resume_request_names_it_once() -> None:
