@@ -129,8 +129,16 @@ class TestModel:
     @staticmethod
     def calls(name: str, arguments: str = "{}", call_id: str = "call-1") -> ModelReply:
         """A reply that calls tool `name` with `arguments` (JSON text)."""
-        return ModelReply("test-model", None, (ToolCall(call_id=call_id, name=name, arguments=arguments),),
-                          Usage(input_tokens=1, output_tokens=1), "tool_calls", "tool_use")
+        return _calling(ToolCall(call_id=call_id, name=name, arguments=arguments))
+
+    @staticmethod
+    def parallel(*calls: tuple[str, str]) -> ModelReply:
+        """A reply that calls several tools at once, as both providers' models may:
+        `(name, arguments)` each, given the ids call-1, call-2, ... in order."""
+        if not calls:
+            raise ValueError("TestModel.parallel() needs at least one (name, arguments) call")
+        return _calling(*(ToolCall(call_id=f"call-{n}", name=name, arguments=arguments)
+                          for n, (name, arguments) in enumerate(calls, start=1)))  # fmt: skip
 
     @property
     def requests(self) -> list[ModelRequest]:
@@ -164,6 +172,10 @@ class TestModel:
             given = f"{call.call_id}-{n}"
         self._call_ids.add(given)
         return call if given == call.call_id else call.model_copy(update={"call_id": given})
+
+
+def _calling(*calls: ToolCall) -> ModelReply:
+    return ModelReply("test-model", None, calls, Usage(input_tokens=1, output_tokens=1), "tool_calls", "tool_use")
 
 
 def _as_provider_error(error: Exception) -> ProviderError:

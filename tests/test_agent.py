@@ -94,6 +94,26 @@ def test_the_readme_agent_calls_its_tool_and_answers_with_the_test_model(tmp_pat
     assert [t.name for t in first.tools] == ["lookup_order"]
 
 
+def test_a_test_model_reply_may_call_several_tools_at_once(tmp_path: Path) -> None:
+    # Given the README's agent and a scripted reply with two calls, as real models send
+    agent = readme_agent().agent
+    both = TestModel.parallel(("lookup_order", '{"order_id": "A-1001"}'), ("lookup_order", '{"order_id": "B-7"}'))
+    with agent.override(model=TestModel(replies=[both, "One shipped, one unknown."])):
+        answered = asyncio.run(agent.answer("Where are A-1001 and B-7?", data=tmp_path))
+    # Then both run, in order, each with its own id, and the model reads both results
+    finished = [(f.call_id, f.result) for f in answered.events if isinstance(f, ToolCallFinished)]
+    assert finished == [("call-1", "shipped"), ("call-2", "unknown order")]
+    assert answered.reply == "One shipped, one unknown."
+    with pytest.raises(ValueError, match="at least one"):
+        TestModel.parallel()
+
+
+def test_every_public_name_is_listed_by_dir_though_imported_on_first_use() -> None:
+    import turnstile
+
+    assert {"Agent", "LogPlace", "TestModel", "tool", "TurnBudget"} <= set(dir(turnstile))
+
+
 def test_a_fallback_of_another_protocol_family_is_refused_when_the_agent_is_made() -> None:
     with pytest.raises(ValueError, match="fallback 'claude' speaks the anthropic protocol, not openai"):
         Agent("a", model=Model("gpt"), fallbacks=[Model("claude", family="anthropic")])

@@ -59,6 +59,11 @@ __all__ = ["Agent", "DebouncePolicy", "DoubleTextPolicy", "LogPlace", "Model", "
            "TurnBudget", "__version__", "tool"]
 
 
+def __dir__() -> list[str]:
+    """The public names too, though they are imported only when first used."""
+    return sorted({*globals(), *__all__})
+
+
 def __getattr__(name: str) -> object:
     if name in _PUBLIC:
         return getattr(importlib.import_module(_PUBLIC[name]), name)
