@@ -20,40 +20,46 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from pathlib import Path
+from collections.abc import Callable
 
 from turnstile.events import DeadLetter
 from turnstile.projections.audit import DEFAULT_STALL_AFTER_S, AuditLimits, Auditor, AuditReport, render
 from turnstile.streams.cli_errors import at_least
+from turnstile.streams.config_file import Config
 from turnstile.streams.file_log import FileLog
 from turnstile.streams.log import Record, Topics
 from turnstile.streams.runtime import SystemClock
 
 DEFAULT_GROUP = "turnstile-audit"
-WORKER_GROUP = "turnstile-worker"
 
 
-def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def add_parser(
+    sub: argparse._SubParsersAction[argparse.ArgumentParser], add_log_args: Callable[[argparse.ArgumentParser], None]
+) -> None:
     audit = sub.add_parser(
         "audit",
         help="replay the events topic and check the design's rules; exit 1 on a violation",
         description=__doc__.split("\n\n")[0] if __doc__ else None,
     )
-    where = audit.add_mutually_exclusive_group()
-    where.add_argument("--broker", help="kafka://HOST:PORT[,HOST:PORT] (default: the embedded file log)")
-    where.add_argument("--data", type=Path, default=Path(".turnstile"), help="embedded log folder")
-    audit.add_argument("--events-topic", default=Topics().events, help=f"the topic audited (default {Topics().events})")
-    audit.add_argument("--dlq-topic", default=Topics().dead_letters, help="its letters are reported too")
+    # The log, its topics (the events audited, the dead letters reported) and the workers'
+    # group as every command takes them: flags, TURNSTILE_* or turnstile.toml.
+    add_log_args(audit)
     audit.add_argument(
         "--from-beginning",
         action="store_true",
         help="report everything on the log, not only what is new since this group's last audit",
     )
-    audit.add_argument("--group", default=DEFAULT_GROUP, help=f"the auditor's consumer group (default {DEFAULT_GROUP})")
+    audit.add_argument(
+        "--group",
+        dest="audit_group",  # not the configuration's `group`: that is the workers'
+        default=DEFAULT_GROUP,
+        help=f"the auditor's consumer group (default {DEFAULT_GROUP})",
+    )
     audit.add_argument(
         "--worker-group",
-        default=WORKER_GROUP,
-        help=f"the workers' consumer group, whose committed offsets show how far they got (default {WORKER_GROUP})",
+        default=None,
+        help="the workers' consumer group, whose committed offsets show how far they got "
+        "(default: the configured group, turnstile-worker)",
     )
     audit.add_argument(
         "--stall-after-s",
@@ -130,16 +136,18 @@ async def run(args: argparse.Namespace) -> int:
     # Before the read: an input still unclaimed when its partition is read had waited at least
     # this long (one claimed while the audit read other partitions is not counted against it).
     began_ms = SystemClock().now_ms()
+    config: Config = args.resolved.config
     try:
-        if args.broker:
-            report = await _audit_kafka(args, began_ms)
+        if config.broker:
+            report = await _audit_kafka(args, config, began_ms)
         else:
-            if not (args.data / args.events_topic).is_dir():
-                raise LookupError(f"no embedded log of topic {args.events_topic!r} in {args.data}")
-            log = FileLog(args.data, Topics(args.events_topic, dead_letters=args.dlq_topic))
-            records = log.read_all(args.events_topic)
+            events, dlq = config.topics.events, config.topics.dead_letters
+            if not (config.data / events).is_dir():
+                raise LookupError(f"no embedded log of topic {events!r} in {config.data}")
+            log = FileLog(config.data, Topics(events, dead_letters=dlq))
+            records = log.read_all(events)
             committed = log.committed_offsets()
-            report = audit_records(records, args, log.read_all(args.dlq_topic), committed, began_ms)
+            report = audit_records(records, args, log.read_all(dlq), committed, began_ms)
     except (OSError, LookupError, TimeoutError, KafkaError) as exc:
         print(f"turnstile audit: cannot read the log: {exc}", file=sys.stderr)
         return 2
@@ -147,24 +155,26 @@ async def run(args: argparse.Namespace) -> int:
     return 0 if report.ok else 1
 
 
-async def _audit_kafka(args: argparse.Namespace, began_ms: int) -> AuditReport:
+async def _audit_kafka(args: argparse.Namespace, config: Config, began_ms: int) -> AuditReport:
     from turnstile.streams.kafka_log import bootstrap_of
     from turnstile.streams.kafka_reader import read_topic
 
-    bootstrap = bootstrap_of(args.broker)
-    records = await read_topic(bootstrap, args.events_topic, timeout_s=args.timeout)
+    assert config.broker is not None
+    bootstrap, events = bootstrap_of(config.broker), config.topics.events
+    records = await read_topic(bootstrap, events, timeout_s=args.timeout)
     try:
-        dlq: list[Record] | None = await read_topic(bootstrap, args.dlq_topic, timeout_s=min(args.timeout, 10.0))
+        dlq_topic = config.topics.dead_letters
+        dlq: list[Record] | None = await read_topic(bootstrap, dlq_topic, timeout_s=min(args.timeout, 10.0))
     except LookupError:  # no dead-letter topic: the report says nothing of letters
         dlq = None
     ends: dict[int, int] = {}
     for record in records:
         ends[record.partition] = max(ends.get(record.partition, 0), record.offset + 1)
-    committed = await _reported(bootstrap, args.worker_group, args.events_topic, set(ends))
+    committed = await _reported(bootstrap, args.worker_group or config.group, events, set(ends))
     report = audit_records(records, args, dlq, committed, began_ms)
     if not args.from_beginning:
-        report = report.since(await _reported(bootstrap, args.group, args.events_topic, set(ends)))
-    await _mark_reported(bootstrap, args.group, args.events_topic, ends)
+        report = report.since(await _reported(bootstrap, args.audit_group, events, set(ends)))
+    await _mark_reported(bootstrap, args.audit_group, events, ends)
     return report
 
 

@@ -38,7 +38,7 @@ log = logging.getLogger("turnstile.run")
 
 DEFAULTS = config_file.Config()
 # Configured commands: their flags, the environment and turnstile.toml are merged (config_file).
-CONFIGURED = ("run", "send", "tail", "inspect", "approve", "deny", "resume", "export-turn")
+CONFIGURED = ("run", "send", "tail", "inspect", "approve", "deny", "resume", "export-turn", "audit")
 
 
 def _add_log_args(parser: argparse.ArgumentParser) -> None:
@@ -439,7 +439,7 @@ def build_parser() -> argparse.ArgumentParser:
     from turnstile.streams.console import export_cli
 
     export_cli.add_parser(sub, _add_log_args)
-    audit_cli.add_parser(sub)
+    audit_cli.add_parser(sub, _add_log_args)
     for command in sub.choices.values():  # the global flags work after the subcommand too
         command.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS, help="as above")
         command.add_argument("--log-format", choices=["text", "json"], default=argparse.SUPPRESS, help="as above")

@@ -66,7 +66,7 @@ def test_send_run_and_tail_on_the_embedded_log(tmp_path):
 
 
 @pytest.mark.kafka
-def test_send_run_and_tail_on_kafka(kafka_bootstrap: str, fresh_topics: Topics):  # noqa: F811
+def test_send_run_tail_and_audit_on_kafka(kafka_bootstrap: str, fresh_topics: Topics, tmp_path: Path):  # noqa: F811
     where = [
         "--broker", f"kafka://{kafka_bootstrap}",
         "--events-topic", fresh_topics.events,
@@ -75,8 +75,24 @@ def test_send_run_and_tail_on_kafka(kafka_bootstrap: str, fresh_topics: Topics):
     ]
     sent = turnstile("send", *where, "--conversation", "c1", "--text", "check the dates", "--message-id", "m1")
     assert sent.returncode == 0, sent.stderr
-    out = run_worker_until(where, "c1", 1, "--group", f"g-{os.getpid()}-{time.time_ns()}")
+    group = f"g-{os.getpid()}-{time.time_ns()}"
+    out = run_worker_until(where, "c1", 1, "--group", group)
     assert "COMPLETED {'m1': 'answered'}" in out
+    # An auditor beside that deployment names it as every command does: a --config file, or
+    # TURNSTILE_* (its topics, and the workers' group whose commits it checks).
+    config = tmp_path / "turnstile.toml"
+    config.write_text(
+        f'broker = "kafka://{kafka_bootstrap}"\ngroup = "{group}"\n[topics]\nevents = "{fresh_topics.events}"\n'
+        f'dead_letters = "{fresh_topics.dead_letters}"\n'
+    )
+    env = {
+        **os.environ, "TURNSTILE_BROKER": f"kafka://{kafka_bootstrap}", "TURNSTILE_GROUP": group,
+        "TURNSTILE_TOPICS_EVENTS": fresh_topics.events, "TURNSTILE_TOPICS_DEAD_LETTERS": fresh_topics.dead_letters,
+    }  # fmt: skip
+    for audited in (turnstile("audit", "--config", str(config), "--from-beginning", "--strict"),
+                    turnstile("audit", "--from-beginning", "--strict", env=env)):  # fmt: skip
+        assert audited.returncode == 0, audited.stdout + audited.stderr
+        assert "1 turn" in audited.stdout and "no committed offsets" not in audited.stderr
 
 
 def test_a_second_run_on_one_embedded_log_exits_at_once_naming_the_owner_and_readers_still_work(tmp_path):
