@@ -20,6 +20,10 @@ from turnstile.events.base import MAX_INT, EpochMillis, Identifier
 Count = Annotated[int, Field(ge=0, lt=MAX_INT)]
 
 
+# One piece of a streamed reply: a longer piece is sent as several, in order.
+MAX_DELTA_CHARS = 100_000
+
+
 class ReplyDelta(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -31,7 +35,7 @@ class ReplyDelta(BaseModel):
     iteration: Annotated[int, Field(ge=1, lt=MAX_INT)]
     seq: Count
     occurred_at: EpochMillis
-    text: Annotated[str, Field(max_length=100_000)] = ""
+    text: Annotated[str, Field(max_length=MAX_DELTA_CHARS)] = ""
     restart: bool = False
     done: bool = False
 

@@ -17,7 +17,7 @@ from typing import Protocol
 
 from pydantic import ValidationError
 
-from turnstile.events.deltas import ReplyDelta, encode_delta
+from turnstile.events.deltas import MAX_DELTA_CHARS, ReplyDelta, encode_delta
 from turnstile.handlers.provider import ReplyStream
 from turnstile.streams.log import Acknowledged, EventLog
 
@@ -111,14 +111,18 @@ class _Iteration:
         fields = {**self._ids, "seq": self._seq, "occurred_at": self._publisher.now_ms}
         try:
             delta = ReplyDelta.model_validate({**fields, "text": text, "restart": restart, "done": done})
-        except ValidationError as exc:  # e.g. one piece longer than a delta may be: readers see a gap
-            log.warning("reply delta dropped: %s", exc.errors()[0]["msg"])
+        except ValidationError as exc:  # its number is used all the same: readers see the gap
+            log.warning("reply delta %d dropped: %s", self._seq, exc.errors()[0]["msg"])
             return
-        self._seq += 1
+        finally:
+            self._seq += 1
         self._publisher.publish(delta)
 
     async def delta(self, text: str) -> None:
-        self._publish(text)
+        # A provider's piece may be longer than a delta holds (a server that sends its
+        # answer in one chunk): it goes as several, so a reader joining them loses nothing.
+        for start in range(0, max(len(text), 1), MAX_DELTA_CHARS):
+            self._publish(text[start : start + MAX_DELTA_CHARS])
 
     async def restart(self) -> None:
         self._publish(restart=True)
