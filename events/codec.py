@@ -19,7 +19,8 @@ from turnstile.events.upcast import UPCASTERS, UpcastError, Upcasters
 class DecodeError:
     """Why a value was not accepted. `reason` is a short stable code, `detail` is for people."""
 
-    # not_json | invalid_event | too_large | key_mismatch | conflicting_duplicate | unreadable
+    # not_json | invalid_event | too_large | key_mismatch | conflicting_duplicate | unreadable |
+    # wrong_partition (decided where the partition count is known: the worker)
     reason: str
     detail: str
 
@@ -55,6 +56,9 @@ def decode(
     return event
 
 
+KEY_SHOWN_BYTES = 300
+
+
 def decode_record(
     key: bytes | None, value: bytes | None, max_bytes: int | None = None, upcasters: Upcasters = UPCASTERS
 ) -> Event | DecodeError:
@@ -65,8 +69,11 @@ def decode_record(
     event = decode(value, max_bytes, upcasters)
     if isinstance(event, DecodeError) or key == event.conversation_id.encode():
         return event
-    text = key.decode("utf-8", "replace") if key is not None else None
-    return DecodeError("key_mismatch", f"key {text!r} is not the conversation id {event.conversation_id!r}")
+    # A key may be as large as a record (a megabyte): its reason is read by people.
+    text = key[:KEY_SHOWN_BYTES].decode("utf-8", "replace") if key is not None else None
+    long = key is not None and len(key) > KEY_SHOWN_BYTES
+    cut = f" (its first {KEY_SHOWN_BYTES} of {len(key or b''):,} bytes)" if long else ""
+    return DecodeError("key_mismatch", f"key {text!r}{cut} is not the conversation id {event.conversation_id!r}")
 
 
 def _decode_upcast(value: bytes, upcasters: Upcasters, error: DecodeError | None) -> Event | DecodeError:

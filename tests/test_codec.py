@@ -88,6 +88,7 @@ def test_a_protocol_failure_with_a_cost_but_no_usage_is_refused():
         (b"evil", "key 'evil' is not the conversation id 'conv-1'"),
         (b"conv-1 ", "key 'conv-1 ' is not the conversation id 'conv-1'"),
         (b"\xff", "key '\ufffd' is not the conversation id 'conv-1'"),
+        (b"k" * 1_040_000, f"key '{'k' * 300}' (its first 300 of 1,040,000 bytes) is not the conversation id 'conv-1'"),
     ],
 )
 def test_a_record_under_a_key_other_than_its_conversation_is_not_an_event_of_it(key, detail):
