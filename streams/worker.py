@@ -48,7 +48,7 @@ from turnstile.projections import ConversationState, apply_event, new_state
 from turnstile.streams.checkpoint import Checkpoint
 from turnstile.streams.eviction import EvictionPolicy
 from turnstile.streams.handover import Handover
-from turnstile.streams.log import Acknowledged, EventLog, PartitionStart, Record
+from turnstile.streams.log import Acknowledged, EventLog, PartitionStart, Record, partition_for
 from turnstile.streams.metrics import Metrics
 from turnstile.streams.partitions import OwnedPartition, Partitions, ReplayProgress
 from turnstile.streams.refusals import Refusals
@@ -569,7 +569,22 @@ class Worker:
         if isinstance(event, DecodeError):
             self._dead_letter(record, event, effects)
             return None
+        if (misplaced := self._misplaced(record, event)) is not None:
+            self._dead_letter(record, misplaced, effects)
+            return None
         return event
+
+    def _misplaced(self, record: Record, event: Event) -> DecodeError | None:
+        """A record outside its conversation's partition (a producer whose partitioner is not
+        Kafka's murmur2, or one naming a partition): folded, it would split the conversation
+        in two partitions, each owner with half its history. Dead-lettered instead, by the
+        partition count alone, so every replay decides alike."""
+        count = self.log.partition_count()
+        home = None if count is None else partition_for(event.conversation_id, count)
+        if home is None or home == record.partition:
+            return None
+        detail = f"conversation {event.conversation_id!r} is in partition {home} of {count} (murmur2 of its key)"
+        return DecodeError("wrong_partition", detail)
 
     def _interrupt_on_arrival(self, state: ConversationState, event: Event) -> None:
         """Interrupt-and-merge: a message mid-turn asks the running turn to withdraw."""

@@ -31,8 +31,8 @@ from turnstile.events import (
     decode,
 )
 from turnstile.projections import ConversationState, Rejection, apply_event, new_state
-from turnstile.streams.kafka_reader import read_topic
-from turnstile.streams.log import Record, Topics
+from turnstile.streams.kafka_reader import partition_count, read_topic
+from turnstile.streams.log import Record, Topics, partition_for
 
 
 @dataclass
@@ -55,7 +55,8 @@ class LogAudit:
         return {i for state in self.states.values() for i in state.seen_inputs}
 
 
-def fold_records(records: Iterable[Record], max_bytes: int = 1_000_000) -> LogAudit:
+def fold_records(records: Iterable[Record], max_bytes: int = 1_000_000, partitions: int | None = None) -> LogAudit:
+    """`partitions`: the topic's partition count, to refuse what lies outside its key's."""
     audit = LogAudit()
     for record in records:
         audit.records.append(record)
@@ -66,6 +67,9 @@ def fold_records(records: Iterable[Record], max_bytes: int = 1_000_000) -> LogAu
         key = record.key.decode("utf-8", "replace") if record.key is not None else None
         if key != event.conversation_id:
             audit.refused.append((record, "key_mismatch"))
+            continue
+        if partitions is not None and partition_for(key, partitions) != record.partition:
+            audit.refused.append((record, "wrong_partition"))
             continue
         state = audit.states.setdefault(event.conversation_id, new_state(event.conversation_id))
         rejection = apply_event(state, event)
@@ -79,7 +83,8 @@ def fold_records(records: Iterable[Record], max_bytes: int = 1_000_000) -> LogAu
 
 
 async def audit_log(bootstrap: str, topics: Topics, max_bytes: int = 1_000_000) -> LogAudit:
-    return fold_records(await read_topic(bootstrap, topics.events, timeout_s=60), max_bytes)
+    records = await read_topic(bootstrap, topics.events, timeout_s=60)
+    return fold_records(records, max_bytes, await partition_count(bootstrap, topics.events))
 
 
 async def dead_letters(bootstrap: str, topics: Topics) -> list[DeadLetter]:

@@ -17,7 +17,8 @@ from turnstile.events import MessageReceived, TurnCompleted, encode
 from turnstile.handlers.claim import DebouncePolicy
 from turnstile.handlers.providers.scripted import ScriptedProvider
 from turnstile.streams.kafka_log import KafkaLog
-from turnstile.streams.log import Topics
+from turnstile.streams.kafka_reader import partition_count
+from turnstile.streams.log import Topics, partition_for
 from turnstile.streams.publisher import message_event
 from turnstile.streams.runtime import SystemClock
 from turnstile.streams.worker import Worker, WorkerConfig
@@ -65,6 +66,12 @@ async def test_hostile_values_are_dead_lettered_with_their_bytes_and_the_partiti
         for what, value, reason in hostile_values():
             partition, offset = await publisher.append(fresh_topics.events, CONV, value)
             written.append((what, value, reason, partition, offset))
+        # A valid message outside its conversation's partition (a producer whose partitioner
+        # is not murmur2): folded there, the conversation would have two homes.
+        stray = encode(message_event(CONV, "from the wrong partitioner", NOW(), "m-stray"))
+        home = partition_for(CONV, await partition_count(kafka_bootstrap, fresh_topics.events))
+        partition, offset = await publisher.append(fresh_topics.events, CONV, stray, partition=(home + 1) % 8)
+        written.append(("a record outside its conversation's partition", stray, "wrong_partition", partition, offset))
         last = message_event(CONV, "and one more", NOW(), "m2")
         await publisher.append(fresh_topics.events, CONV, encode(last))
 
@@ -101,4 +108,4 @@ async def test_hostile_values_are_dead_lettered_with_their_bytes_and_the_partiti
     # The worker folded the same state the independent reader did.
     assert worker.states[CONV] == state
     result = record(counts("5. hostile values on the events topic", audit, len(letters), ["m1", "m2"]))
-    assert (result.answered, result.answered_twice, result.lost, result.dlq) == (2, 0, 0, 6)
+    assert (result.answered, result.answered_twice, result.lost, result.dlq) == (2, 0, 0, 7)

@@ -124,6 +124,28 @@ async def test_bad_values_go_to_the_dead_letter_topic_and_the_partition_keeps_mo
 
 
 
+async def test_a_message_outside_its_conversations_partition_is_dead_lettered_not_a_second_home(tmp_path):
+    # Given a publisher whose partitioner is not murmur2 (librdkafka's default): a message of
+    # c1 lands in another partition than c1's, then one lands in c1's own
+    log = FileLog(tmp_path)
+    home = log.partition_for("c1")
+    wrong = (home + 1) % log.partition_count()
+    stray = encode(message_event("c1", "sent with the wrong partitioner", NOW(), "m0"))
+    await log.append(log.topics.events, "c1", stray, partition=wrong)
+    await publish(log, message_event("c1", "hello", NOW(), "m1"))
+    async with running(log, ScriptedProvider()) as worker:
+        await until(lambda: "c1" in worker.states and len(worker.states["c1"].history) == 2)
+        # then c1 has one home, and its turn claimed only what is there
+        assert worker.partitions.home("c1") == home
+        assert [h.content for h in worker.states["c1"].history][:1] == ["hello"]
+    claims = [e for e in events_of(log, "c1") if isinstance(e, TurnClaimed)]
+    assert [c.input_ids for c in claims] == [("m1",)]
+    [record] = log.read_all(log.topics.dead_letters)
+    letter = DeadLetter.model_validate_json(record.value)
+    assert (letter.partition, letter.offset, letter.reason) == (wrong, 0, "wrong_partition")
+    assert f"partition {home} of {log.partition_count()}" in letter.detail and letter.original_value() == stray
+
+
 @pytest.mark.parametrize(("key_bytes", "keyed"), [(600_000, True), (1_048_200, False)])
 async def test_a_bad_value_under_a_huge_key_is_still_dead_lettered(tmp_path, key_bytes, keyed):
     # Given a bad value under a key so long that key and letter together would not fit the
