@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import orjson
 from pydantic import ValidationError
 
+from turnstile.events.base import MAX_INT
 from turnstile.events.union import EVENT_ADAPTER, Event
 from turnstile.events.upcast import UPCASTERS, UpcastError, Upcasters
 
@@ -44,8 +45,7 @@ def decode(
     if max_bytes is not None and len(value) > max_bytes:
         return DecodeError("too_large", f"value is {len(value)} bytes, the limit is {max_bytes}")
     try:
-        # Strict, as the published JSON Schema: "1767225600000" or true is no integer.
-        event = EVENT_ADAPTER.validate_json(value, strict=True)
+        event = _validated(value)
     except ValidationError as exc:
         error = _classify(exc)
         if not upcasters or error.reason != "invalid_event":
@@ -54,6 +54,33 @@ def decode(
     if upcasters and event.schema_version < upcasters.current:
         return _decode_upcast(value, upcasters, None)
     return event
+
+
+def _validated(value: bytes) -> Event:
+    """Strict, as the published JSON Schema: "1767225600000" or true is no integer. But
+    1767225600000.0 is one (JSON Schema's integer is any number whose fraction is zero, as a
+    serializer of doubles writes it), so such a value is read with its integers as integers."""
+    try:
+        return EVENT_ADAPTER.validate_json(value, strict=True)
+    except ValidationError as exc:
+        if not any(e["type"] == "int_type" and _integral(e["input"]) for e in exc.errors(include_url=False)):
+            raise
+    return EVENT_ADAPTER.validate_json(orjson.dumps(_as_ints(orjson.loads(value))), strict=True)
+
+
+def _integral(number: object) -> bool:
+    return isinstance(number, float) and number.is_integer() and abs(number) < MAX_INT
+
+
+def _as_ints(doc: object) -> object:
+    """The JSON document with its integral numbers as integers (a float field takes them)."""
+    if _integral(doc):
+        return int(doc)  # type: ignore[call-overload]
+    if isinstance(doc, dict):
+        return {k: _as_ints(v) for k, v in doc.items()}
+    if isinstance(doc, list):
+        return [_as_ints(v) for v in doc]
+    return doc
 
 
 KEY_SHOWN_BYTES = 300

@@ -51,6 +51,25 @@ def test_bad_values_decode_to_a_reason(raw, reason):
     assert result.detail
 
 
+@pytest.mark.parametrize("number", [b"1767225600000.0", b"1.7672256e12", b"17672256000e2"])
+def test_an_integer_written_as_a_whole_double_is_the_integer_the_schema_says_it_is(number):
+    # JSON Schema's integer is any number whose fraction is zero, and a serializer of doubles
+    # (Java's, Go's) writes one so: the published schema takes it, so the worker must.
+    raw = (b'{"type": "MessageReceived", "schema_version": 1.0, "event_id": "e", "conversation_id": "c",'
+           b' "occurred_at": ' + number + b', "message_id": "m", "content": "hi"}')  # fmt: skip
+    event = decode(raw)
+    assert isinstance(event, MessageReceived) and event.occurred_at == 1767225600000 and event.schema_version == 1
+    assert encode(event).count(b'"occurred_at":1767225600000,') == 1  # written back as an integer
+
+
+@pytest.mark.parametrize("number", [b"1767225600000.5", b"1e300", b"9007199254740992.0"])
+def test_a_number_with_a_fraction_or_past_the_bound_is_still_no_integer(number):
+    raw = (b'{"type": "MessageReceived", "event_id": "e", "conversation_id": "c",'
+           b' "occurred_at": ' + number + b', "message_id": "m", "content": "hi"}')  # fmt: skip
+    refused = decode(raw)
+    assert isinstance(refused, DecodeError) and refused.reason == "invalid_event" and "occurred_at" in refused.detail
+
+
 def test_unknown_fields_are_refused_not_dropped():
     value = orjson.loads(encode(message("m1", 5)))
     value["surprise"] = 1
