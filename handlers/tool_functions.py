@@ -129,12 +129,13 @@ def tool_from_function(
     """`idempotent` and `reconcile` say how a call left started and unfinished (its worker
     stopped) is settled, so they are for side effects only: `idempotent` runs it again with
     the same key (the function takes `idempotency_key: str`); `reconcile(call)` asks
-    whether it acted (its result, or None: it did not)."""
+    whether it acted (its result; `NOT_RUN`: it had no effect, the model may make it again;
+    None: it cannot tell, and the turn fails)."""
     tool_name = name or function.__name__
     if (idempotent or reconcile is not None) and not side_effect:
         raise TypeError(f"tool {tool_name!r}: idempotent= and reconcile= settle a side effect: add side_effect=True")
     if reconcile is not None and not inspect.iscoroutinefunction(reconcile):
-        raise TypeError(f"tool {tool_name!r}: reconcile= is an async function (call) -> result | None")
+        raise TypeError(f"tool {tool_name!r}: reconcile= is an async function (call) -> result, NOT_RUN or None")
     key = inspect.signature(function).parameters.get(IDEMPOTENCY_KEY)
     if idempotent != (key is not None) or (key is not None and key.kind == key.POSITIONAL_ONLY):
         problem = "an idempotent tool's function needs" if idempotent else "only an idempotent=True tool takes"

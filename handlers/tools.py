@@ -9,8 +9,8 @@ runner is the only place a tool actually runs.
 A side-effecting tool can say how a call interrupted mid-run is settled by the next owner
 (see `handlers/resume.py`): `idempotent=True` means `run(arguments, idempotency_key)` is
 always called with a key stable over every run of the call, so running it again has one
-effect; a `reconcile(call)` returns the result of a call that did run, or None when it
-cannot tell. A tool with neither makes such a turn fail visibly.
+effect; a `reconcile(call)` returns the result of a call that did run, `NOT_RUN` when it
+had no effect, or None when it cannot tell. A tool with neither makes such a turn fail visibly.
 
 Secret arguments: a field of the argument model typed `SecretStr` or `SecretBytes` (also
 inside an optional, a list or a nested model) is a secret. The log keeps the call with
@@ -21,6 +21,7 @@ given the validated arguments parsed from what the model sent.
 
 from __future__ import annotations
 
+import enum
 import hashlib
 import math
 import re
@@ -39,8 +40,18 @@ from turnstile.handlers.resume import Recovery
 ToolKind = Literal["read_only", "side_effect"]
 # run(arguments), or run(arguments, idempotency_key) for an idempotent tool.
 ToolFunction = Callable[..., Awaitable[str]]
-# The result of a call that ran before an interruption, or None when it cannot be known.
-Reconciler = Callable[[ToolCall], Awaitable[str | None]]
+class NotRun(enum.Enum):
+    """What a reconciler returns when it knows the call had no effect (the system it acts on
+    holds nothing under the call's id, say): the call is recorded as not run, and the model,
+    told so, may make it again -- a new call, run as any."""
+
+    NOT_RUN = "not_run"
+
+
+NOT_RUN = NotRun.NOT_RUN
+# The result of a call that ran before an interruption, `NOT_RUN` when it had no effect, or
+# None when it cannot be known (the turn fails: running it again might act twice).
+Reconciler = Callable[[ToolCall], Awaitable[str | NotRun | None]]
 REDACTED = "[redacted]"
 
 # Tool names as OpenAI's and Anthropic's APIs take them (a request with another is refused).

@@ -85,11 +85,12 @@ from turnstile.handlers.protocol import repeated_call_error, tool_error
 from turnstile.handlers.provider import ChatMessage, ModelReply, ModelRequest, ProtocolFamily, ProviderError, ToolSpec
 from turnstile.handlers.resume import Recovery, Resume, StartOver, idempotency_key, key_of_first_run, next_step
 from turnstile.handlers.stops import AskAgain, Complete, CutOff, Refused, RunTools, after_reply
-from turnstile.handlers.tools import InvalidCall, ValidCall, validate_call
+from turnstile.handlers.tools import InvalidCall, NotRun, ValidCall, validate_call
 from turnstile.handlers.turn_rules import (
     DENIED,
     DID_NOT_RUN,
     NOT_STARTED,
+    RECONCILED_NOT_RUN,
     approval_of,
     bounded_result,
     isolated_turn,
@@ -780,7 +781,7 @@ def _finish_call(
     return result
 
 
-def _reconciled(m: TurnMachine, out: _Out, result: str | None) -> None:
+def _reconciled(m: TurnMachine, out: _Out, result: str | NotRun | None) -> None:
     item = m.settling
     assert item is not None, "a reconciler's answer without a call in doubt"
     m.settling = None
@@ -788,8 +789,9 @@ def _reconciled(m: TurnMachine, out: _Out, result: str | None) -> None:
     if result is None:
         _fail(m, out, reconcile_unknown(call.name, call.call_id))
         return
-    result = _finish_call(m, out, call, item.iteration, True, result, reconciled=True)
-    _tool_message(m, item, result, True)
+    ok, said = (False, RECONCILED_NOT_RUN) if isinstance(result, NotRun) else (True, result)
+    text = _finish_call(m, out, call, item.iteration, ok, said, reconciled=True)
+    _tool_message(m, item, text, ok)
     _proceed(m, out)
 
 

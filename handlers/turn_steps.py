@@ -18,6 +18,7 @@ from pydantic import BaseModel
 from turnstile.events import Event, MessageReceived, ToolCall, ToolCallStarted
 from turnstile.handlers.claim import ClaimPlan
 from turnstile.handlers.provider import ModelReply, ModelRequest, ProviderError
+from turnstile.handlers.tools import NotRun
 
 # -- commands ------------------------------------------------------------------------
 
@@ -151,9 +152,10 @@ class ToolNotStarted:
 
 @dataclass(frozen=True, slots=True)
 class Reconciled:
-    """What the reconciler said: the call's result, or None (it cannot tell)."""
+    """What the reconciler said: the call's result, `NOT_RUN` (it had no effect), or None (it
+    cannot tell)."""
 
-    result: str | None
+    result: str | NotRun | None
     now_ms: int
 
 

@@ -22,6 +22,7 @@ from typing import Protocol
 from turnstile.events import Event, MessageReceived, ToolCallStarted
 from turnstile.handlers.claim import ClaimPlan
 from turnstile.handlers.provider import ChatMessage, Provider, ProviderError
+from turnstile.handlers.tools import NotRun
 from turnstile.handlers.turn_machine import TurnMachine, decide, interruptible, machine_for
 from turnstile.handlers.turn_settings import Route, TurnSettings
 from turnstile.handlers.turn_steps import (
@@ -255,4 +256,8 @@ class TurnRunner:
         except Exception:
             log.exception("the reconciler of %s failed", effect.call.name)
             result = None
+        if result is not None and not isinstance(result, str | NotRun):
+            log.error("the reconciler of %s returned a %s, not text, NOT_RUN or None", effect.call.name,
+                      type(result).__name__)  # fmt: skip
+            result = None  # it cannot tell, as far as anyone can read
         return Reconciled(result, self._now_ms())

@@ -42,7 +42,7 @@ from turnstile.handlers.claim import ClaimPlan, DebouncePolicy, plan_claim
 from turnstile.handlers.pricing import ModelPrice
 from turnstile.handlers.provider import ModelReply, ProtocolFamily, ProviderError
 from turnstile.handlers.resume import Resume, next_step
-from turnstile.handlers.tools import Tool, ToolRegistry
+from turnstile.handlers.tools import NOT_RUN, Tool, ToolRegistry
 from turnstile.handlers.turn_machine import TurnMachine, decide, machine_for
 from turnstile.handlers.turn_rules import STOPS_ALLOWED, result_cut_to_fit
 from turnstile.handlers.turn_settings import Route, TurnSettings
@@ -658,6 +658,24 @@ def test_a_takeover_of_a_side_effect_in_doubt_with_a_reconciler_asks_it():
     unknown = decide(taken, Reconciled(None, T0 + 1_100))
     outcome = events(unknown)[-1]
     assert isinstance(outcome, TurnFailed) and "reconciler could not tell" in outcome.error
+
+
+def test_a_call_its_reconciler_knows_had_no_effect_is_recorded_as_not_run_and_the_model_is_asked():
+    # Given a booking in doubt after its worker stopped, when the reconciler finds nothing
+    # under the call's id, then the call is finished as not run (no second ToolCallStarted:
+    # it is not run again under that id) and the model reads that, free to book again.
+    m = machine()
+    claimed(m)
+    decide(m, ModelAnswered(reply("", ("c1", "book", "{}")), T0))
+    taken = machine(state=m.state)
+    decide(taken, TakenOver(T0 + 1_000))
+    commands = decide(taken, Reconciled(NOT_RUN, T0 + 1_100))
+    assert types(commands) == ["ToolCallFinished", "CallModel"]
+    finished = events(commands)[0]
+    assert isinstance(finished, ToolCallFinished) and not finished.ok and finished.reconciled
+    assert finished.result.startswith("error: this call did not run")
+    request = effect(commands)
+    assert isinstance(request, CallModel) and finished.result in request.request.messages[-1].content
 
 
 @pytest.mark.parametrize(("tool_timeout_s", "asked_for_s"), [(None, 60.0), (5.0, 5.0), (300.0, 300.0)])

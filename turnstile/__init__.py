@@ -9,6 +9,8 @@ The public API, for declaring and running your own agent:
 - `TestModel`: a scripted, in-process model for your own tests.
 - `tool`: a decorator turning a typed function into a `Tool` (also `@agent.tool`).
 - `Tool`: a tool as the engine runs it (name, description, argument model, flags).
+- `NOT_RUN`: what a tool's reconciler returns when a call its stopped worker left in doubt
+  had no effect (the model is told it did not run).
 - `ModelPrice`: USD per million tokens of input, cached input, cache writes and output.
 - `TurnBudget`: bounds of one logical turn (iterations, tool calls, cost, wall clock).
 - `DebouncePolicy`: how long a conversation must be quiet before its messages are claimed.
@@ -38,7 +40,7 @@ if TYPE_CHECKING:
     from turnstile.handlers.claim import DebouncePolicy, DoubleTextPolicy
     from turnstile.handlers.pricing import ModelPrice
     from turnstile.handlers.tool_functions import tool
-    from turnstile.handlers.tools import Tool
+    from turnstile.handlers.tools import NOT_RUN, Tool
     from turnstile.streams.agent import Agent, Model, TestModel
     from turnstile.streams.serving import LogPlace
 
@@ -48,6 +50,7 @@ _PUBLIC = {
     "TestModel": "turnstile.streams.agent",
     "tool": "turnstile.handlers.tool_functions",
     "Tool": "turnstile.handlers.tools",
+    "NOT_RUN": "turnstile.handlers.tools",
     "ModelPrice": "turnstile.handlers.pricing",
     "TurnBudget": "turnstile.handlers.budget",
     "DebouncePolicy": "turnstile.handlers.claim",
@@ -55,8 +58,8 @@ _PUBLIC = {
     "LogPlace": "turnstile.streams.serving",
 }
 
-__all__ = ["Agent", "DebouncePolicy", "DoubleTextPolicy", "LogPlace", "Model", "ModelPrice", "TestModel", "Tool",
-           "TurnBudget", "__version__", "tool"]
+__all__ = ["NOT_RUN", "Agent", "DebouncePolicy", "DoubleTextPolicy", "LogPlace", "Model", "ModelPrice", "TestModel",
+           "Tool", "TurnBudget", "__version__", "tool"]
 
 
 def __dir__() -> list[str]:
