@@ -23,6 +23,7 @@ from typing import Literal, Unpack, overload
 from turnstile.events import OUTCOME_TYPES, DecodeError, Event, ToolCall, TurnCompleted, Usage, decode_record
 from turnstile.handlers.budget import TurnBudget
 from turnstile.handlers.claim import DebouncePolicy, DoubleText, DoubleTextPolicy
+from turnstile.handlers.operations import Refused, Verb, decide_operation
 from turnstile.handlers.pricing import ModelPrice, PriceTable
 from turnstile.handlers.provider import (
     ModelReply,
@@ -38,10 +39,13 @@ from turnstile.handlers.retry import GiveUp, RetryPolicy, given_up, next_retry
 from turnstile.handlers.schedule import Schedule
 from turnstile.handlers.tool_functions import ToolCallable, ToolFlags, tool_from_function
 from turnstile.handlers.tools import Tool, ToolRegistry
+from turnstile.projections import new_state
 from turnstile.streams.config_file import shipped_prices
 from turnstile.streams.file_log import FileLog
+from turnstile.streams.http_reads import Unavailable
+from turnstile.streams.operations_cli import logged
 from turnstile.streams.publisher import message_event, publish
-from turnstile.streams.runtime import SystemClock
+from turnstile.streams.runtime import RandomIds, SystemClock
 from turnstile.streams.serving import LogPlace, WorkerOptions, serve
 from turnstile.streams.turn_runner import Route, TurnSettings
 from turnstile.streams.worker import Worker, WorkerConfig
@@ -372,6 +376,46 @@ class Agent:
         finally:
             await log.stop()  # (again, if the worker stopped it): the folder's lock is let go
 
+    async def approve(
+        self, call_id: str, *, data: Path | str, conversation: str = "c1", note: str | None = None,
+        timeout_s: float = 30.0,
+    ) -> Answered:  # fmt: skip
+        """`turnstile approve` in a test: approve the call a turn of `conversation` in `data`
+        (the folder an `answer` kept) paused on, and run the agent until the turn that claims
+        the approval has its outcome. `OperationRefused` (nothing sent) when no such call waits."""
+        return await self._operate("approve", call_id, note, conversation, Path(data), timeout_s)
+
+    async def deny(
+        self, call_id: str, *, data: Path | str, conversation: str = "c1", note: str | None = None,
+        timeout_s: float = 30.0,
+    ) -> Answered:  # fmt: skip
+        """`turnstile deny` in a test, as `approve`."""
+        return await self._operate("deny", call_id, note, conversation, Path(data), timeout_s)
+
+    async def resume(
+        self, *, data: Path | str, conversation: str = "c1", note: str | None = None, timeout_s: float = 30.0
+    ) -> Answered:
+        """`turnstile resume` in a test: a new turn that continues the last one (paused on its
+        budget, failed or exhausted), run until its outcome."""
+        return await self._operate("resume", None, note, conversation, Path(data), timeout_s)
+
+    async def _operate(
+        self, verb: Verb, call_id: str | None, note: str | None, conversation: str, data: Path, timeout_s: float
+    ) -> Answered:
+        log = FileLog(data)
+        log.own()
+        try:
+            view = await logged(LogPlace(data=data), conversation)
+            state = new_state(conversation) if isinstance(view, Unavailable) else view.state
+            now_ms = SystemClock().now_ms()
+            decided = decide_operation(state, verb, call_id, note, event_id=RandomIds().new(), now_ms=now_ms)
+            if isinstance(decided, Refused):
+                raise OperationRefused(decided.reason)
+            await publish(log, decided.event)
+            return await self._until_answered(log, conversation, decided.input_id, timeout_s)
+        finally:
+            await log.stop()
+
     async def _until_answered(self, log: FileLog, conversation: str, message_id: str, timeout_s: float) -> Answered:
         providers = self.providers()
         config = self.worker_config(providers, {"drain_grace_s": 0.0})  # the outcome is on the log: stop at once
@@ -418,6 +462,10 @@ class Agent:
             http_token=http_token, stop=stop,
             signals=stop is None, effective_config=effective_config,
         )
+
+
+class OperationRefused(ValueError):
+    """`Agent.approve`, `deny` or `resume` found nothing to act on (the reason names why)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -31,7 +31,7 @@ from turnstile.events import (
     encode,
 )
 from turnstile.handlers.provider import ProviderError
-from turnstile.streams.agent import Answered, load_agent
+from turnstile.streams.agent import Answered, OperationRefused, load_agent
 from turnstile.streams.file_log import FileLog, LogOwned
 from turnstile.streams.kafka_log import KafkaLog
 from turnstile.streams.log import Topics
@@ -106,6 +106,36 @@ def test_a_test_model_reply_may_call_several_tools_at_once(tmp_path: Path) -> No
     assert answered.reply == "One shipped, one unknown."
     with pytest.raises(ValueError, match="at least one"):
         TestModel.parallel()
+
+
+def test_a_test_approves_and_denies_a_paused_call_as_an_operator_would(tmp_path: Path) -> None:
+    # Given an agent whose send_email needs approval, and a kept folder
+    agent = Agent("mail", model=TestModel())
+    sent: list[str] = []
+
+    @agent.tool(side_effect=True, needs_approval=True)
+    def send_email(to: str) -> str:
+        """Send the email."""
+        sent.append(to)
+        return "sent"
+
+    call = TestModel.calls("send_email", '{"to": "a@b.c"}')
+    model = TestModel(replies=[call, call, "Sent it.", call, "Not sent, as you said."])
+    with agent.override(model=model):
+        paused = asyncio.run(agent.answer("Mail a@b.c", data=tmp_path))
+        assert isinstance(paused.outcome, TurnPaused) and paused.outcome.reason == "approval"
+        # When the test approves it, then the turn that claims the approval runs it once
+        approved = asyncio.run(agent.approve("call-1", data=tmp_path, note="fine"))
+        assert approved.reply == "Sent it." and sent == ["a@b.c"]
+        # and nothing waits any more; a denial of a call the model asks for again is read
+        with pytest.raises(OperationRefused, match="nothing paused"):
+            asyncio.run(agent.deny("call-1", data=tmp_path))
+        again = asyncio.run(agent.answer("Mail a@b.c again", data=tmp_path))
+        assert isinstance(again.outcome, TurnPaused)
+        waiting = again.outcome.pending_call
+        assert waiting is not None
+        denied = asyncio.run(agent.deny(waiting.call_id, data=tmp_path))
+    assert denied.reply == "Not sent, as you said." and sent == ["a@b.c"]
 
 
 def test_every_public_name_is_listed_by_dir_though_imported_on_first_use() -> None:
