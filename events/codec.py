@@ -65,7 +65,11 @@ def _validated(value: bytes) -> Event:
     except ValidationError as exc:
         if not any(e["type"] == "int_type" and _integral(e["input"]) for e in exc.errors(include_url=False)):
             raise
-    return EVENT_ADAPTER.validate_json(orjson.dumps(_as_ints(orjson.loads(value))), strict=True)
+        try:
+            doc = orjson.loads(value)
+        except orjson.JSONDecodeError:  # valid for the validator, not for orjson (NaN, 1e400)
+            raise exc from None
+    return EVENT_ADAPTER.validate_json(orjson.dumps(_as_ints(doc)), strict=True)
 
 
 def _integral(number: object) -> bool:
