@@ -27,8 +27,8 @@ fetch and to store (transcripts are text; ids repeat across history, turns and c
 The deflated bytes may differ between zlib builds; the state they hold does not.
 
 Encoding v4 is v3 with one more field at the end of the active turn: its `stops` (attempts
-a takeover closed because their worker stopped). A v3 snapshot decodes with no stops
-counted, as v3's workers counted them (each stop an attempt of the model's).
+a takeover closed because their worker stopped). An older snapshot decodes with its active
+turn's earlier attempts counted as stopped (`_upcast_stops`).
 
 Versions: v2 added the closing verdict of the active turn's attempt (`ActiveTurn.verdict`)
 as the last field of the active turn; everything else is as in v1. A v1 snapshot still
@@ -46,7 +46,7 @@ from typing import Any, NoReturn, TypeVar, get_args
 import orjson
 from pydantic import ValidationError
 
-from turnstile.events import DecodeError, Event, ToolCall, decode, encode
+from turnstile.events import STOPPED_MID_ATTEMPT, DecodeError, Event, ToolCall, decode, encode
 from turnstile.projections.state import (
     ActiveTurn,
     ApprovalGrant,
@@ -419,8 +419,19 @@ def _read_active(value: object, version: int) -> ActiveTurn:
         invalid_calls={_str(k): _int(n) for k, n in (_list(pair, 2) for pair in _list(invalid))},
         step_ids={_str(s) for s in _list(steps)},
         journal=[_read_event(e) for e in _list(journal)],
-        stops=_int(fields[22]) if version >= 4 else 0,
+        stops=_int(fields[22]) if version >= 4 else _upcast_stops(_int(attempt), verdict),
     )
+
+
+def _upcast_stops(attempt: int, verdict: AttemptVerdict | None) -> int:
+    """How many of the attempts a v1-v3 snapshot holds were stopped, which it did not record:
+    the current one when its verdict says a takeover closed it, and every earlier one, as if
+    each had been. Exact for a turn on its first attempt; past it, a turn carried across the
+    upgrade is not failed for attempts a stop may have used (a deploy is what cuts them):
+    its model gets its whole allowance again, at worst, and stops stay bounded. Of the
+    readings, the one that does not fail a turn the events, folded, would carry on (within
+    the bound on stops)."""
+    return attempt - 1 + int(verdict is not None and verdict.reason == STOPPED_MID_ATTEMPT)
 
 
 def _upcast_verdict(state: AttemptState) -> AttemptVerdict | None:

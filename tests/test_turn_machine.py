@@ -8,6 +8,7 @@ import copy
 import dataclasses
 import itertools
 import math
+import zlib
 from dataclasses import dataclass
 
 import orjson
@@ -67,6 +68,7 @@ from turnstile.handlers.turn_steps import (
     Woke,
 )
 from turnstile.projections import ConversationState, apply_event, new_state
+from turnstile.projections.snapshot import Snapshot, decode_snapshot, encode_snapshot
 
 CONV = "conv-1"
 T0 = 1_000_000
@@ -417,6 +419,24 @@ def test_workers_stopping_mid_call_use_none_of_the_models_attempts_up_to_a_bound
     failed = events(commands)[-1]
     assert isinstance(failed, TurnFailed) and f"stopped mid-attempt {STOPS_ALLOWED + 1} times" in failed.error
     assert failed.metrics.attempt == 1 + STOPS_ALLOWED
+
+
+def test_a_turn_read_from_a_snapshot_older_than_stops_is_taken_over_as_its_events_say():
+    # Given the turn cut by three stops, snapshotted by a worker of the version before v4
+    # (its active turn without the stops), when a worker of this version takes it over
+    folded = _stopped(3).state
+    head, body = encode_snapshot(folded, 99).split(b"\n", 1)
+    state = orjson.loads(zlib.decompress(body))
+    state[4] = state[4][:22]  # v3's active turn
+    body = zlib.compress(orjson.dumps(state))
+    v3 = orjson.dumps({**orjson.loads(head), "snapshot": 3, "crc": zlib.crc32(body)}) + b"\n" + body
+    snapshot = decode_snapshot(v3)
+    assert isinstance(snapshot, Snapshot) and snapshot.state.active is not None
+    assert snapshot.state.active.stops == 3  # (the earlier attempts, read as stopped)
+    # Then it goes on as from the events, not failed "after the maximum number of attempts"
+    for state_ in (folded, snapshot.state):
+        commands = decide(_owner(50, copy.deepcopy(state_)), TakenOver(T0 + 50_000))
+        assert types(commands) == ["AttemptFailed", "AttemptStarted", "CallModel"]
 
 
 def test_a_turn_its_workers_stopped_still_has_all_of_the_models_attempts():
