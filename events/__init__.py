@@ -1,9 +1,9 @@
 """turnstile's public contract: every event on the log, its envelope and its codec."""
 
 from turnstile.events.base import SCHEMA_VERSION, Envelope, TurnEnvelope
-from turnstile.events.codec import DecodeError, decode, decode_record, encode
+from turnstile.events.codec import DecodeError, decode, decode_record, encode, misplaced
 from turnstile.events.dead_letter import DeadLetter
-from turnstile.events.identity import content_fingerprint, logical_turn_id
+from turnstile.events.identity import content_fingerprint, logical_turn_id, partition_for
 from turnstile.events.inputs import Approval, InputInjected, MessageReceived, ResumeRequested
 from turnstile.events.lifecycle import (
     STOPPED_MID_ATTEMPT,
@@ -87,4 +87,6 @@ __all__ = [
     "encode",
     "input_id",
     "logical_turn_id",
+    "misplaced",
+    "partition_for",
 ]

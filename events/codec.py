@@ -12,6 +12,7 @@ import orjson
 from pydantic import ValidationError
 
 from turnstile.events.base import MAX_INT
+from turnstile.events.identity import partition_for
 from turnstile.events.union import EVENT_ADAPTER, Event
 from turnstile.events.upcast import UPCASTERS, UpcastError, Upcasters
 
@@ -21,7 +22,7 @@ class DecodeError:
     """Why a value was not accepted. `reason` is a short stable code, `detail` is for people."""
 
     # not_json | invalid_event | too_large | key_mismatch | conflicting_duplicate | unreadable |
-    # wrong_partition (decided where the partition count is known: the worker)
+    # wrong_partition (`misplaced`)
     reason: str
     detail: str
 
@@ -85,6 +86,19 @@ def _as_ints(doc: object) -> object:
     if isinstance(doc, list):
         return [_as_ints(v) for v in doc]
     return doc
+
+
+def misplaced(event: Event, partition: int, partitions: int | None) -> DecodeError | None:
+    """Why a record of `event` in `partition` is not where its conversation's events are (None:
+    it is, or the partition count is unknown). Such a record -- from a producer whose
+    partitioner is not Kafka's murmur2, or one naming a partition -- folded, would split its
+    conversation across partitions, each owner with part of its history: every reader refuses
+    it, by the partition count alone, so every replay decides alike."""
+    home = None if partitions is None else partition_for(event.conversation_id, partitions)
+    if home is None or home == partition:
+        return None
+    detail = f"conversation {event.conversation_id!r} is in partition {home} of {partitions} (murmur2 of its key)"
+    return DecodeError("wrong_partition", detail)
 
 
 KEY_SHOWN_BYTES = 300

@@ -38,6 +38,7 @@ from turnstile.events import (
     TurnPaused,
     decode_record,
     logical_turn_id,
+    misplaced,
 )
 from turnstile.events.upcast import UPCASTERS, Upcasters
 from turnstile.projections.conversation import apply_event, closed_run_cannot_end_so, new_state
@@ -291,8 +292,12 @@ class Auditor:
         limits: AuditLimits = AuditLimits(),
         max_value_bytes: int | None = None,
         upcasters: Upcasters = UPCASTERS,
+        partitions: int | None = None,
     ) -> None:
+        """`partitions`: the events topic's partition count, so that a record outside its
+        conversation's partition is refused as the workers refuse it (None: not checked)."""
         self.limits = limits
+        self.partitions = partitions
         self.max_value_bytes = max_value_bytes
         self.upcasters = upcasters
         self.states: dict[str, ConversationState] = {}
@@ -345,6 +350,8 @@ class Auditor:
             self._undecodable.append(self._finding(None, None, f"unreadable: {record.unreadable}"))
             return
         event = decode_record(record.key, record.value, self.max_value_bytes, self.upcasters)
+        if not isinstance(event, DecodeError):
+            event = misplaced(event, record.partition, self.partitions) or event
         if isinstance(event, DecodeError):
             self._undecodable.append(self._finding(None, None, f"{event.reason}: {event.detail}"))
             return

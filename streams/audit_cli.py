@@ -98,12 +98,14 @@ def audit_records(
     dlq: list[Record] | None = None,
     committed: dict[int, int] | None = None,
     began_ms: int | None = None,
+    partitions: int | None = None,
 ) -> AuditReport:
     """`dlq`: the dead-letter topic's records, None if it could not be read; `committed`:
     the workers' group's offsets, None (or empty: not this log's group) if unknown;
-    `began_ms`: when the audit began reading, the time an input's wait is counted to."""
+    `began_ms`: when the audit began reading, the time an input's wait is counted to;
+    `partitions`: the events topic's partition count."""
     limits = AuditLimits(args.max_iterations, args.max_tool_calls, args.max_cost_usd, args.deadline_s)
-    auditor = Auditor(limits).feed_all(records)
+    auditor = Auditor(limits, partitions=partitions).feed_all(records)
     if dlq is not None:
         auditor.feed_dead_letters(_letters(dlq))
     if committed:
@@ -147,7 +149,7 @@ async def run(args: argparse.Namespace) -> int:
             log = FileLog(config.data, Topics(events, dead_letters=dlq))
             records = log.read_all(events)
             committed = log.committed_offsets()
-            report = audit_records(records, args, log.read_all(dlq), committed, began_ms)
+            report = audit_records(records, args, log.read_all(dlq), committed, began_ms, log.partition_count())
     except (OSError, LookupError, TimeoutError, KafkaError) as exc:
         print(f"turnstile audit: cannot read the log: {exc}", file=sys.stderr)
         return 2
@@ -157,7 +159,7 @@ async def run(args: argparse.Namespace) -> int:
 
 async def _audit_kafka(args: argparse.Namespace, config: Config, began_ms: int) -> AuditReport:
     from turnstile.streams.kafka_log import bootstrap_of
-    from turnstile.streams.kafka_reader import read_topic
+    from turnstile.streams.kafka_reader import partition_count, read_topic
 
     assert config.broker is not None
     bootstrap, events = bootstrap_of(config.broker), config.topics.events
@@ -171,7 +173,8 @@ async def _audit_kafka(args: argparse.Namespace, config: Config, began_ms: int) 
     for record in records:
         ends[record.partition] = max(ends.get(record.partition, 0), record.offset + 1)
     committed = await _reported(bootstrap, args.worker_group or config.group, events, set(ends))
-    report = audit_records(records, args, dlq, committed, began_ms)
+    partitions = await partition_count(bootstrap, events)
+    report = audit_records(records, args, dlq, committed, began_ms, partitions)
     if not args.from_beginning:
         report = report.since(await _reported(bootstrap, args.audit_group, events, set(ends)))
     await _mark_reported(bootstrap, args.audit_group, events, ends)

@@ -13,13 +13,7 @@ from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, 
 from dataclasses import dataclass
 from typing import Protocol
 
-from aiokafka.partitioner import murmur2
-
-
-def partition_for(key: str, partitions: int) -> int:
-    """Kafka's default partitioner: the same partition a Java or Go producer picks."""
-    hashed: int = murmur2(key.encode())
-    return (hashed & 0x7FFFFFFF) % partitions
+from turnstile.events.identity import partition_for as partition_for  # (where the log's users find it)
 
 
 @dataclass(frozen=True, slots=True)

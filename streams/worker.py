@@ -32,6 +32,7 @@ from turnstile.events import (
     MessageRejected,
     decode_record,
     encode,
+    misplaced,
 )
 from turnstile.handlers.claim import (
     ClaimPlan,
@@ -48,7 +49,7 @@ from turnstile.projections import ConversationState, apply_event, new_state
 from turnstile.streams.checkpoint import Checkpoint
 from turnstile.streams.eviction import EvictionPolicy
 from turnstile.streams.handover import Handover
-from turnstile.streams.log import Acknowledged, EventLog, PartitionStart, Record, partition_for
+from turnstile.streams.log import Acknowledged, EventLog, PartitionStart, Record
 from turnstile.streams.metrics import Metrics
 from turnstile.streams.partitions import OwnedPartition, Partitions, ReplayProgress
 from turnstile.streams.refusals import Refusals
@@ -142,6 +143,7 @@ class Worker:
         self._timers: list[tuple[int, str]] = []
         self.checkpoint = Checkpoint(log_, self.config.commit_interval_s, self._effect_skipped)
         self.dead_letters = 0
+        self._partition_count: int | None = None  # the events topic's, once the log knows it
         self.effects_skipped = 0  # one-time writes the log refused for good
         # Bumped by every rebalance callback: a batch polled before one is stale.
         self._rebalances = 0
@@ -575,16 +577,11 @@ class Worker:
         return event
 
     def _misplaced(self, record: Record, event: Event) -> DecodeError | None:
-        """A record outside its conversation's partition (a producer whose partitioner is not
-        Kafka's murmur2, or one naming a partition): folded, it would split the conversation
-        in two partitions, each owner with half its history. Dead-lettered instead, by the
-        partition count alone, so every replay decides alike."""
-        count = self.log.partition_count()
-        home = None if count is None else partition_for(event.conversation_id, count)
-        if home is None or home == record.partition:
-            return None
-        detail = f"conversation {event.conversation_id!r} is in partition {home} of {count} (murmur2 of its key)"
-        return DecodeError("wrong_partition", detail)
+        # The count, once known, is kept: the topic's is fixed for its life, and a metadata
+        # refresh that drops the topic for a moment must not let a record through unchecked.
+        if self._partition_count is None:
+            self._partition_count = self.log.partition_count()
+        return misplaced(event, record.partition, self._partition_count)
 
     def _interrupt_on_arrival(self, state: ConversationState, event: Event) -> None:
         """Interrupt-and-merge: a message mid-turn asks the running turn to withdraw."""

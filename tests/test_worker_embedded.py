@@ -20,6 +20,7 @@ from turnstile.events import (
 )
 from turnstile.handlers.provider import ModelRequest
 from turnstile.handlers.providers.scripted import ScriptedProvider
+from turnstile.projections.audit import Auditor
 from turnstile.streams.file_log import FileLog
 from turnstile.streams.publisher import message_event, publish
 from turnstile.streams.runtime import SystemClock
@@ -144,6 +145,13 @@ async def test_a_message_outside_its_conversations_partition_is_dead_lettered_no
     letter = DeadLetter.model_validate_json(record.value)
     assert (letter.partition, letter.offset, letter.reason) == (wrong, 0, "wrong_partition")
     assert f"partition {home} of {log.partition_count()}" in letter.detail and letter.original_value() == stray
+    # and the auditor, told the partition count, refuses it alike: the conversation is in
+    # one partition, the stray a value the workers dead-lettered, nothing pending for ever
+    auditor = Auditor(partitions=log.partition_count()).feed_all(log.read_all(log.topics.events))
+    report = auditor.feed_dead_letters([letter]).report()
+    assert report.ok and report.not_dead_lettered == []
+    assert [(f.partition, f.detail.split(":")[0]) for f in report.undecodable] == [(wrong, "wrong_partition")]
+    assert auditor.states["c1"].pending == {} and auditor.states["c1"].seen_inputs.keys() == {"m1"}
 
 
 @pytest.mark.parametrize(("key_bytes", "keyed"), [(600_000, True), (1_048_200, False)])
