@@ -118,14 +118,24 @@ def decide_approval(
     event_id: str,
     now_ms: int,
     policy: DebouncePolicy = DebouncePolicy(),
+    turn_id: str | None = None,
 ) -> Operation | Refused:
+    """`turn_id` (or its first characters) names the paused turn, when more than one waits
+    on a call of this id (call ids are unique within a turn, not across turns)."""
     last = _last_turn(state)
     if isinstance(last, Refused):
         return last
     undecided = _undecided(state)
-    asked = next((t for t in undecided if t.pending_call is not None and t.pending_call.call_id == call_id), None)
-    if asked is None:
+    matching = [t for t in undecided if t.pending_call is not None and t.pending_call.call_id == call_id]
+    named = [t for t in matching if turn_id is None or t.turn_id.startswith(turn_id)]
+    if len(named) > 1:
+        turns = ", ".join(t.turn_id[:12] for t in named)
+        return Refused(f"call {call_id!r} waits in {len(named)} turns ({turns}): name one with --turn (HTTP: turn_id)")
+    if not named:
+        if matching:
+            return Refused(f"no turn {turn_id!r} waits on call {call_id!r}; {matching[0].turn_id[:12]} does")
         return _not_waiting(state, last, undecided, call_id)
+    asked = named[0]
     call, turn = asked.pending_call, asked.turn_id[:12]
     assert call is not None
     if problem := _note_problem(note):
@@ -219,10 +229,14 @@ def decide_operation(
     event_id: str,
     now_ms: int,
     policy: DebouncePolicy = DebouncePolicy(),
+    turn_id: str | None = None,
 ) -> Operation | Refused:
     """One operator verb, as the CLI and the HTTP API both take it."""
     if verb == "resume":
         return decide_resume(state, note, event_id=event_id, now_ms=now_ms, policy=policy)
     if not call_id:
         return Refused(f"{verb} needs the id of the call the turn paused on (turnstile inspect shows it)")
-    return decide_approval(state, call_id, verb == "approve", note, event_id=event_id, now_ms=now_ms, policy=policy)
+    approved = verb == "approve"
+    return decide_approval(
+        state, call_id, approved, note, event_id=event_id, now_ms=now_ms, policy=policy, turn_id=turn_id
+    )

@@ -378,19 +378,19 @@ class Agent:
 
     async def approve(
         self, call_id: str, *, data: Path | str, conversation: str = "c1", note: str | None = None,
-        timeout_s: float = 30.0,
+        turn_id: str | None = None, timeout_s: float = 30.0,
     ) -> Answered:  # fmt: skip
         """`turnstile approve` in a test: approve the call a turn of `conversation` in `data`
         (the folder an `answer` kept) paused on, and run the agent until the turn that claims
         the approval has its outcome. `OperationRefused` (nothing sent) when no such call waits."""
-        return await self._operate("approve", call_id, note, conversation, Path(data), timeout_s)
+        return await self._operate("approve", call_id, note, conversation, Path(data), timeout_s, turn_id)
 
     async def deny(
         self, call_id: str, *, data: Path | str, conversation: str = "c1", note: str | None = None,
-        timeout_s: float = 30.0,
+        turn_id: str | None = None, timeout_s: float = 30.0,
     ) -> Answered:  # fmt: skip
         """`turnstile deny` in a test, as `approve`."""
-        return await self._operate("deny", call_id, note, conversation, Path(data), timeout_s)
+        return await self._operate("deny", call_id, note, conversation, Path(data), timeout_s, turn_id)
 
     async def resume(
         self, *, data: Path | str, conversation: str = "c1", note: str | None = None, timeout_s: float = 30.0
@@ -400,15 +400,18 @@ class Agent:
         return await self._operate("resume", None, note, conversation, Path(data), timeout_s)
 
     async def _operate(
-        self, verb: Verb, call_id: str | None, note: str | None, conversation: str, data: Path, timeout_s: float
-    ) -> Answered:
+        self, verb: Verb, call_id: str | None, note: str | None, conversation: str, data: Path, timeout_s: float,
+        turn_id: str | None = None,
+    ) -> Answered:  # fmt: skip
         log = FileLog(data)
         log.own()
         try:
             view = await logged(LogPlace(data=data), conversation)
             state = new_state(conversation) if isinstance(view, Unavailable) else view.state
             now_ms = SystemClock().now_ms()
-            decided = decide_operation(state, verb, call_id, note, event_id=RandomIds().new(), now_ms=now_ms)
+            decided = decide_operation(
+                state, verb, call_id, note, event_id=RandomIds().new(), now_ms=now_ms, turn_id=turn_id
+            )
             if isinstance(decided, Refused):
                 raise OperationRefused(decided.reason)
             await publish(log, decided.event)

@@ -410,13 +410,13 @@ def build_app(
             body = orjson.loads(await request.read() or b"{}")
         except orjson.JSONDecodeError as exc:
             return _error(400, f"the body is not JSON: {exc}")
-        allowed = {"note"} if verb == "resume" else {"call_id", "note"}
+        allowed = {"note"} if verb == "resume" else {"call_id", "note", "turn_id"}
         if not isinstance(body, dict) or set(body) - allowed:
-            shape = '{"note"?: "..."}' if verb == "resume" else '{"call_id": "...", "note"?: "..."}'
+            shape = '{"note"?: "..."}' if verb == "resume" else '{"call_id": "...", "note"?: "...", "turn_id"?: "..."}'
             return _error(400, f"expected {shape}")
-        call_id, note = body.get("call_id"), body.get("note")
-        if not (call_id is None or isinstance(call_id, str)) or not (note is None or isinstance(note, str)):
-            return _error(400, "call_id and note must be strings")
+        call_id, note, turn_id = body.get("call_id"), body.get("note"), body.get("turn_id")
+        if any(not (v is None or isinstance(v, str)) for v in (call_id, note, turn_id)):
+            return _error(400, "call_id, note and turn_id must be strings")
         # A call id is the model's (any 1..256 characters a tool call may carry): whatever the
         # turn paused on can be decided here, as with `turnstile approve`.
         if call_id is not None and not 1 <= len(call_id) <= MAX_ID_CHARS:
@@ -428,8 +428,9 @@ def build_app(
             return unavailable(view)
         policy = worker.config.debounce if worker is not None else DebouncePolicy()
         decided = decide_operation(
-            view.state, verb, call_id, note, event_id=uuid.uuid4().hex, now_ms=clock.now_ms(), policy=policy
-        )
+            view.state, verb, call_id, note, event_id=uuid.uuid4().hex, now_ms=clock.now_ms(), policy=policy,
+            turn_id=turn_id,
+        )  # fmt: skip
         if isinstance(decided, Refused):
             return _error(409, decided.reason)
         event = decided.event

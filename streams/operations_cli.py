@@ -66,7 +66,10 @@ async def operate(args: argparse.Namespace, place: LogPlace) -> int:
     state = new_state(args.conversation) if isinstance(view, Unavailable) else view.state
     event_id, now_ms = uuid.uuid4().hex, SystemClock().now_ms()
     call_id = None if args.command == "resume" else args.call_id
-    decided = decide_operation(state, args.command, call_id, args.note, event_id=event_id, now_ms=now_ms)
+    turn_id = getattr(args, "turn", None)
+    decided = decide_operation(
+        state, args.command, call_id, args.note, event_id=event_id, now_ms=now_ms, turn_id=turn_id
+    )
     if isinstance(decided, Refused):
         raise CliError(NOT_FOUND, decided.reason)  # nothing to act on, as an unknown conversation
     event = decided.event
@@ -93,6 +96,10 @@ def add_parsers(
         parser.add_argument("conversation", help="the conversation whose turn is paused")
         parser.add_argument("call_id", help="the call the turn paused on (turnstile inspect shows it)")
         parser.add_argument("--note", default=None, help="a sentence for the model, e.g. why it was denied")
+        parser.add_argument(
+            "--turn", default=None, metavar="TURN_ID",
+            help="the paused turn (its id or first characters), when calls of this id wait in more than one",
+        )  # fmt: skip
     resume = sub.add_parser("resume", help="continue a turn paused on its budget, failed or exhausted, in a new turn")
     add_log_args(resume)
     resume.add_argument("conversation", help="the conversation whose last turn paused, failed or was exhausted")

@@ -107,6 +107,26 @@ def test_given_a_call_waiting_when_the_user_writes_again_then_it_still_waits_for
     assert again == Refused("conversation 'c1' has nothing paused: its last turn t3 completed")
 
 
+def test_given_calls_of_one_id_waiting_in_two_turns_then_a_decision_must_name_its_turn() -> None:
+    # Given two paused turns whose calls a server numbered alike (call ids are unique within
+    # a turn only): tA waits on a refund of 100, tB on one of 5,000
+    state = new_state("c1")
+    small = ToolCall(call_id="call_0", name="refund", arguments='{"usd": 100}')
+    large = ToolCall(call_id="call_0", name="refund", arguments='{"usd": 5000}')
+    state.turns["tA" * 8] = TurnRecord("tA" * 8, ("m1",), "paused", 1, small)
+    state.turns["tB" * 8] = TurnRecord("tB" * 8, ("m2",), "paused", 1, large)
+    # When approved by call id alone, then it is refused, naming both turns: never the wrong one
+    refused = decide_approval(state, "call_0", True, None, event_id="e", now_ms=5)
+    assert isinstance(refused, Refused) and "waits in 2 turns (tBtBtBtBtBtB, tAtAtAtAtAtA)" in refused.reason
+    # When the turn is named (by its first characters), then that turn's call is approved
+    decided = decide_approval(state, "call_0", True, None, event_id="e", now_ms=5, turn_id="tAtAtA")
+    assert isinstance(decided, Operation) and isinstance(decided.event, InputInjected)
+    assert decided.event.approval is not None and decided.event.approval.turn_id == "tA" * 8
+    assert '{"usd": 100}' in decided.event.content
+    wrong = decide_approval(state, "call_0", True, None, event_id="e", now_ms=5, turn_id="tC")
+    assert isinstance(wrong, Refused) and "no turn 'tC' waits on call 'call_0'" in wrong.reason
+
+
 def test_given_a_failed_turn_when_resumed_then_a_resume_request_names_it_once() -> None:
     decided = decide_resume(state_with("failed"), None, event_id="e", now_ms=5)
     assert isinstance(decided, Operation) and isinstance(decided.event, ResumeRequested)
