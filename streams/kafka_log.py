@@ -312,9 +312,12 @@ class KafkaLog:
     async def start(self, listener: RebalanceListener) -> None:
         # The events topic's too: a turn measures its events against it (a smaller one than the
         # broker's default would refuse them, breaking the partition's idempotent sequence).
-        written = [self.topics.events, self.topics.outcomes, self.topics.dead_letters]
-        self.max_message_bytes = await topic_max_message_bytes(self.bootstrap, written)
         await ensure_snapshot_topic(self.bootstrap, self.topics)
+        # The snapshot topics' too, made here or by the operator with a limit of their own: a
+        # snapshot over it would be refused on every try, holding up the others behind it.
+        written = [self.topics.events, self.topics.outcomes, self.topics.dead_letters, self.topics.snapshots,
+                   self.topics.heads]  # fmt: skip
+        self.max_message_bytes = await topic_max_message_bytes(self.bootstrap, written)
         await self.producer.start()
         await self.consumer.start()
         self._listener = _Listener(self, listener)

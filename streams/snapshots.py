@@ -654,6 +654,10 @@ class Snapshotter:
                 if (budget is not None and budget <= 0) or (until is not None and self._monotonic() > until):
                     self.behind = True
                     break
+                if conversation in self._too_large:
+                    # A state only grows (its history, its turns): encoding it again at every
+                    # checkpoint would cost a core and the capture's bound, starving the others.
+                    continue
                 state = state_of(conversation)
                 if state is None or not ready(conversation):
                     continue
@@ -683,10 +687,10 @@ class Snapshotter:
         limit = self.log.max_value_bytes(self.log.topics.snapshots, conversation)
         if limit is None or len(value) <= limit:
             return True
-        if conversation not in self._too_large:
-            self._too_large.add(conversation)
-            log.warning("no snapshot of %r: %d bytes is over the topic's limit of %d; the watermark waits for it",
-                        conversation, len(value), limit)  # fmt: skip
+        self._too_large.add(conversation)
+        log.warning("no snapshot of %r: %d bytes is over the topic's limit of %d; the watermark waits for it, and "
+                    "it stays in memory (it is not tried again while this worker owns it)",
+                    conversation, len(value), limit)  # fmt: skip
         return False
 
     async def _write(

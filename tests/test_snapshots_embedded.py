@@ -26,6 +26,7 @@ from turnstile.events import DecodeError, Event, TurnClaimed, TurnCompleted, dec
 from turnstile.handlers.providers.scripted import ScriptedProvider
 from turnstile.projections import ConversationState
 from turnstile.projections.audit import Auditor
+from turnstile.streams import snapshots as snapshots_module
 from turnstile.streams.eviction import EvictionPolicy, NotLocal
 from turnstile.streams.file_log import FileLog
 from turnstile.streams.log import PartitionStart
@@ -399,6 +400,47 @@ async def test_a_capture_cut_short_goes_on_at_the_next_steps_not_a_commit_later(
         assert snapshots is not None
         await until(lambda: snapshots.written == 12, timeout_s=10)
         assert not snapshots.behind
+
+
+class _SmallSnapshotTopic(FileLog):
+    """A snapshot topic whose limit is 3,000 bytes (as one made with a small max.message.bytes)."""
+
+    def max_value_bytes(self, topic: str, key: str | None) -> int:
+        return 3_000 if topic == self.topics.snapshots else super().max_value_bytes(topic, key)
+
+
+async def test_a_conversation_too_large_to_snapshot_is_tried_once_and_holds_up_no_other(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given one conversation whose state is over the snapshot topic's limit, changed first,
+    # and twelve small ones behind it, one snapshot a capture
+    encoded: Counter[str] = Counter()
+    real = snapshots_module.encode_snapshot
+
+    def counting(state: ConversationState, covered: int) -> bytes:
+        encoded[state.conversation_id] += 1
+        return real(state, covered)
+
+    monkeypatch.setattr(snapshots_module, "encode_snapshot", counting)
+    log = _SmallSnapshotTopic(tmp_path, partitions=PARTITIONS)
+    rng = random.Random(7)
+    noise = "".join(rng.choice("abcdefghijklmnopqrstuvwxyz ") for _ in range(20_000))
+    await _publish(log, [message_event("big", noise, NOW(), "m-big")])
+    await _publish(log, [message_event(f"c{i}", "hello", NOW(), f"m{i}") for i in range(12)])
+    policy = SnapshotPolicy(idle_ms=0, max_per_checkpoint=1)
+    async with Run(log, dataclasses.replace(EAGER, snapshots=policy)) as run:
+        snapshots = run.worker.snapshots
+        assert snapshots is not None
+        # Then every small one is snapshotted, and the large one was encoded once, not at
+        # every capture (a core's worth of work, and the capture's time bound used up)
+        await until(lambda: snapshots.written == 12, timeout_s=20)
+        # and while it goes on changing, captures pass over it without encoding it again
+        beside = [c for c in (f"d{n}" for n in range(200)) if log.partition_for(c) == log.partition_for("big")][:4]
+        for n, conversation in enumerate(beside, start=13):
+            await _publish(log, [message_event("big", "and more", NOW(), f"m-big-{n}"),
+                                 message_event(conversation, "hello", NOW(), f"m-{conversation}")])  # fmt: skip
+            await until(lambda n=n: snapshots.written == n, timeout_s=20)
+        assert encoded["big"] == 1
 
 
 @contextlib.asynccontextmanager
