@@ -294,7 +294,11 @@ def _error_body(parsed: object) -> TypeGuard[dict[str, Any]]:
 
 
 def _owned_client(timeout_s: float) -> httpx.AsyncClient:
-    return httpx.AsyncClient(timeout=timeout_s, verify=_shared_ssl_context())
+    # No bound on connections: each turn in flight has at most one request open, and httpx's
+    # default of 100 made the 101st wait for a free one inside its own timeout (400 turns of
+    # 50 s calls: 300 false timeouts). The worker's turns in flight are the bound.
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=100)
+    return httpx.AsyncClient(timeout=timeout_s, verify=_shared_ssl_context(), limits=limits)
 
 
 @functools.cache

@@ -223,6 +223,9 @@ class _HTTPServer(ThreadingHTTPServer):
     # Non-daemon handler threads, so that server_close() joins them all.
     daemon_threads = False
     block_on_close = True
+    # A backlog for a burst of connections at once (socketserver's default is 5: past it,
+    # connections are reset before they are accepted).
+    request_queue_size = 256
 
     def __init__(self, owner: ProviderServer) -> None:
         super().__init__(("127.0.0.1", 0), _Handler)

@@ -4,6 +4,7 @@ out of errors, clean shutdown. The wire format itself is tested in test_wire_ope
 
 from __future__ import annotations
 
+import asyncio
 import socket
 import threading
 import time
@@ -11,7 +12,7 @@ from collections.abc import AsyncIterator, Iterator
 
 import httpx
 import pytest
-from provider_server import Delay, Drop, ProviderServer, Raw, Reply, Step
+from provider_server import Delay, Drop, Gated, ProviderServer, Raw, Reply, Step
 
 from turnstile.events import Usage
 from turnstile.handlers.provider import ChatMessage, ModelRequest, ProviderError
@@ -189,3 +190,26 @@ def test_server_threads_stop_at_exit() -> None:
 
     assert time.monotonic() - started < 1.0
     assert set(threading.enumerate()) - before == set()
+
+
+async def test_more_model_calls_at_once_than_a_default_connection_pool_holds_are_all_in_flight(
+    server: ProviderServer,
+) -> None:
+    # Given 130 turns calling a slow model at once (httpx's default pool holds 100
+    # connections, and the 101st waited for one inside its own timeout)
+    gate = threading.Event()
+    server.push(*[Gated(gate, Reply(text="ok")) for _ in range(130)])
+    provider = openai_provider(server.base_url_openai, API_KEY, timeout_s=20.0)
+    calls = [asyncio.create_task(provider.complete(REQUEST)) for _ in range(130)]
+    try:
+        # When all are sent, then the server has every one at the same time
+        deadline = time.monotonic() + 15
+        while len(server.requests) < 130:
+            assert time.monotonic() < deadline, f"only {len(server.requests)} requests in flight"
+            await asyncio.sleep(0.05)
+        gate.set()
+        replies = await asyncio.gather(*calls)
+    finally:
+        gate.set()
+        await provider.aclose()
+    assert [r.text for r in replies] == ["ok"] * 130
