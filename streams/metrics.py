@@ -36,7 +36,17 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, H
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from turnstile.events import OUTCOME_TYPES, Event, MessageRejected, ModelResponded, ProtocolFailure, TurnClaimed
+from turnstile.events import (
+    OUTCOME_TYPES,
+    AttemptStarted,
+    Event,
+    FallbackEngaged,
+    MessageRejected,
+    ModelResponded,
+    ProtocolFailure,
+    TurnClaimed,
+    TurnInterrupted,
+)
 from turnstile.handlers.provider import (
     ModelReply,
     ModelRequest,
@@ -78,6 +88,8 @@ class Metrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
         self.lag: LagSource | None = None
+        # Conversation -> the model its turn in flight asked for last (until its outcome).
+        self._asked: dict[str, str] = {}
         r = self.registry
         self.turns = Counter("turnstile_turns", "Terminal outcomes of turns", ["outcome"], registry=r)
         self.claim_latency = Histogram(
@@ -134,11 +146,18 @@ class Metrics:
 
     def on_event(self, state: ConversationState, event: Event) -> None:
         """Called after `event` was folded into `state`."""
+        if isinstance(event, AttemptStarted | FallbackEngaged):
+            # Tokens are counted under the model asked for, as they are priced: the name a
+            # reply gives (a dated variant, a gateway's pick) would make a series per name.
+            self._asked[event.conversation_id] = event.model if isinstance(event, AttemptStarted) else event.to_model
+        elif isinstance(event, TurnInterrupted):
+            self._asked.pop(event.conversation_id, None)
         if isinstance(event, TurnClaimed):
             active = state.active
             for item in active.inputs if active is not None else ():
                 self.claim_latency.labels(item.kind).observe(max(0, event.occurred_at - item.occurred_at) / 1000)
         elif isinstance(event, OUTCOME_TYPES):
+            self._asked.pop(event.conversation_id, None)
             self.turns.labels(event.type.removeprefix("Turn").lower()).inc()
             self.iterations.observe(event.metrics.iterations)
             self.duration.observe(event.metrics.duration_ms / 1000)
@@ -159,7 +178,7 @@ class Metrics:
                 ("reasoning", usage.reasoning_tokens),
             ):
                 if tokens:
-                    self.tokens.labels(event.model, kind).inc(tokens)
+                    self.tokens.labels(self._asked.get(event.conversation_id, event.model), kind).inc(tokens)
 
     def on_dead_letter(self, reason: str) -> None:
         self.dead_letters.labels(reason).inc()

@@ -164,6 +164,17 @@ async def test_provider_requests_errors_and_tokens_by_kind(tmp_path):
     assert samples[("turnstile_model_tokens_total", (("kind", "output"), ("model", "gpt-test")))] == 6
 
 
+async def test_tokens_are_counted_under_the_model_asked_for_not_the_name_a_reply_gives(tmp_path):
+    # A gateway answering under a dated or routed name would make a series per name.
+    from provider_server import Reply
+
+    reply = Reply(text="fine", usage=(40, 6), model="gpt-test-2026-c7cdf6")
+    samples = await _scraped_after_one_turn(tmp_path, reply, outcome="completed")
+
+    tokens = {labels for name, labels in samples if name == "turnstile_model_tokens_total"}
+    assert tokens == {(("kind", "input"), ("model", "gpt-test")), (("kind", "output"), ("model", "gpt-test"))}
+
+
 async def test_the_tokens_of_a_malformed_reply_the_provider_billed_are_counted(tmp_path):
     from provider_server import Raw
 
