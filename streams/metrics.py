@@ -141,8 +141,20 @@ class Metrics:
         self.lag = lag
 
     def measured(self, provider: Provider) -> Provider:
-        """`provider` with every request timed and counted here."""
+        """`provider` with every request timed and counted here: an HTTP provider's each
+        HTTP request (retries within a call included, the waits between them not), any other
+        provider's each call."""
+        from turnstile.streams.provider_http import HttpProvider
+
+        if isinstance(provider, HttpProvider):
+            provider.on_request = self.on_request
+            return provider
         return provider if isinstance(provider, MeasuredProvider) else MeasuredProvider(provider, self)
+
+    def on_request(self, family: ProtocolFamily, result: str, seconds: float) -> None:
+        if result != "ok":
+            self.provider_errors.labels(family, result).inc()
+        self.provider_seconds.labels(family, result).observe(seconds)
 
     def on_event(self, state: ConversationState, event: Event) -> None:
         """Called after `event` was folded into `state`."""
@@ -211,10 +223,9 @@ class MeasuredProvider:
             return await self.inner.complete(request, stream)
         except ProviderError as err:
             result = err.kind
-            self._metrics.provider_errors.labels(self.family, err.kind).inc()
             raise
         finally:
-            self._metrics.provider_seconds.labels(self.family, result).observe(time.monotonic() - started)
+            self._metrics.on_request(self.family, result, time.monotonic() - started)
 
     async def aclose(self) -> None:
         await self.inner.aclose()

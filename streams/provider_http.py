@@ -83,6 +83,9 @@ class HttpProvider:
         self._now_s = now_s
         self._owns_client = client is None
         self._client = client if client is not None else _owned_client(timeout_s)
+        # Told of every HTTP request made, retries included: its result ("ok" or the error's
+        # kind) and how long it took, the waits between retries not counted (`Metrics`).
+        self.on_request: Callable[[ProtocolFamily, str, float], None] | None = None
 
     @property
     def family(self) -> ProtocolFamily:
@@ -96,7 +99,11 @@ class HttpProvider:
         retries = 0
         while True:
             relay = None if stream is None else _Relay(stream, self._redact, self._secret)
+            sent = time.monotonic()
             result = await self._try(content, request, relay)
+            if self.on_request is not None:
+                kind = "ok" if isinstance(result, ModelReply) else result.kind
+                self.on_request(self.family, kind, time.monotonic() - sent)
             if isinstance(result, ModelReply):
                 if relay is not None:
                     await relay.flush()

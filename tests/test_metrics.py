@@ -120,7 +120,7 @@ async def test_metrics_of_a_worker_on_kafka(kafka_bootstrap: str, fresh_topics: 
         await publisher.producer.stop()
 
 
-async def _scraped_after_one_turn(tmp_path, *replies, outcome: str) -> dict:
+async def _scraped_after_one_turn(tmp_path, *replies, outcome: str, retries: int = 0) -> dict:
     """The worker's metrics once it has folded the outcome of one turn the model `replies` to."""
     from provider_server import ProviderServer
 
@@ -134,7 +134,7 @@ async def _scraped_after_one_turn(tmp_path, *replies, outcome: str) -> dict:
     turn = dataclasses.replace(FAST.turn, model="gpt-test", prices={"gpt-test": ModelPrice(1.0, 2.0)})
     with ProviderServer() as server:
         server.push(*replies)
-        provider = HttpProvider(OpenAIChat(), server.base_url_openai, "k", retry=RetryPolicy(max_retries=0))
+        provider = HttpProvider(OpenAIChat(), server.base_url_openai, "k", retry=RetryPolicy(max_retries=retries))
         worker = Worker(log, provider, dataclasses.replace(FAST, turn=turn), metrics=metrics)
         stop = asyncio.Event()
         task = asyncio.create_task(worker.run(stop))
@@ -162,6 +162,20 @@ async def test_provider_requests_errors_and_tokens_by_kind(tmp_path):
     assert samples[(timed, (("family", "openai"), ("result", "server_error")))] == 1
     assert samples[("turnstile_model_tokens_total", (("kind", "input"), ("model", "gpt-test")))] == 40
     assert samples[("turnstile_model_tokens_total", (("kind", "output"), ("model", "gpt-test")))] == 6
+
+
+async def test_every_http_request_is_counted_and_timed_its_retries_within_a_call_included(tmp_path):
+    # Given a provider that answers 503 twice (asking for a 1 ms wait) before it answers,
+    # within one model call of the transport's retries
+    from provider_server import Raw, Reply
+
+    busy = Raw(503, {"error": {"message": "busy"}}, {"retry-after-ms": "1"})
+    samples = await _scraped_after_one_turn(tmp_path, busy, busy, Reply(text="fine"), outcome="completed", retries=2)
+    # Then the three requests the server had are counted, not the one call
+    timed = "turnstile_provider_request_seconds_count"
+    assert samples[("turnstile_provider_errors_total", (("family", "openai"), ("kind", "server_error")))] == 2
+    assert samples[(timed, (("family", "openai"), ("result", "server_error")))] == 2
+    assert samples[(timed, (("family", "openai"), ("result", "ok")))] == 1
 
 
 async def test_tokens_are_counted_under_the_model_asked_for_not_the_name_a_reply_gives(tmp_path):
