@@ -35,10 +35,12 @@ def explain(exc: BaseException, command: str) -> CliError | None:
     """The operator's sentence for an exception the CLI knows, or None (then a traceback)."""
     if isinstance(exc, CliError):
         return exc
-    from turnstile.streams.kafka_log import MembershipLost  # (here: only once something failed)
+    from turnstile.streams.kafka_log import MembershipLost, ProducerBroken  # (here: only once something failed)
 
     if isinstance(exc, MembershipLost):
         return CliError(LOG_OWNED, str(exc))
+    if isinstance(exc, ProducerBroken):
+        return CliError(UNAVAILABLE, str(exc))
     if isinstance(exc, ValidationError):
         problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'value'}: {e['msg']}" for e in exc.errors())
         return CliError(DATA_ERR, f"the message is not accepted: {problems}")

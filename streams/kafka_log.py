@@ -22,6 +22,7 @@ from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from aiokafka.errors import (
     InvalidTopicError,
     MessageSizeTooLargeError,
+    OutOfOrderSequenceNumber,
     RecordListTooLargeError,
     RecordTooLargeError,
     TopicAuthorizationFailedError,
@@ -82,6 +83,15 @@ class MembershipLost(RuntimeError):
     joined under the same instance id, or this one's session expired. The worker stops
     (crash-only; started again, it rejoins): two workers under one id would each run the
     other's turns, the broker fencing them in turn."""
+
+
+class ProducerBroken(RuntimeError):
+    """The idempotent producer's sequence of a partition broke: a record the broker refused
+    (a topic's `max.message.bytes` lowered below what this worker read at start) leaves
+    every later record of that partition refused as out of order. The worker stops
+    (crash-only): started again, it reads the topics' limits anew and its producer starts
+    a fresh sequence. Going on would leave the partition's turns failing and its messages
+    pending while the worker looks healthy."""
 
 
 class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]
@@ -260,7 +270,10 @@ class KafkaLog:
         self._partition_counts: dict[str, int] = {}
         self._point_reader = PointReader(bootstrap)
         # The appends of one loop cycle, one produce per partition (`streams/append_batch.py`).
-        self._batcher = AppendBatcher(lambda: self.producer, lambda topic: self.max_value_bytes(topic, None), _refused)
+        self._batcher = AppendBatcher(
+            lambda: self.producer, lambda topic: self.max_value_bytes(topic, None), self._refused
+        )
+        self._broken: BaseException | None = None  # why the producer can no longer append
 
     @property
     def consumer(self) -> AIOKafkaConsumer:
@@ -336,8 +349,10 @@ class KafkaLog:
         self.consumer.resume(*taken)
 
     async def poll(self, timeout_s: float) -> list[Record]:
-        """What arrived; raises `RebalanceFailed` once the worker's part of a rebalance failed."""
+        """What arrived; raises `RebalanceFailed` once the worker's part of a rebalance failed,
+        `ProducerBroken` once appends cannot go on."""
         self._raise_a_failed_rebalance()
+        self._raise_if_broken()
         try:
             batches = await self.consumer.getmany(timeout_ms=int(timeout_s * 1000), max_records=POLL_RECORDS)
         except UnknownError as exc:
@@ -347,6 +362,7 @@ class KafkaLog:
                 raise
             self._lost = self._lost or exc
         self._raise_a_failed_rebalance()  # (a rebalance may run while getmany waits)
+        self._raise_if_broken()
         if self._lost is not None:
             self._failure_raised = True
             raise MembershipLost(
@@ -354,6 +370,15 @@ class KafkaLog:
                 "runs under the same id, or this one's session expired; it stops (give each worker its own id)"
             ) from self._lost
         return [record_of(tp.partition, m) for tp, messages in batches.items() for m in messages]
+
+    def _raise_if_broken(self) -> None:
+        if self._broken is not None:
+            self._failure_raised = True
+            raise ProducerBroken(
+                f"appends to the log fail out of order since the broker refused a record ({self._broken!r}); "
+                "a topic's max.message.bytes was probably lowered while the worker ran: it stops, and started "
+                "again it reads the limits anew"
+            ) from self._broken
 
     def _raise_a_failed_rebalance(self) -> None:
         if self._listener is not None and self._listener.failure is not None:
@@ -467,6 +492,13 @@ class KafkaLog:
             # One that failed after the last poll: the stop says so, and the process does not
             # exit as if all went well.
             self._raise_a_failed_rebalance()
+
+
+    def _refused(self, exc: BaseException) -> BaseException:
+        if isinstance(exc, OutOfOrderSequenceNumber) and self._broken is None:
+            self._broken = exc
+            log.error("the producer's sequence broke (%r): the worker stops at its next poll", exc)
+        return _refused(exc)
 
 
 def _refused(exc: BaseException) -> BaseException:

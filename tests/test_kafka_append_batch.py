@@ -14,9 +14,10 @@ from typing import Any
 
 import pytest
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from kafka_fixtures import kafka_bootstrap  # noqa: F401  (fixtures)
 
-from turnstile.streams.kafka_log import KafkaLog, topic_max_message_bytes
+from turnstile.streams.kafka_log import KafkaLog, ProducerBroken, topic_max_message_bytes
 from turnstile.streams.kafka_reader import read_topic
 from turnstile.streams.log import RecordRefused, Topics, partition_for
 
@@ -139,3 +140,33 @@ async def test_at_the_limit_a_record_is_written_one_byte_over_it_is_refused_and_
     on_log = {r.offset: r.value for r in await read_topic(kafka_bootstrap, topic) if r.key == key.encode()}
     assert on_log[at_limit[1]] == b"a" * largest and on_log[after[1]] == b"after"
     assert len(on_log) == 3
+
+
+async def test_a_limit_lowered_while_the_log_runs_stops_the_worker_rather_than_leave_a_partition_refusing(
+    kafka_bootstrap: str,  # noqa: F811
+    log: KafkaLog,
+) -> None:
+    # Given a log that read the topic's limit at start, then an operator who lowers it
+    topic, key = await small_topic(kafka_bootstrap, log), "one-conversation"
+    await log.append(topic, key, b"metadata")
+    admin = AIOKafkaAdminClient(bootstrap_servers=kafka_bootstrap)
+    await admin.start()
+    try:
+        lowered = ConfigResource(ConfigResourceType.TOPIC, topic, configs={"max.message.bytes": "2000"})
+        await admin.alter_configs([lowered])
+    finally:
+        await admin.close()
+    # When a record between the two limits goes: the broker refuses it, and the idempotent
+    # producer's sequence of the partition is broken for every record after it
+    deadline = asyncio.get_running_loop().time() + 30
+    while True:  # (the broker applies the new limit within moments)
+        try:
+            await log.append(topic, key, b"m" * 5_000)
+        except RecordRefused:
+            break
+        assert asyncio.get_running_loop().time() < deadline, "the lowered limit was never applied"
+    with pytest.raises(Exception):  # noqa: B017  (what aiokafka raises is its own)
+        await log.append(topic, key, b"small")
+    # Then the log stops its consumer loop, saying why, instead of running on
+    with pytest.raises(ProducerBroken, match=r"max\.message\.bytes was probably lowered"):
+        await log.poll(0.01)
