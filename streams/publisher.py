@@ -6,7 +6,7 @@ import uuid
 from typing import Any
 
 from turnstile.events import InputEvent, MessageReceived, encode
-from turnstile.streams.log import EventLog, Topics
+from turnstile.streams.log import BROKER_DEFAULT_MAX_MESSAGE_BYTES, EventLog, RecordRefused, Topics, value_limit
 from turnstile.streams.tracing import trace_headers
 
 
@@ -40,9 +40,11 @@ class KafkaPublisher:
 
     def __init__(self, bootstrap: str, topics: Topics = Topics(), client_id: str = "turnstile-publisher") -> None:
         self.topics = topics
+        self._bootstrap = bootstrap
         self._options = {"bootstrap_servers": bootstrap, "client_id": client_id, "enable_idempotence": True,
                          "acks": "all"}
         self._producer: Any = None
+        self._limit = BROKER_DEFAULT_MAX_MESSAGE_BYTES  # the events topic's, read when it starts
 
     @property
     def producer(self) -> Any:
@@ -55,6 +57,13 @@ class KafkaPublisher:
         return self._producer
 
     async def __aenter__(self) -> KafkaPublisher:
+        from turnstile.streams.kafka_log import topic_max_message_bytes
+
+        # The topic's limit, as the worker reads it: a value the broker refuses for its size
+        # would break the idempotent producer's sequence of its partition, and every later
+        # publish there would fail out of order; it is refused before it is sent instead.
+        limits = await topic_max_message_bytes(self._bootstrap, [self.topics.events])
+        self._limit = limits.get(self.topics.events, BROKER_DEFAULT_MAX_MESSAGE_BYTES)
         await self.producer.start()
         return self
 
@@ -62,9 +71,15 @@ class KafkaPublisher:
         await self.producer.stop()
 
     async def publish(self, event: InputEvent) -> tuple[int, int]:
-        """Returns (partition, offset) once the broker has the event."""
+        """Returns (partition, offset) once the broker has the event; `RecordRefused` (nothing
+        sent) when the events topic would refuse it for its size."""
         headers = [(name, text.encode()) for name, text in trace_headers().items()] or None
+        value = encode(event)
+        limit = value_limit(self._limit, event.conversation_id) - sum(len(k) + len(v) for k, v in headers or ())
+        if len(value) > limit:
+            topic = self.topics.events
+            raise RecordRefused(f"a message of {len(value):,} bytes is over what {topic} takes ({limit:,})")
         meta = await self.producer.send_and_wait(
-            self.topics.events, encode(event), key=event.conversation_id.encode(), headers=headers
+            self.topics.events, value, key=event.conversation_id.encode(), headers=headers
         )
         return meta.partition, meta.offset

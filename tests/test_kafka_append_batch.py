@@ -20,6 +20,7 @@ from kafka_fixtures import kafka_bootstrap  # noqa: F401  (fixtures)
 from turnstile.streams.kafka_log import KafkaLog, ProducerBroken, topic_max_message_bytes
 from turnstile.streams.kafka_reader import read_topic
 from turnstile.streams.log import RecordRefused, Topics, partition_for
+from turnstile.streams.publisher import KafkaPublisher, message_event
 
 pytestmark = pytest.mark.kafka
 TOPIC_LIMIT = 10_000  # max.message.bytes of the small topic: one batch may carry no more
@@ -170,3 +171,19 @@ async def test_a_limit_lowered_while_the_log_runs_stops_the_worker_rather_than_l
     # Then the log stops its consumer loop, saying why, instead of running on
     with pytest.raises(ProducerBroken, match=r"max\.message\.bytes was probably lowered"):
         await log.poll(0.01)
+
+
+async def test_the_publisher_refuses_a_message_its_topic_would_and_the_partition_goes_on(
+    kafka_bootstrap: str,  # noqa: F811
+) -> None:
+    # Given a service publishing with the documented KafkaPublisher to a topic of 10,000 bytes
+    topic = await new_topic(kafka_bootstrap, **{"max.message.bytes": str(TOPIC_LIMIT)})
+    async with KafkaPublisher(kafka_bootstrap, Topics(topic)) as publisher:
+        # When one message is over the topic's limit, then it is refused before it is sent
+        with pytest.raises(RecordRefused, match="is over what"):
+            await publisher.publish(message_event("c1", "x" * 20_000, 1, "m-big"))
+        # and the conversation's next messages are written (a broker refusal would have broken
+        # the idempotent producer's sequence of the partition for every one after it)
+        first = await publisher.publish(message_event("c1", "hello", 2, "m-1"))
+        second = await publisher.publish(message_event("c1", "again", 3, "m-2"))
+    assert second == (first[0], first[1] + 1)
