@@ -10,11 +10,11 @@ function runs only when the runner awaits `Tool.run`.
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
+import contextlib
 import contextvars
-import functools
 import inspect
 import re
+import threading
 from collections.abc import Callable
 from typing import Any, TypedDict, Unpack, get_type_hints, overload
 
@@ -99,19 +99,35 @@ class ToolFlags(TypedDict, total=False):
 IDEMPOTENCY_KEY = "idempotency_key"
 
 
-# Plain (sync) tools' own threads: a tool still running past its timeout keeps its thread
-# (Python cannot stop one), so they must not be the loop's default executor, which DNS
-# lookups and the embedded log's reads share. Made on first use.
-TOOL_THREADS = 32
-_threads: concurrent.futures.ThreadPoolExecutor | None = None
-
-
 async def _in_tool_thread(function: Callable[..., object], values: dict[str, object]) -> object:
-    global _threads
-    if _threads is None:
-        _threads = concurrent.futures.ThreadPoolExecutor(TOOL_THREADS, thread_name_prefix="turnstile-tool")
-    call = functools.partial(contextvars.copy_context().run, function, **values)
-    return await asyncio.get_running_loop().run_in_executor(_threads, call)
+    """A plain (sync) tool's call, on a daemon thread of its own. Not a pool's: a call still
+    running past its timeout keeps its thread (Python cannot stop one), and hung calls held
+    a pool's every thread, leaving none for any other tool (32 hung calls, and every plain
+    tool of every conversation timed out); a pool's threads also held up the process's exit.
+    Not the loop's default executor either, which DNS lookups and the embedded log share."""
+    loop = asyncio.get_running_loop()
+    done: asyncio.Future[object] = loop.create_future()
+    context = contextvars.copy_context()
+
+    def call() -> None:
+        try:
+            outcome: tuple[object, Exception | None] = (context.run(function, **values), None)
+        except Exception as exc:
+            outcome = (None, exc)
+        with contextlib.suppress(RuntimeError):  # the loop closed meanwhile: nobody waits
+            loop.call_soon_threadsafe(_settle, done, *outcome)
+
+    threading.Thread(target=call, name="turnstile-tool", daemon=True).start()
+    return await done
+
+
+def _settle(done: asyncio.Future[object], result: object, error: Exception | None) -> None:
+    if done.cancelled():  # timed out, or the turn stopped: the result has no taker
+        return
+    if error is not None:
+        done.set_exception(error)
+    else:
+        done.set_result(result)
 
 
 def tool_from_function(

@@ -183,6 +183,41 @@ def test_a_plain_function_runs_off_the_event_loop_so_other_turns_go_on() -> None
     assert asyncio.run(main()) == "released"
 
 
+def test_calls_that_hang_past_their_timeout_leave_other_plain_tools_their_threads() -> None:
+    # Given 40 calls of a plain tool that hang (a dead socket, say) and each timed out
+    released = threading.Event()
+
+    @tool
+    def hang() -> str:
+        """Hang."""
+        released.wait(timeout=30)
+        return "late"
+
+    @tool
+    def echo(text: str) -> str:
+        """Echo."""
+        if threading.current_thread() is threading.main_thread():
+            return "ran on the loop's thread"
+        return text
+
+    async def main() -> str:
+        hung = [asyncio.ensure_future(hang.run(hang.arguments())) for _ in range(40)]
+        done, _ = await asyncio.wait(hung, timeout=0.2)
+        assert not done
+        for call in hung:  # as the runner's timeout does
+            call.cancel()
+        # When another plain tool is called, then it runs at once (a pool of 32 threads, all
+        # held by hung calls, left it none: it timed out too)
+        return await asyncio.wait_for(echo.run(echo.arguments(text="still here")), 10)
+
+    try:
+        assert asyncio.run(main()) == "still here"
+        # and the hung threads are daemons: they do not hold up the process's exit
+        assert all(t.daemon for t in threading.enumerate() if t.name == "turnstile-tool")
+    finally:
+        released.set()
+
+
 @pytest.mark.parametrize("name", ["résumé", "with space", "a.b", "x" * 65])
 def test_a_tool_name_the_model_apis_refuse_is_refused_when_registered(name: str) -> None:
     @tool(name=name)
