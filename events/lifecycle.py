@@ -48,6 +48,10 @@ class Usage(BaseModel):
         return self
 
 
+# The inputs one turn claims at most (a claim names them all).
+MAX_CLAIMED_INPUTS = 10_000
+
+
 class TurnClaimed(TurnEnvelope):
     """The transition that assigns exact pending inputs to a logical turn (attempt 1).
 
@@ -56,7 +60,7 @@ class TurnClaimed(TurnEnvelope):
     inputs themselves, are excluded from history."""
 
     type: Literal["TurnClaimed"] = "TurnClaimed"
-    input_ids: Annotated[tuple[Identifier, ...], Field(min_length=1, max_length=10_000)]
+    input_ids: Annotated[tuple[Identifier, ...], Field(min_length=1, max_length=MAX_CLAIMED_INPUTS)]
     history_boundary: NonNegative
 
 

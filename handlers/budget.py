@@ -46,6 +46,8 @@ class TurnBudget:
                 raise TypeError(f"{name} is a number, not {getattr(self, name)!r}")
         if self.max_iterations < 1 or self.max_tool_calls < 0 or self.max_cost_usd < 0 or self.deadline_ms < 0:
             raise ValueError("budget limits must be positive")
+        if self.deadline_ms < 1:
+            raise ValueError("deadline_ms must be at least 1: a turn with no time would pause before it starts")
         # The output allowance divides the cost left by a price: an infinite limit has no
         # allowance to give (and NaN compares false with everything, so it would bound nothing).
         if not math.isfinite(self.max_cost_usd):

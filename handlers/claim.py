@@ -7,9 +7,18 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
+import orjson
+
 from turnstile.events import Event, MessageReceived, MessageRejected, ResumeRequested, TurnClaimed, logical_turn_id
+from turnstile.events.lifecycle import MAX_CLAIMED_INPUTS
 from turnstile.events.rejections import RejectionReason
 from turnstile.projections import ConversationState, PendingInput
+
+# A debounce longer than this is a misconfiguration, not a policy.
+MAX_DEBOUNCE_MS = 86_400_000
+# The bytes of input ids one claim carries at most: far under any topic's limit (the smallest
+# a topic is usually given is ~100 KB), and ~1,700 ids of 36 characters.
+CLAIM_IDS_BYTES = 64 * 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,6 +37,11 @@ class DebouncePolicy:
     def __post_init__(self) -> None:
         if self.quiet_ms < 0 or self.max_wait_ms < 0 or self.max_batch < 1:
             raise ValueError("quiet_ms and max_wait_ms must be >= 0 and max_batch >= 1")
+        if max(self.quiet_ms, self.max_wait_ms) > MAX_DEBOUNCE_MS:
+            raise ValueError(f"quiet_ms and max_wait_ms must be at most {MAX_DEBOUNCE_MS:,} (a day): longer, "
+                             "a conversation's messages wait unanswered for longer than a user does")  # fmt: skip
+        if self.max_batch > MAX_CLAIMED_INPUTS:
+            raise ValueError(f"max_batch must be at most {MAX_CLAIMED_INPUTS:,}, the inputs a claim names at most")
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,7 +71,7 @@ def plan_claim(state: ConversationState, now_ms: int, policy: DebouncePolicy) ->
         return None
     # Producers' timestamps give the order the user wrote in; the log order breaks ties.
     ordered = sorted(state.pending.values(), key=lambda p: p.occurred_at)
-    batch = tuple(ordered[: policy.max_batch])
+    batch = _within_a_claim(ordered[: policy.max_batch])
     due = min(ordered[-1].occurred_at + policy.quiet_ms, ordered[0].occurred_at + policy.max_wait_ms)
     # The oldest stamped ahead of this clock by more than the wait allows (a producer's clock
     # far off, or a stamp that is no time at all): waiting for it would hold the conversation
@@ -66,6 +80,18 @@ def plan_claim(state: ConversationState, now_ms: int, policy: DebouncePolicy) ->
     if len(ordered) < policy.max_batch and now_ms < due and not ahead:
         return WaitUntil(due)
     return ClaimPlan(logical_turn_id(i.input_id for i in batch), batch, len(state.history))
+
+
+def _within_a_claim(inputs: list[PendingInput]) -> tuple[PendingInput, ...]:
+    """The first of `inputs` whose ids, as the claim writes them, fit `CLAIM_IDS_BYTES`: ids
+    of control characters escape to six bytes each, and a claim past the log's limit could
+    never be written (the conversation would be stuck). The rest wait for the next turn."""
+    size = 0
+    for count, item in enumerate(inputs):
+        size += len(orjson.dumps(item.input_id)) + 1
+        if size > CLAIM_IDS_BYTES and count:
+            return tuple(inputs[:count])
+    return tuple(inputs)
 
 
 def claim_event(state: ConversationState, plan: ClaimPlan, *, event_id: str, run_id: str, now_ms: int) -> TurnClaimed:

@@ -32,8 +32,9 @@ from pydantic import (
     field_validator,
 )
 
+from turnstile.events.lifecycle import MAX_CLAIMED_INPUTS
 from turnstile.handlers.budget import TurnBudget
-from turnstile.handlers.claim import DebouncePolicy, DoubleText, DoubleTextPolicy
+from turnstile.handlers.claim import MAX_DEBOUNCE_MS, DebouncePolicy, DoubleText, DoubleTextPolicy
 from turnstile.handlers.pricing import ModelPrice, PriceTable, parse_price
 from turnstile.streams.cli_errors import CONFIG, NO_INPUT, USAGE, CliError, broker_url, http_address
 from turnstile.streams.eviction import DEFAULT_IDLE_MS, EvictionPolicy
@@ -150,7 +151,7 @@ class BudgetConfig(_Strict):
     max_iterations: int = Field(_BUDGET.max_iterations, ge=1)
     max_tool_calls: int = Field(_BUDGET.max_tool_calls, ge=0)
     max_cost_usd: NonNegativeFloat = _BUDGET.max_cost_usd
-    deadline_ms: int = Field(_BUDGET.deadline_ms, ge=0)
+    deadline_ms: int = Field(_BUDGET.deadline_ms, ge=1)
     soft_fraction: float = Field(_BUDGET.soft_fraction, gt=0, le=1)
 
     def budget(self) -> TurnBudget:
@@ -158,9 +159,9 @@ class BudgetConfig(_Strict):
 
 
 class DebounceConfig(_Strict):
-    quiet_ms: int = Field(_DEBOUNCE.quiet_ms, ge=0)
-    max_wait_ms: int = Field(_DEBOUNCE.max_wait_ms, ge=0)
-    max_batch: int = Field(_DEBOUNCE.max_batch, ge=1)
+    quiet_ms: int = Field(_DEBOUNCE.quiet_ms, ge=0, le=MAX_DEBOUNCE_MS)
+    max_wait_ms: int = Field(_DEBOUNCE.max_wait_ms, ge=0, le=MAX_DEBOUNCE_MS)
+    max_batch: int = Field(_DEBOUNCE.max_batch, ge=1, le=MAX_CLAIMED_INPUTS)
 
     def policy(self) -> DebouncePolicy:
         return DebouncePolicy(**self.model_dump())

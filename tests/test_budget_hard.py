@@ -218,6 +218,12 @@ def test_an_infinite_or_nan_cost_limit_is_refused_when_the_agent_is_made(limit):
         TurnBudget(max_cost_usd=limit)
 
 
+def test_a_deadline_of_no_time_is_refused_when_the_agent_is_made():
+    # (every turn paused at its start, "time limit (0 s)", with nothing said before)
+    with pytest.raises(ValueError, match="deadline_ms must be at least 1"):
+        TurnBudget(deadline_ms=0)
+
+
 async def test_a_turn_failed_on_a_provider_outage_is_resumed_by_the_operation_and_answered(tmp_path):
     from loop_harness import World as LoopWorld
     from loop_harness import config, inject, outcomes, say, settings

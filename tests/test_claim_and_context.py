@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from builders import CONV, claim, completed, message, started
 
-from turnstile.events import logical_turn_id
-from turnstile.handlers.claim import ClaimPlan, DebouncePolicy, WaitUntil, claim_event, plan_claim
+from turnstile.events import encode, logical_turn_id
+from turnstile.handlers.claim import CLAIM_IDS_BYTES, ClaimPlan, DebouncePolicy, WaitUntil, claim_event, plan_claim
 from turnstile.handlers.context import build_context, render_pending
 from turnstile.projections import apply_event, new_state
 
@@ -18,6 +18,33 @@ def state_of(*events):
     for e in events:
         assert apply_event(state, e) is None
     return state
+
+
+def test_a_batch_of_ids_too_long_for_one_claim_is_claimed_in_turns_that_each_fit():
+    # Given 1,000 pending messages whose ids are 256 control characters (six bytes each, as
+    # a claim writes them) and a batch of 1,000 allowed
+    ids = [f"{n:04d}" + "\x01" * 252 for n in range(1_000)]
+    state = state_of(*(message(i, 1_000 + n) for n, i in enumerate(ids)))
+    plan = plan_claim(state, 10_000, DebouncePolicy(quiet_ms=0, max_wait_ms=0, max_batch=1_000))
+    # When the claim is planned, then it takes the oldest that fit the claim's bytes, in
+    # order, and its event can be written (the 1.5 MB claim of them all never could)
+    assert isinstance(plan, ClaimPlan) and 0 < len(plan.inputs) < 1_000
+    assert plan.input_ids == tuple(ids[: len(plan.inputs)])
+    claimed = encode(claim_event(state, plan, event_id="e", run_id="r", now_ms=10_000))
+    assert CLAIM_IDS_BYTES < len(claimed) < CLAIM_IDS_BYTES + 2_000
+
+
+@pytest.mark.parametrize(
+    ("policy", "why"),
+    [
+        (dict(max_batch=10_001), "max_batch must be at most 10,000"),
+        (dict(quiet_ms=86_400_001), "at most 86,400,000"),
+        (dict(max_wait_ms=10**15), "at most 86,400,000"),
+    ],
+)
+def test_a_debounce_that_could_never_claim_is_refused_where_it_is_made(policy, why):
+    with pytest.raises(ValueError, match=why):
+        DebouncePolicy(**policy)
 
 
 def test_nothing_to_claim_without_pending_input():
