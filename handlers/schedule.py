@@ -138,6 +138,9 @@ def _midnight_ms(day: dt.date) -> int:
 Timing = Interval | Cron
 
 
+MIN_GRACE_MS = 10_000  # how late an occurrence may always still fire
+
+
 @dataclass(frozen=True, slots=True)
 class Schedule:
     schedule_id: str
@@ -154,8 +157,10 @@ class Schedule:
             raise ScheduleError("a schedule id is non-empty and has no '@' (it separates the occurrence time)")
         if not self.conversation_id or not self.content:
             raise ScheduleError("a schedule names a conversation and the content to inject")
-        if self.grace_ms < 0 or self.max_catch_up < 1:
-            raise ScheduleError("grace_ms must be >= 0 and max_catch_up >= 1")
+        if self.grace_ms < MIN_GRACE_MS or self.max_catch_up < 1:
+            # A worker wakes a moment after each occurrence (its loop, a collection): under a
+            # smaller grace the occurrence it woke for was already too late, and was dropped.
+            raise ScheduleError(f"grace_s must be at least {MIN_GRACE_MS // 1000} and max_catch_up at least 1")
 
 
 def due(schedule: Schedule, last_fired_ms: int | None, now_ms: int) -> tuple[int, ...]:

@@ -124,6 +124,9 @@ def test_schedules_from_json():
         [{"id": "x", "content": "y", "every_s": 5}],
         [{"id": "x", "conversation": "c", "content": "y", "every_s": 5}] * 2,
         {"id": "x"},
+        # a grace under the moment a worker takes to wake for an occurrence dropped it
+        [{"id": "x", "conversation": "c", "content": "y", "every_s": 5, "grace_s": 0}],
+        [{"id": "x", "conversation": "c", "content": "y", "every_s": 5, "grace_s": 9.9}],
     ):
         with pytest.raises(ScheduleError):
             parse_schedules(bad)
