@@ -97,7 +97,7 @@ async def _wait_for_broker(bootstrap: str, patience_s: float) -> None:
                 + (f" after {patience_s:g} s" if patience_s else "")
                 + ": is it running and is the address right? (without --broker, the embedded log needs none)",
             )
-        print(f"turnstile: broker {bootstrap} not reachable, retrying in {wait:g} s", file=sys.stderr, flush=True)
+        log.warning("broker %s not reachable, retrying in %g s", bootstrap, wait)
         await asyncio.sleep(wait)
         wait = min(wait * 2, 10.0)
 

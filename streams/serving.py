@@ -128,7 +128,8 @@ async def serve(
     service = Service(worker, schedules=schedules, http=http, http_token=http_token)
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
-    reporter = ReplayReporter(lambda line: print(f"turnstile: {line}", file=sys.stderr, flush=True))
+    # Through the log's formatter, as every other line: `--log-format json` is one object a line.
+    reporter = ReplayReporter(lambda line: log_.info("%s", line))
     progress = asyncio.create_task(report_replay(worker, reporter, loop.time))
     ready = asyncio.Event()
     waiting = asyncio.create_task(ready.wait())
@@ -146,13 +147,13 @@ async def serve(
         await asyncio.wait([running, waiting], return_when=asyncio.FIRST_COMPLETED)
         if ready.is_set():  # not when the service failed while starting: its error is raised below
             where = f"; HTTP on {service.url}" if service.url else ""
-            print(f"worker running on {place}{where}; Ctrl-C stops it", file=sys.stderr, flush=True)
+            log_.info("worker running on %s%s; Ctrl-C stops it", place, where)
         try:
             await running
         except asyncio.CancelledError:
             if not running.cancelled():
                 raise
-            print("stopped without draining: the turns in flight resume on the next worker", file=sys.stderr)
+            log_.warning("stopped without draining: the turns in flight resume on the next worker")
             return 130
     finally:
         for sig in handled:

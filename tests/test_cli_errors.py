@@ -204,3 +204,25 @@ def test_json_logs_are_one_object_per_line(tmp_path):
     line = json.loads(logged)
     assert (line["level"], line["logger"]) == ("ERROR", "root") and line["ts"].endswith("Z")
     assert "CliError" in line["exception"] and sentence.startswith("turnstile inspect:")
+
+
+def test_json_logs_of_a_running_worker_are_json_every_line(tmp_path):
+    # (the replay progress, "worker running on", the broker retries were printed as text)
+    argv = [*CLI, "run", "--data", str(tmp_path / "log"), "--log-format", "json", "--drain-grace-s", "0"]
+    with subprocess.Popen(argv, cwd=tmp_path, stderr=subprocess.PIPE, text=True) as process:
+        assert process.stderr is not None
+        lines = []
+        while not any("worker running on" in line for line in lines):
+            line = process.stderr.readline()
+            assert line, "the worker stopped before it ran: " + "".join(lines)
+            lines.append(line)
+        process.send_signal(signal.SIGTERM)
+        lines += process.stderr.readlines()
+        assert process.wait(timeout=30) == 0
+    records = [json.loads(line) for line in lines]  # every line one JSON object
+    assert any(r["message"].startswith("worker running on") for r in records)
+    waiting = turnstile("run", "--broker", f"kafka://127.0.0.1:{closed_port()}", "--connect-timeout-s", "1",
+                        "--log-format", "json", cwd=tmp_path)  # fmt: skip
+    *logged, sentence = waiting.stderr.strip().splitlines()
+    assert logged and all("not reachable, retrying" in json.loads(line)["message"] for line in logged)
+    assert sentence.startswith("turnstile run: cannot reach the Kafka broker")
