@@ -8,6 +8,7 @@ from importlib import resources
 from urllib.parse import urlencode
 
 from turnstile.handlers.context import render_pending
+from turnstile.handlers.operations import awaiting_approval
 from turnstile.projections import STATUSES, PendingInput, conversation_status
 from turnstile.streams.console.format import (
     count,
@@ -159,14 +160,17 @@ def _operations(view: ConversationView) -> str:
     if state.active is not None or not state.turns:
         return ""
     last = next(reversed(state.turns.values()))
-    call = last.pending_call
-    if last.outcome == "paused" and call is not None:
+    # The newest call waiting for a decision, whichever turn paused on it (the user may have
+    # written again since); its turn goes with the decision, in case a call id repeats.
+    waiting = awaiting_approval(state)
+    if waiting is not None and (call := waiting.pending_call) is not None:
+        turn = esc(waiting.turn_id)
         return (
             '<section class="paused"><h2>Waiting for approval</h2>'
-            f"<p>Turn {_turn_link(state.conversation_id, last.turn_id)} wants to call "
+            f"<p>Turn {_turn_link(state.conversation_id, waiting.turn_id)} wants to call "
             f"<strong>{esc(call.name)}</strong> (call {short_id(call.call_id)}) with</p>"
             f'<pre class="args">{esc_text(redact_json(call.arguments))}</pre>'
-            f'<form class="op" data-op="decide" data-call="{esc(call.call_id)}">'
+            f'<form class="op" data-op="decide" data-call="{esc(call.call_id)}" data-turn="{turn}">'
             '<label>note <input name="note" placeholder="a sentence for the model (optional)"></label> '
             '<button type="submit" name="verb" value="approve" class="approve">Approve</button> '
             '<button type="submit" name="verb" value="deny" class="deny">Deny</button>'

@@ -34,7 +34,7 @@
     e.preventDefault();
     var verb = (e.submitter && e.submitter.value) || form.dataset.op;
     var payload = { note: form.elements.note.value || undefined };
-    if (verb !== "resume") payload.call_id = form.dataset.call;
+    if (verb !== "resume") { payload.call_id = form.dataset.call; payload.turn_id = form.dataset.turn; }
     var out = form.querySelector(".op-result");
     out.className = "op-result";
     out.textContent = "sending…";
