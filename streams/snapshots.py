@@ -441,6 +441,12 @@ class _Partition:
     complete_to: int = 0
     acked: set[int] = field(default_factory=set)
     latest_watermark: tuple[int, int] = (0, -1)  # (watermark, its offset in the topic)
+    # Conversations found over the snapshot topic's limit -> whether a turn was active then.
+    # A state grows with its history, so one found so with no turn active is not tried again
+    # while the partition is owned (encoding it at every capture cost a core and the capture's
+    # time bound, starving the others); one with a turn active is tried again once the turn
+    # has ended, which drops the turn's journal from the state.
+    too_large: dict[str, bool] = field(default_factory=dict)
 
     def landed(self, offset: int) -> None:
         self.acked.add(offset)
@@ -471,7 +477,6 @@ class Snapshotter:
         self._flying: frozenset[str] = frozenset()  # captured, not acknowledged yet
         self._partitions: dict[int, _Partition] = {}
         self._writing: asyncio.Task[None] | None = None
-        self._too_large: set[str] = set()
         self.written = 0  # snapshots acknowledged
         self.ignored = 0  # conversations found on assignment with no snapshot that decodes
         self.seeks: dict[int, int] = {}  # partition -> where its last assignment started reading
@@ -654,16 +659,17 @@ class Snapshotter:
                 if (budget is not None and budget <= 0) or (until is not None and self._monotonic() > until):
                     self.behind = True
                     break
-                if conversation in self._too_large:
-                    # A state only grows (its history, its turns): encoding it again at every
-                    # checkpoint would cost a core and the capture's bound, starving the others.
+                active_then = part.too_large.get(conversation)
+                if active_then is False:
                     continue
                 state = state_of(conversation)
-                if state is None or not ready(conversation):
+                if state is None or not ready(conversation) or (active_then and state.active is not None):
                     continue
                 value = encode_snapshot(state, position - 1)
                 if not self._fits(conversation, value):
+                    part.too_large[conversation] = state.active is not None
                     continue
+                part.too_large.pop(conversation, None)
                 items.append(_Captured(conversation, value, dirty, head_of(state, position - 1, 0)))
                 if budget is not None:
                     budget -= 1
@@ -687,9 +693,8 @@ class Snapshotter:
         limit = self.log.max_value_bytes(self.log.topics.snapshots, conversation)
         if limit is None or len(value) <= limit:
             return True
-        self._too_large.add(conversation)
         log.warning("no snapshot of %r: %d bytes is over the topic's limit of %d; the watermark waits for it, and "
-                    "it stays in memory (it is not tried again while this worker owns it)",
+                    "it stays in memory",
                     conversation, len(value), limit)  # fmt: skip
         return False
 

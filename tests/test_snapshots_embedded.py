@@ -17,12 +17,13 @@ from typing import Any
 
 import orjson
 import pytest
+from builders import claim, completed, message, started
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from log_generator import fold, generated_log
 from worker_harness import FAST, ReplayCalls, events_of, every_row, running, until
 
-from turnstile.events import DecodeError, Event, TurnClaimed, TurnCompleted, decode, encode
+from turnstile.events import DecodeError, Event, ModelResponded, TurnClaimed, TurnCompleted, decode, encode
 from turnstile.handlers.providers.scripted import ScriptedProvider
 from turnstile.projections import ConversationState
 from turnstile.projections.audit import Auditor
@@ -441,6 +442,28 @@ async def test_a_conversation_too_large_to_snapshot_is_tried_once_and_holds_up_n
                                  message_event(conversation, "hello", NOW(), f"m-{conversation}")])  # fmt: skip
             await until(lambda n=n: snapshots.written == n, timeout_s=20)
         assert encoded["big"] == 1
+
+
+async def test_a_conversation_too_large_only_while_its_turn_ran_is_snapshotted_once_the_turn_ends(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Given a turn whose journal (a long reply of the model's) puts its conversation over
+    # the snapshot topic's limit while it runs
+    log = _SmallSnapshotTopic(tmp_path, partitions=PARTITIONS)
+    rng = random.Random(11)
+    noise = "".join(rng.choice("abcdefghijklmnopqrstuvwxyz ") for _ in range(20_000))
+    c = claim(["m1"], NOW(), 0, conv="long")
+    step = ModelResponded(event_id="e-step", conversation_id="long", occurred_at=NOW(), turn_id=c.turn_id,
+                          run_id=c.run_id, attempt=1, iteration=1, model="m", text=noise)  # fmt: skip
+    await _publish(log, [message("m1", NOW(), conv="long"), c, started(c, NOW()), step])
+    async with Run(log) as run:
+        snapshots = run.worker.snapshots
+        assert snapshots is not None
+        await until(lambda: "no snapshot of 'long'" in caplog.text)  # (too large: not written)
+        assert snapshots.written == 0
+        # When the turn ends (its journal leaves the state), then its snapshot is written
+        await _publish(log, [completed(c, NOW(), reply="Done.")])
+        await until(lambda: snapshots.written == 1, timeout_s=20)
 
 
 @contextlib.asynccontextmanager
