@@ -105,20 +105,40 @@ async def _in_tool_thread(function: Callable[..., object], values: dict[str, obj
     a pool's every thread, leaving none for any other tool (32 hung calls, and every plain
     tool of every conversation timed out); a pool's threads also held up the process's exit.
     Not the loop's default executor either, which DNS lookups and the embedded log share."""
+    global _running
+    if _running >= MAX_TOOL_THREADS:
+        # Hung calls hold their threads for good: past this many, a new one fails at once
+        # rather than take the process to its thread limit (which the loop's own executor,
+        # DNS lookups included, shares).
+        raise RuntimeError(f"{_running} plain tool calls are still running (hung past their timeouts?)")
     loop = asyncio.get_running_loop()
     done: asyncio.Future[object] = loop.create_future()
     context = contextvars.copy_context()
 
     def call() -> None:
+        global _running
         try:
             outcome: tuple[object, Exception | None] = (context.run(function, **values), None)
         except Exception as exc:
             outcome = (None, exc)
+        except BaseException as exc:  # SystemExit from a wrapped CLI, say: an error of the call's
+            outcome = (None, RuntimeError(f"the tool raised {type(exc).__name__}: {exc}"))
+        finally:
+            with _count:
+                _running -= 1
         with contextlib.suppress(RuntimeError):  # the loop closed meanwhile: nobody waits
             loop.call_soon_threadsafe(_settle, done, *outcome)
 
+    with _count:
+        _running += 1
     threading.Thread(target=call, name="turnstile-tool", daemon=True).start()
     return await done
+
+
+# Plain tool calls running on their threads now, and how many may (see `_in_tool_thread`).
+MAX_TOOL_THREADS = 512
+_running = 0
+_count = threading.Lock()
 
 
 def _settle(done: asyncio.Future[object], result: object, error: Exception | None) -> None:

@@ -442,7 +442,7 @@ def build_app(
         # Decided from a state that may not hold a decision just written by another request
         # (approve, then deny at once): the log's order says which came first, as for a message.
         # (Not "send it again": once its turn is claimed, the same decision is refused as late.)
-        see = f"GET /conversations/{conversation} shows whether a turn claimed it (awaiting_approval is then null)"
+        see = f"GET /conversations/{conversation} shows whether a turn claimed it (awaiting_approval drops it)"
         first = await first_use(conversation, input_id, partition, offset, see)
         if isinstance(first, Unavailable):
             return unavailable(first)

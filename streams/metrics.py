@@ -61,6 +61,7 @@ from turnstile.projections import ConversationState
 LagSource = Callable[[], dict[int, int]]
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
+MAX_ASKED = 100_000  # turns in flight whose asked-for model is remembered
 _LATENCY_BUCKETS = (0.1, 0.25, 0.5, 1, 1.5, 2, 3, 5, 10, 30, 60, 300)
 _ITERATION_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)
 _COST_BUCKETS = (0.0001, 0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5)
@@ -161,6 +162,8 @@ class Metrics:
         if isinstance(event, AttemptStarted | FallbackEngaged):
             # Tokens are counted under the model asked for, as they are priced: the name a
             # reply gives (a dated variant, a gateway's pick) would make a series per name.
+            if len(self._asked) >= MAX_ASKED:  # turns moved away mid-way leave theirs: bounded
+                self._asked.clear()
             self._asked[event.conversation_id] = event.model if isinstance(event, AttemptStarted) else event.to_model
         elif isinstance(event, TurnInterrupted):
             self._asked.pop(event.conversation_id, None)

@@ -300,11 +300,14 @@ def _error_body(parsed: object) -> TypeGuard[dict[str, Any]]:
     )
 
 
+MAX_CONNECTIONS = 2_000
+
+
 def _owned_client(timeout_s: float) -> httpx.AsyncClient:
-    # No bound on connections: each turn in flight has at most one request open, and httpx's
-    # default of 100 made the 101st wait for a free one inside its own timeout (400 turns of
-    # 50 s calls: 300 false timeouts). The worker's turns in flight are the bound.
-    limits = httpx.Limits(max_connections=None, max_keepalive_connections=100)
+    # Each turn in flight has at most one request open: httpx's default of 100 connections
+    # made the 101st call wait for a free one inside its own timeout (400 turns of 50 s calls:
+    # 300 false timeouts). A bound stays, far above that, short of a process's open files.
+    limits = httpx.Limits(max_connections=MAX_CONNECTIONS, max_keepalive_connections=100)
     return httpx.AsyncClient(timeout=timeout_s, verify=_shared_ssl_context(), limits=limits)
 
 

@@ -24,7 +24,7 @@ budgets = st.builds(
     max_tool_calls=st.integers(0, 5),
     max_cost_usd=st.floats(0.0, 0.05),
     # Small: a step cut off by the deadline is waited for in real time until it is cancelled.
-    deadline_ms=st.integers(0, 150),
+    deadline_ms=st.integers(1, 150),  # (0 is refused where a budget is made)
     soft_fraction=st.sampled_from([0.5, 0.75, 1.0]),
 )
 calls = st.lists(st.tuples(st.sampled_from(["search", "transfer"]), st.integers(0, 60)), max_size=3)

@@ -226,3 +226,12 @@ def test_json_logs_of_a_running_worker_are_json_every_line(tmp_path):
     *logged, sentence = waiting.stderr.strip().splitlines()
     assert logged and all("not reachable, retrying" in json.loads(line)["message"] for line in logged)
     assert sentence.startswith("turnstile run: cannot reach the Kafka broker")
+
+
+def test_a_worker_whose_producer_broke_exits_69_with_its_one_line():
+    from turnstile.streams.cli_errors import UNAVAILABLE, explain
+    from turnstile.streams.kafka_log import ProducerBroken
+
+    said = "appends to the log fail out of order"
+    explained = explain(ProducerBroken(said), "run")
+    assert explained is not None and (explained.code, str(explained)) == (UNAVAILABLE, said)

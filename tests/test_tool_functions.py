@@ -218,6 +218,21 @@ def test_calls_that_hang_past_their_timeout_leave_other_plain_tools_their_thread
         released.set()
 
 
+def test_a_plain_tool_that_exits_is_an_error_of_its_call_not_a_hang() -> None:
+    # (a wrapped argparse or click command calls sys.exit: its thread died, the call waited
+    # for its whole timeout)
+    @tool
+    def wrapped_cli() -> str:
+        """Run a command."""
+        raise SystemExit(2)
+
+    async def main() -> None:
+        await asyncio.wait_for(wrapped_cli.run(wrapped_cli.arguments()), 10)
+
+    with pytest.raises(RuntimeError, match="the tool raised SystemExit: 2"):
+        asyncio.run(main())
+
+
 @pytest.mark.parametrize("name", ["résumé", "with space", "a.b", "x" * 65])
 def test_a_tool_name_the_model_apis_refuse_is_refused_when_registered(name: str) -> None:
     @tool(name=name)
