@@ -38,6 +38,18 @@ def kept_work(last_text: str | None, done: Iterable[DoneCall], blocked: tuple[To
     return "\n".join(lines)
 
 
+def kept_in_brief(last_text: str | None, done: int, blocked: int) -> str:
+    """What a pause keeps when its work listed in full would pass the log's limit (thousands
+    of calls in one reply): the reply's start and how much there was. The calls and their
+    results stay on the log, each in its own event."""
+    lines = [_excerpt(last_text)] if last_text else []
+    lines.append(
+        f"{done} operation(s) completed and {blocked} call(s) requested but not run: too many to list in one "
+        "log value (each call's ToolCallStarted and ToolCallFinished on the log holds it)."
+    )
+    return "\n".join(lines)
+
+
 def _excerpt(text: str) -> str:
     # The pause is one log value: large arguments or results quoted whole could pass its limit.
     return text if len(text) <= RESULT_EXCERPT_CHARS else text[:RESULT_EXCERPT_CHARS] + "..."

@@ -76,6 +76,7 @@ from turnstile.handlers.pauses import (
     DoneCall,
     approval_hint,
     deadline_reached,
+    kept_in_brief,
     kept_work,
     resume_hint,
     waiting_for_approval,
@@ -850,16 +851,37 @@ def _interrupted(m: TurnMachine, out: _Out, message: MessageReceived) -> None:
 def _pause(m: TurnMachine, out: _Out, reason: PauseReason, why: str, blocked: tuple[ToolCall, ...] = ()) -> None:
     blocked = _recorded(m, blocked)
     hint = resume_hint(m.state.conversation_id, m.turn.turn_id, why)
-    kept = kept_work(m.last_text, m.done.values(), blocked)
-    _end(m, out, outcomes.paused(m.turn, _next_stamp(m), reason, kept, hint, m.model, blocked_calls=blocked))
+    stamp = _next_stamp(m)
+
+    def pause(kept: str, calls: tuple[ToolCall, ...]) -> Event:
+        return outcomes.paused(m.turn, stamp, reason, kept, hint, m.model, blocked_calls=calls)
+
+    _end(m, out, _recordable(m, pause, kept_work(m.last_text, m.done.values(), blocked), blocked))
 
 
 def _pause_for_approval(m: TurnMachine, out: _Out, call: ToolCall, blocked: tuple[ToolCall, ...]) -> None:
     blocked = _recorded(m, blocked)
-    turn = m.turn
-    kept = f"{kept_work(m.last_text, m.done.values(), blocked)}\n{waiting_for_approval(call)}".strip()
+    turn, stamp = m.turn, _next_stamp(m)
     hint = approval_hint(m.state.conversation_id, turn.turn_id, call)
-    _end(m, out, outcomes.paused(turn, _next_stamp(m), "approval", kept, hint, m.model, call, blocked))
+
+    def pause(kept: str, calls: tuple[ToolCall, ...]) -> Event:
+        kept = f"{kept}\n{waiting_for_approval(call)}".strip()
+        return outcomes.paused(turn, stamp, "approval", kept, hint, m.model, call, calls)
+
+    _end(m, out, _recordable(m, pause, kept_work(m.last_text, m.done.values(), blocked), blocked))
+
+
+def _recordable(
+    m: TurnMachine, pause: Callable[[str, tuple[ToolCall, ...]], Event], kept: str, blocked: tuple[ToolCall, ...]
+) -> Event:
+    """The pause, or, when its work listed in full would pass the log's limit (thousands of
+    calls in one reply), the pause with that work in brief: still a pause to resume, not a
+    failure after its side effects ran."""
+    whole = pause(kept, blocked)
+    limit = m.max_event_bytes
+    if limit is None or len(encode(whole)) <= limit:
+        return whole
+    return pause(kept_in_brief(m.last_text, len(m.done), len(blocked)), ())
 
 
 def _recorded(m: TurnMachine, calls: tuple[ToolCall, ...]) -> tuple[ToolCall, ...]:

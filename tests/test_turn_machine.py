@@ -926,6 +926,23 @@ def test_a_pause_quotes_large_arguments_in_part_so_it_fits_the_log_with_its_call
     assert 'search({"q":"xxx' in paused.kept and len(paused.kept) < 2_000
 
 
+def test_a_pause_whose_work_listed_in_full_would_not_fit_the_log_keeps_it_in_brief_and_stays_a_pause():
+    # Given a reply of 2,000 calls (its ModelResponded fits the log) of which the budget lets
+    # one run: the pause would carry the other 1,999 twice (whole, and quoted in `kept`)
+    m = machine(settings(budget=TurnBudget(max_tool_calls=1)))
+    m.max_event_bytes = 1_048_446
+    claimed(m)
+    calls = [(f"c{n}", "search", orjson.dumps({"q": f"{n:04d}" + "x" * 300}).decode()) for n in range(2_000)]
+    commands = decide(m, ModelAnswered(reply("Looking.", *calls), T0))
+    assert types(commands)[:2] == ["ModelResponded", "ToolCallStarted"]
+    after = decide(m, ToolReturned("one", T0 + 10))
+    # Then it is a pause the operator can resume, not a failure after a tool ran
+    assert types(after) == ["ToolCallFinished", "TurnPaused", "Finish"]
+    paused = events(after)[-1]
+    assert isinstance(paused, TurnPaused) and paused.reason == "tool_calls" and paused.blocked_calls == ()
+    assert paused.kept.startswith("Looking.") and "1 operation(s) completed and 1999 call(s)" in paused.kept
+
+
 def test_an_approval_pause_quotes_large_arguments_in_part_so_it_fits_the_log_with_its_call_whole():
     m = machine()
     m.max_event_bytes = 1_048_446
