@@ -15,7 +15,7 @@ import importlib
 import os
 import sys
 import tempfile
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal, Unpack, overload
@@ -23,7 +23,7 @@ from typing import Literal, Unpack, overload
 from turnstile.events import OUTCOME_TYPES, DecodeError, Event, ToolCall, TurnCompleted, Usage, decode_record
 from turnstile.handlers.budget import TurnBudget
 from turnstile.handlers.claim import DebouncePolicy, DoubleText, DoubleTextPolicy
-from turnstile.handlers.operations import Refused, Verb, decide_operation
+from turnstile.handlers.operations import Refused, Verb
 from turnstile.handlers.pricing import ModelPrice, PriceTable
 from turnstile.handlers.provider import (
     ModelReply,
@@ -39,13 +39,12 @@ from turnstile.handlers.retry import GiveUp, RetryPolicy, given_up, next_retry
 from turnstile.handlers.schedule import Schedule
 from turnstile.handlers.tool_functions import ToolCallable, ToolFlags, tool_from_function
 from turnstile.handlers.tools import Tool, ToolRegistry
-from turnstile.projections import new_state
 from turnstile.streams.config_file import shipped_prices
 from turnstile.streams.file_log import FileLog
 from turnstile.streams.http_reads import Unavailable
-from turnstile.streams.operations_cli import logged
+from turnstile.streams.operations_cli import decided_on_log
 from turnstile.streams.publisher import message_event, publish
-from turnstile.streams.runtime import RandomIds, SystemClock
+from turnstile.streams.runtime import SystemClock
 from turnstile.streams.serving import LogPlace, WorkerOptions, serve
 from turnstile.streams.turn_runner import Route, TurnSettings
 from turnstile.streams.worker import Worker, WorkerConfig
@@ -367,14 +366,10 @@ class Agent:
             return await self._answer(text, conversation, Path(folder), timeout_s)
 
     async def _answer(self, text: str, conversation: str, data: Path, timeout_s: float) -> Answered:
-        log = FileLog(data)
-        log.own()  # LogOwned while another answer or worker runs on `data`: refused before sending
-        try:
+        async with _owned(data) as log:
             message = message_event(conversation, text, SystemClock().now_ms())
             await publish(log, message)
             return await self._until_answered(log, conversation, message.message_id, timeout_s)
-        finally:
-            await log.stop()  # (again, if the worker stopped it): the folder's lock is let go
 
     async def approve(
         self, call_id: str, *, data: Path | str, conversation: str = "c1", note: str | None = None,
@@ -403,21 +398,14 @@ class Agent:
         self, verb: Verb, call_id: str | None, note: str | None, conversation: str, data: Path, timeout_s: float,
         turn_id: str | None = None,
     ) -> Answered:  # fmt: skip
-        log = FileLog(data)
-        log.own()
-        try:
-            view = await logged(LogPlace(data=data), conversation)
-            state = new_state(conversation) if isinstance(view, Unavailable) else view.state
-            now_ms = SystemClock().now_ms()
-            decided = decide_operation(
-                state, verb, call_id, note, event_id=RandomIds().new(), now_ms=now_ms, turn_id=turn_id
-            )
+        async with _owned(data) as log:
+            decided = await decided_on_log(LogPlace(data=data), conversation, verb, call_id, note, turn_id)
+            if isinstance(decided, Unavailable):
+                raise OSError(decided.message)
             if isinstance(decided, Refused):
                 raise OperationRefused(decided.reason)
             await publish(log, decided.event)
             return await self._until_answered(log, conversation, decided.input_id, timeout_s)
-        finally:
-            await log.stop()
 
     async def _until_answered(self, log: FileLog, conversation: str, message_id: str, timeout_s: float) -> Answered:
         providers = self.providers()
@@ -465,6 +453,19 @@ class Agent:
             http_token=http_token, stop=stop,
             signals=stop is None, effective_config=effective_config,
         )
+
+
+@contextlib.asynccontextmanager
+async def _owned(data: Path) -> AsyncIterator[FileLog]:
+    """The embedded log in `data`, owned while in use: `LogOwned` while another answer or
+    worker runs on it, refused before anything is sent; let go after (again, if the worker
+    stopped it)."""
+    log = FileLog(data)
+    log.own()
+    try:
+        yield log
+    finally:
+        await log.stop()
 
 
 class OperationRefused(ValueError):

@@ -291,9 +291,15 @@ class KafkaLog:
         return None  # the consumer group decides who folds which partition
 
     def partition_count(self) -> int | None:
-        # Known once the consumer has the topic's metadata (after it subscribed).
-        found = self._consumer.partitions_for_topic(self.topics.events) if self._consumer is not None else None
-        return len(found) if found else None
+        # Known once the consumer has the topic's metadata (after it subscribed), then kept: the
+        # count is fixed for the topic's life, and a metadata refresh that drops the topic for a
+        # moment must not make it unknown (every reader decides where a record belongs by it).
+        count = self._partition_counts.get(self.topics.events)
+        if count is None and self._consumer is not None:
+            found = self._consumer.partitions_for_topic(self.topics.events)
+            if found:
+                count = self._partition_counts[self.topics.events] = len(found)
+        return count
 
     def partition_for(self, key: str) -> int | None:
         count = self.partition_count()
@@ -379,6 +385,14 @@ class KafkaLog:
                 "a topic's max.message.bytes was probably lowered while the worker ran: it stops, and started "
                 "again it reads the limits anew"
             ) from self._broken
+
+    def _refused(self, exc: BaseException) -> BaseException:
+        """A failed append, as its caller gets it; one that breaks the producer's sequence is
+        noted for the next poll to stop the worker on."""
+        if isinstance(exc, OutOfOrderSequenceNumber) and self._broken is None:
+            self._broken = exc
+            log.error("the producer's sequence broke (%r): the worker stops at its next poll", exc)
+        return _refused(exc)
 
     def _raise_a_failed_rebalance(self) -> None:
         if self._listener is not None and self._listener.failure is not None:
@@ -492,13 +506,6 @@ class KafkaLog:
             # One that failed after the last poll: the stop says so, and the process does not
             # exit as if all went well.
             self._raise_a_failed_rebalance()
-
-
-    def _refused(self, exc: BaseException) -> BaseException:
-        if isinstance(exc, OutOfOrderSequenceNumber) and self._broken is None:
-            self._broken = exc
-            log.error("the producer's sequence broke (%r): the worker stops at its next poll", exc)
-        return _refused(exc)
 
 
 def _refused(exc: BaseException) -> BaseException:

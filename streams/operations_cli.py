@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 from turnstile.events import InputEvent
 from turnstile.events.identity import content_fingerprint
-from turnstile.handlers.operations import Refused, decide_operation
+from turnstile.handlers.operations import Operation, Refused, Verb, decide_operation
 from turnstile.projections import new_state
 from turnstile.streams.cli_errors import DATA_ERR, NOT_FOUND, UNAVAILABLE, CliError
 from turnstile.streams.http_reads import PartitionReads, Reads, Unavailable
@@ -59,17 +59,24 @@ def unchecked(what: str, why: Unavailable) -> None:
           file=sys.stderr)  # fmt: skip
 
 
-async def operate(args: argparse.Namespace, place: LogPlace) -> int:
-    view = await logged(place, args.conversation)
-    if isinstance(view, Unavailable) and view.status != 404:  # (404: no event; the decision says so)
-        raise CliError(UNAVAILABLE, view.message)
-    state = new_state(args.conversation) if isinstance(view, Unavailable) else view.state
+async def decided_on_log(
+    place: LogPlace, conversation: str, verb: Verb, call_id: str | None, note: str | None, turn_id: str | None = None
+) -> Operation | Refused | Unavailable:
+    """An operator's decision on `conversation` as its log has it now (`Unavailable` when the
+    log could not be read; a conversation with no event is one with nothing to decide)."""
+    view = await logged(place, conversation)
+    if isinstance(view, Unavailable) and view.status != 404:
+        return view
+    state = new_state(conversation) if isinstance(view, Unavailable) else view.state
     event_id, now_ms = uuid.uuid4().hex, SystemClock().now_ms()
-    call_id = None if args.command == "resume" else args.call_id
-    turn_id = getattr(args, "turn", None)
-    decided = decide_operation(
-        state, args.command, call_id, args.note, event_id=event_id, now_ms=now_ms, turn_id=turn_id
-    )
+    return decide_operation(state, verb, call_id, note, event_id=event_id, now_ms=now_ms, turn_id=turn_id)
+
+
+async def operate(args: argparse.Namespace, place: LogPlace) -> int:
+    call_id, turn_id = (None, None) if args.command == "resume" else (args.call_id, args.turn)
+    decided = await decided_on_log(place, args.conversation, args.command, call_id, args.note, turn_id)
+    if isinstance(decided, Unavailable):
+        raise CliError(UNAVAILABLE, decided.message)
     if isinstance(decided, Refused):
         raise CliError(NOT_FOUND, decided.reason)  # nothing to act on, as an unknown conversation
     event = decided.event
