@@ -65,6 +65,7 @@ from turnstile.streams.publisher import message_event
 from turnstile.streams.read_model import ReadModel
 from turnstile.streams.runtime import Clock, SystemClock
 from turnstile.streams.sse import serve_feed
+from turnstile.streams.tracing import trace_headers
 from turnstile.streams.views import state_json, turn_json
 
 if TYPE_CHECKING:
@@ -343,7 +344,8 @@ def build_app(
             status = "rejected" if message_id in state.rejected else "accepted"
             return _json({**reply, "duplicate": True, "status": status}, 202)
         try:
-            partition, offset = await log_.append(log_.topics.events, conversation, encode(event))
+            trace = trace_headers(request.headers)  # the caller's trace goes on to the turn's spans
+            partition, offset = await log_.append(log_.topics.events, conversation, encode(event), headers=trace)
         except RecordRefused as exc:  # within the body's limit, its JSON escaped past the log's
             return _error(413, f"the log does not take this record: {exc}")
         if message_id is not None:  # the client's id may have been used before, by anyone
@@ -435,7 +437,8 @@ def build_app(
             return _error(409, decided.reason)
         event = decided.event
         try:
-            partition, offset = await log_.append(log_.topics.events, conversation, encode(event))
+            trace = trace_headers(request.headers)  # the caller's trace goes on to the turn's spans
+            partition, offset = await log_.append(log_.topics.events, conversation, encode(event), headers=trace)
         except RecordRefused as exc:  # within the body's limit, its JSON escaped past the log's
             return _error(413, f"the log does not take this record: {exc}")
         input_id = decided.input_id

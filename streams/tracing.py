@@ -15,26 +15,31 @@ run wrote just before the request to its `ModelResponded`.
                                     turnstile.cost_usd
         execute_tool {tool}         gen_ai.operation.name=execute_tool, gen_ai.tool.name, gen_ai.tool.call.id
 
+A model request that got no usable reply is a failed `chat` span with `error.type` its
+kind, read from the event that followed it (a malformed reply's `ProtocolFailure`, the
+fallback it caused, or the attempt's failure).
+
 Trace context travels from the publisher: `publish` puts the current span's W3C
 `traceparent` in the record's headers (when OpenTelemetry is installed and a span is
-active), and the turn span of the inputs it claims is that span's child (further inputs
-are links).
+active; the HTTP API's POST passes on its request's own when it has none), and the turn
+span of the inputs it claims is that span's child (further inputs are links).
 """
 
 from __future__ import annotations
 
+import re
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, get_args
 
 from turnstile.events import (
+    INPUT_TYPES,
     OUTCOME_TYPES,
     AttemptFailed,
     AttemptStarted,
     Event,
     FallbackEngaged,
-    MessageReceived,
     ModelResponded,
     ProtocolFailure,
     ToolCallFinished,
@@ -43,7 +48,9 @@ from turnstile.events import (
     TurnEnvelope,
     TurnFailed,
     TurnInterrupted,
+    input_id,
 )
+from turnstile.handlers.provider import ProviderErrorKind
 from turnstile.projections import ConversationState
 
 if TYPE_CHECKING:
@@ -53,17 +60,26 @@ if TYPE_CHECKING:
 # Inputs whose trace context is remembered until a turn claims them; a bound, not a time.
 INPUTS_KEPT = 100_000
 Headers = Sequence[tuple[str, bytes | None]]
+_REQUEST_ERRORS = frozenset(get_args(ProviderErrorKind))
+_FELL_BACK = re.compile(r" failed \((\w+)\); ")  # `handlers.fallback.next_route`'s reason
 
 
-def trace_headers() -> dict[str, str]:
-    """The current span's context as record headers (W3C trace context), or none when
-    OpenTelemetry is not installed or no span is active."""
+def trace_headers(incoming: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The trace context to put in a record's headers (W3C trace context): the current
+    span's; else the one `incoming` carries (the headers of the HTTP request that asked for
+    the publish, whose caller traces while this process does not); else none, and none
+    when OpenTelemetry is not installed."""
     try:
-        from opentelemetry import propagate
+        from opentelemetry import propagate, trace
     except ImportError:
         return {}
     carrier: dict[str, str] = {}
     propagate.inject(carrier)
+    if carrier or incoming is None:
+        return carrier
+    context = propagate.extract(incoming)
+    if trace.get_current_span(context).get_span_context().is_valid:
+        propagate.inject(carrier, context=context)
     return carrier
 
 
@@ -76,6 +92,7 @@ class _Run:
     span: Span
     model: str
     last_at: int  # occurred_at of the run's latest event: when its next request started
+    failed_call_shown: bool = False  # the failed request's span is made (a malformed reply)
 
 
 class TurnTracer:
@@ -90,8 +107,9 @@ class TurnTracer:
         self._tools: dict[tuple[str, str], Span] = {}
 
     def note_input(self, event: Event, headers: Headers) -> None:
-        """Remembers the trace context a message was published with (replayed ones too)."""
-        if not isinstance(event, MessageReceived) or not headers:
+        """Remembers the trace context an input was published with (replayed ones too): a
+        message, or an operator's decision or resume through the HTTP API."""
+        if not isinstance(event, INPUT_TYPES) or not headers:
             return
         from opentelemetry import propagate, trace
 
@@ -99,8 +117,7 @@ class TurnTracer:
         context = propagate.extract(carrier)
         if not trace.get_current_span(context).get_span_context().is_valid:
             return
-        key = (event.conversation_id, event.message_id)
-        self._inputs[key] = context
+        self._inputs[(event.conversation_id, input_id(event))] = context
         while len(self._inputs) > INPUTS_KEPT:
             self._inputs.popitem(last=False)
 
@@ -112,15 +129,22 @@ class TurnTracer:
             self._turn(state, event)
         elif isinstance(event, AttemptStarted):
             self._attempt(state, event)
-        elif isinstance(event, ModelResponded) or (isinstance(event, ProtocolFailure) and event.usage is not None):
-            self._model_call(event)  # (a billed reply that could not be used is a failed call)
+        elif isinstance(event, ModelResponded):
+            self._model_call(event)
+        elif isinstance(event, ProtocolFailure) and event.kind == "malformed_response":
+            self._model_call(event)  # a reply that could not be used (billed or not) is a failed call
         elif isinstance(event, ToolCallStarted):
             self._tool_started(event)
         elif isinstance(event, ToolCallFinished):
             self._tool_finished(event)
         elif isinstance(event, FallbackEngaged) and (run := self._runs.get(event.run_id)):
-            run.model = event.to_model
+            match = _FELL_BACK.search(event.reason)
+            self._failed_call(event.run_id, match[1] if match else "_OTHER", event.reason, event.occurred_at)
+            run.model, run.failed_call_shown = event.to_model, False
         elif isinstance(event, AttemptFailed):
+            kind = event.reason.partition(":")[0]  # `ProviderError`'s text: a failed request
+            if kind in _REQUEST_ERRORS:
+                self._failed_call(event.run_id, kind, event.reason, event.occurred_at)
             self._end_run(event.run_id, event.occurred_at, error=event.reason)
         elif isinstance(event, (*OUTCOME_TYPES, TurnInterrupted)):
             self._outcome(event)  # a withdrawn turn's span ends too, "interrupted"
@@ -187,26 +211,21 @@ class TurnTracer:
         from opentelemetry.trace import SpanKind
 
         run = self._runs.get(event.run_id)
-        usage = event.usage
-        if run is None or usage is None:
+        if run is None:
             return
-        family = self._family_of(run.model)
-        attributes: dict[str, Any] = {
-            "gen_ai.operation.name": "chat",
-            "gen_ai.system": family,
-            "gen_ai.provider.name": family,
-            "gen_ai.request.model": run.model,
-            "gen_ai.response.model": event.model,
-            "gen_ai.usage.input_tokens": usage.input_tokens,
-            "gen_ai.usage.output_tokens": usage.output_tokens,
-            "gen_ai.usage.cache_read.input_tokens": usage.cached_input_tokens,
-            "gen_ai.usage.cache_creation.input_tokens": usage.cache_write_tokens,
-            "turnstile.iteration": event.iteration,
-        }
+        attributes = self._chat_attributes(run)
+        attributes["gen_ai.response.model"] = event.model
+        attributes["turnstile.iteration"] = event.iteration
+        if (usage := event.usage) is not None:
+            attributes["gen_ai.usage.input_tokens"] = usage.input_tokens
+            attributes["gen_ai.usage.output_tokens"] = usage.output_tokens
+            attributes["gen_ai.usage.cache_read.input_tokens"] = usage.cached_input_tokens
+            attributes["gen_ai.usage.cache_creation.input_tokens"] = usage.cache_write_tokens
         if isinstance(event, ModelResponded):
             attributes["gen_ai.response.finish_reasons"] = (event.finish_reason,)
         else:
             attributes["error.type"] = event.kind
+            run.failed_call_shown = True
         if event.cost_usd is not None:
             attributes["turnstile.cost_usd"] = event.cost_usd
         span = self._child(event.run_id, f"chat {run.model}", run.last_at, SpanKind.CLIENT, attributes)
@@ -214,6 +233,29 @@ class TurnTracer:
             if isinstance(event, ProtocolFailure):
                 _fail(span, f"{event.kind}: {event.detail}")
             span.end(end_time=_ns(event.occurred_at))
+
+    def _failed_call(self, run_id: str, error_type: str, description: str, at_ms: int) -> None:
+        """A model request that got no reply (timeout, refusal, 5xx...), told by the event
+        that followed it: the fallback it caused or the attempt's failure."""
+        from opentelemetry.trace import SpanKind
+
+        run = self._runs.get(run_id)
+        if run is None or run.failed_call_shown:
+            return
+        attributes = {**self._chat_attributes(run), "error.type": error_type}
+        span = self._child(run_id, f"chat {run.model}", run.last_at, SpanKind.CLIENT, attributes)
+        if span is not None:
+            _fail(span, description)
+            span.end(end_time=_ns(at_ms))
+
+    def _chat_attributes(self, run: _Run) -> dict[str, Any]:
+        family = self._family_of(run.model)
+        return {
+            "gen_ai.operation.name": "chat",
+            "gen_ai.system": family,
+            "gen_ai.provider.name": family,
+            "gen_ai.request.model": run.model,
+        }
 
     def _tool_started(self, event: ToolCallStarted) -> None:
         from opentelemetry.trace import SpanKind

@@ -16,10 +16,11 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
 from provider_server import ProviderServer, Raw, Reply
-from worker_harness import FAST, running
+from worker_harness import FAST, running, serving, until
 
 from turnstile.handlers.providers.openai_chat import OpenAIChat
 from turnstile.handlers.providers.scripted import ScriptedProvider
+from turnstile.handlers.turn_settings import Route
 from turnstile.streams.file_log import FileLog
 from turnstile.streams.kafka_log import KafkaLog
 from turnstile.streams.kafka_reader import read_topic
@@ -40,14 +41,17 @@ def spans() -> tuple[TracerProvider, InMemorySpanExporter]:
     return provider, exporter
 
 
-async def traced_turn(tmp_path, spans, script, **overrides) -> tuple[list[ReadableSpan], ReadableSpan]:
+async def traced_turn(
+    tmp_path, spans, script, fallback: str | None = None, **overrides
+) -> tuple[list[ReadableSpan], ReadableSpan]:
     provider, exporter = spans
     exporter.clear()
     world = World(log=FileLog(tmp_path))
     with ProviderServer() as server:
         server.push(*script)
         http = HttpProvider(OpenAIChat(), server.base_url_openai, "test-key", retry=ATTEMPTS_ONLY)
-        traced = dataclasses.replace(config(settings(world, **overrides)), tracing=True)
+        fallbacks = [Route(fallback, http)] if fallback else []
+        traced = dataclasses.replace(config(settings(world, fallbacks=fallbacks, **overrides)), tracing=True)
         async with running(world.log, http, traced, tracer_provider=provider):
             with provider.get_tracer("test").start_as_current_span("publish message") as publishing:
                 await publish(world.log, message_event("c1", "compare the fares", NOW(), "m1"))
@@ -132,6 +136,55 @@ async def test_a_billed_reply_that_could_not_be_used_is_a_failed_chat_span_with_
     assert (chat.attributes["gen_ai.usage.input_tokens"], chat.attributes["gen_ai.usage.output_tokens"]) == (30, 2)
     assert chat.attributes["error.type"] == "malformed_response"
     assert chat.attributes["turnstile.cost_usd"] == pytest.approx((30 * 1.0 + 2 * 2.0) / 1e6)
+
+
+async def test_a_request_that_got_no_reply_is_a_failed_chat_span_and_the_retry_its_own(tmp_path, spans):
+    script = [Raw(500, {"error": {"message": "upstream", "type": "server_error"}}), Reply(text="ok", usage=(9, 1))]
+    finished, root = await traced_turn(tmp_path, spans, script, max_attempts=2, backoff_base_ms=1)
+    [turn] = children(finished, root)
+    first, second = children(finished, turn)
+    [failed] = children(finished, first)
+    assert failed.name == "chat gpt-test" and failed.status.status_code == StatusCode.ERROR
+    assert failed.attributes["error.type"] == "server_error" and "upstream" in (failed.status.description or "")
+    assert not any(name.startswith("gen_ai.usage") for name in failed.attributes)  # nothing was billed
+    assert first.start_time <= failed.start_time <= failed.end_time <= first.end_time
+    [answered] = children(finished, second)
+    assert answered.status.status_code == StatusCode.UNSET and turn.attributes["turnstile.outcome"] == "completed"
+
+
+async def test_a_request_a_fallback_model_took_over_is_a_failed_chat_span_beside_the_fallbacks(tmp_path, spans):
+    script = [Raw(500, {"error": {"message": "upstream"}}), Reply(text="ok", usage=(9, 1))]
+    finished, root = await traced_turn(tmp_path, spans, script, fallback="gpt-backup")
+    [turn] = children(finished, root)
+    [attempt] = children(finished, turn)  # one attempt: the fallback continued it
+    failed, answered = children(finished, attempt)
+    assert (failed.name, answered.name) == ("chat gpt-test", "chat gpt-backup")
+    assert failed.status.status_code == StatusCode.ERROR and failed.attributes["error.type"] == "server_error"
+    assert answered.status.status_code == StatusCode.UNSET and answered.start_time >= failed.end_time
+
+
+async def test_a_malformed_reply_that_was_not_billed_is_a_failed_chat_span_once(tmp_path, spans):
+    finished, root = await traced_turn(tmp_path, spans, [Raw(200, {"choices": []})])
+    [turn] = children(finished, root)
+    [chat] = children(finished, children(finished, turn)[0])  # once: not again for the attempt's failure
+    assert chat.attributes["error.type"] == "malformed_response" and chat.status.status_code == StatusCode.ERROR
+    assert not any(name.startswith("gen_ai.usage") for name in chat.attributes)
+
+
+async def test_a_message_posted_over_http_continues_the_callers_trace(tmp_path, spans):
+    provider, exporter = spans
+    exporter.clear()
+    caller = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"  # the caller's span, not ours
+    worker = Worker(FileLog(tmp_path), ScriptedProvider(), dataclasses.replace(FAST, tracing=True),
+                    tracer_provider=provider)  # fmt: skip
+    async with serving(worker) as (_svc, client):
+        headers = {"traceparent": caller, "tracestate": "vendor=1"}
+        posted = await client.post("/conversations/c1/messages", json={"content": "hi"}, headers=headers)
+        assert posted.status_code == 202, posted.text
+        await until(lambda: any(s.name == "turnstile.turn" for s in exporter.get_finished_spans()))
+    [turn] = [s for s in exporter.get_finished_spans() if s.name == "turnstile.turn"]
+    assert turn.parent is not None and format(turn.parent.span_id, "016x") == "00f067aa0ba902b7"
+    assert format(turn.context.trace_id, "032x") == "4bf92f3577b34da6a3ce929d0e0e4736"
 
 
 def test_tracing_is_off_by_default():
@@ -221,3 +274,29 @@ def test_a_header_without_a_value_breaks_nothing_and_a_valid_one_beside_it_still
         tracer.on_event(state, event)
     [turn] = [s for s in exporter.get_finished_spans() if s.name == "turnstile.turn"]
     assert format(turn.context.trace_id, "032x") == "0af7651916cd43dd8448eb211c80319c"
+
+
+def test_a_resume_requested_over_http_is_the_parent_of_the_turn_it_starts(spans):
+    from builders import claim, completed, message
+
+    from turnstile.events import ResumeRequested
+    from turnstile.projections import apply_event, new_state
+    from turnstile.streams.tracing import TurnTracer
+
+    provider, exporter = spans
+    exporter.clear()
+    tracer, state = TurnTracer(lambda _model: "openai", provider), new_state("conv-1")
+    first = claim(["m1"], 20, 0)
+    resume = ResumeRequested(
+        event_id="e-r", conversation_id="conv-1", occurred_at=50, request_id="r1", resumes_turn_id=first.turn_id,
+    )  # fmt: skip
+    caller = b"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+    tracer.note_input(resume, (("traceparent", caller),))
+    second = claim(["r1"], 60, 2, run_id="run-2")
+    for event in (message("m1", 10), first, completed(first, 30), resume, second, completed(second, 70)):
+        assert apply_event(state, event) is None, event
+        tracer.on_event(state, event)
+    turns = {s.attributes["turnstile.turn_id"]: s for s in exporter.get_finished_spans() if s.name == "turnstile.turn"}
+    assert turns[first.turn_id].parent is None
+    parent = turns[second.turn_id].parent
+    assert parent is not None and format(parent.span_id, "016x") == "00f067aa0ba902b7"
