@@ -3,7 +3,7 @@ the double-text policy for messages that arrive while a turn is active."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -69,9 +69,8 @@ def plan_claim(state: ConversationState, now_ms: int, policy: DebouncePolicy) ->
     outcome on the log is what makes the conversation claimable again)."""
     if state.active is not None or not state.pending:
         return None
-    # Producers' timestamps give the order the user wrote in; the log order breaks ties.
-    ordered = sorted(state.pending.values(), key=lambda p: p.occurred_at)
-    batch = _within_a_claim(ordered[: policy.max_batch])
+    ordered = _in_claim_order(state.pending.values())
+    batch = _next_claim(ordered, policy)
     due = min(ordered[-1].occurred_at + policy.quiet_ms, ordered[0].occurred_at + policy.max_wait_ms)
     # The oldest stamped ahead of this clock by more than the wait allows (a producer's clock
     # far off, or a stamp that is no time at all): waiting for it would hold the conversation
@@ -80,6 +79,26 @@ def plan_claim(state: ConversationState, now_ms: int, policy: DebouncePolicy) ->
     if len(ordered) < policy.max_batch and now_ms < due and not ahead:
         return WaitUntil(due)
     return ClaimPlan(logical_turn_id(i.input_id for i in batch), batch, len(state.history))
+
+
+def claims_ahead(pending: Iterable[PendingInput], policy: DebouncePolicy) -> Iterator[tuple[PendingInput, ...]]:
+    """The claims that will take `pending`, in order, if no other input arrives first: the
+    turn an input just written will run in (an operator's decision behind many messages may
+    not be in the next one)."""
+    ordered = _in_claim_order(pending)
+    while ordered:
+        batch = _next_claim(ordered, policy)
+        yield batch
+        ordered = ordered[len(batch) :]
+
+
+def _in_claim_order(pending: Iterable[PendingInput]) -> list[PendingInput]:
+    # Producers' timestamps give the order the user wrote in; the log order breaks ties.
+    return sorted(pending, key=lambda p: p.occurred_at)
+
+
+def _next_claim(ordered: list[PendingInput], policy: DebouncePolicy) -> tuple[PendingInput, ...]:
+    return _within_a_claim(ordered[: policy.max_batch])
 
 
 def _within_a_claim(inputs: list[PendingInput]) -> tuple[PendingInput, ...]:

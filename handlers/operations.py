@@ -17,8 +17,8 @@ from typing import Literal
 from turnstile.events import Approval, InputInjected, ResumeRequested, input_id, logical_turn_id
 from turnstile.events.base import MAX_ID_CHARS
 from turnstile.events.inputs import MAX_CONTENT_CHARS
-from turnstile.handlers.claim import DebouncePolicy
-from turnstile.projections import ConversationState
+from turnstile.handlers.claim import DebouncePolicy, claims_ahead
+from turnstile.projections import ConversationState, PendingInput
 from turnstile.projections.state import TurnRecord
 
 # An operator's note is a sentence or a paragraph for the model; the bound keeps the input
@@ -36,8 +36,8 @@ class Refused:
 @dataclass(frozen=True, slots=True)
 class Operation:
     event: InputInjected | ResumeRequested
-    # The logical turn that will answer it: its input with the inputs pending now, as the
-    # next claim takes them (more inputs arriving before the claim would change it).
+    # The logical turn that will answer it: the claim that takes its input with the inputs
+    # pending now, oldest first (more inputs arriving before the claim would change it).
     turn_id: str
 
     @property
@@ -103,10 +103,13 @@ def _conflict(state: ConversationState, input_id: str, content: str, what: str) 
     return Refused(f"{what} is already on the log, waiting for its claim; the first one stands")
 
 
-def _next_turn(state: ConversationState, input_id: str, policy: DebouncePolicy) -> str:
-    pending = sorted(state.pending.values(), key=lambda p: p.occurred_at)
-    ids = [p.input_id for p in pending if p.input_id != input_id]
-    return logical_turn_id([input_id, *ids][: policy.max_batch])
+def _next_turn(state: ConversationState, written: PendingInput, policy: DebouncePolicy) -> str:
+    """The logical turn that will take `written` (as pending once on the log; the same
+    decision written before keeps its place), with the inputs pending now."""
+    key = written.input_id
+    pending = [*state.pending.values()] if key in state.pending else [*state.pending.values(), written]
+    batch = next(b for b in claims_ahead(pending, policy) if any(p.input_id == key for p in b))
+    return logical_turn_id(p.input_id for p in batch)
 
 
 def decide_approval(
@@ -158,7 +161,7 @@ def decide_approval(
         content=content,
         approval=Approval(turn_id=asked.turn_id, call_id=call.call_id, approved=approved),
     )
-    return Operation(event, _next_turn(state, key, policy))
+    return Operation(event, _next_turn(state, PendingInput(key, "injected", content, now_ms), policy))
 
 
 def _not_waiting(state: ConversationState, last: TurnRecord, undecided: list[TurnRecord], call_id: str) -> Refused:
@@ -213,7 +216,7 @@ def decide_resume(
         resumes_turn_id=last.turn_id,
         content=content,
     )
-    return Operation(event, _next_turn(state, request_id, policy))
+    return Operation(event, _next_turn(state, PendingInput(request_id, "resume", content, now_ms), policy))
 
 
 Verb = Literal["approve", "deny", "resume"]

@@ -27,6 +27,7 @@ from turnstile.events import (
     logical_turn_id,
 )
 from turnstile.events.inputs import MAX_CONTENT_CHARS
+from turnstile.handlers.claim import ClaimPlan, DebouncePolicy, plan_claim
 from turnstile.handlers.operations import (
     MAX_NOTE_CHARS,
     Operation,
@@ -57,6 +58,26 @@ def test_given_a_turn_paused_for_approval_when_its_call_is_approved_then_an_appr
     assert (decided.event.occurrence_key, decided.event.source) == ("approval:t1:call-1", "approval")
     assert decided.event.content.startswith("Approved: send_email") and "Note: ok by me" in decided.event.content
     assert decided.turn_id == logical_turn_id(["approval:t1:call-1"])
+
+
+def test_given_more_messages_pending_than_a_claim_takes_when_approved_then_the_turn_named_is_the_one_that_takes_it(
+) -> None:
+    state = state_with("paused", CALL)
+    for n in (2, 3, 4):
+        message = MessageReceived(event_id=f"e{n}", conversation_id="c1", occurred_at=n, message_id=f"m{n}",
+                                  content="and another thing")  # fmt: skip
+        assert apply_event(state, message) is None
+    two = DebouncePolicy(quiet_ms=0, max_wait_ms=0, max_batch=2)
+    decided = decide_approval(state, "call-1", True, None, event_id="e", now_ms=10, policy=two)
+    assert isinstance(decided, Operation)
+    # The oldest first: m2 and m3 go first, the decision with m4 after them.
+    assert decided.turn_id == logical_turn_id(["m4", "approval:t1:call-1"])
+    assert apply_event(state, decided.event) is None
+    first = plan_claim(state, 10, two)
+    assert isinstance(first, ClaimPlan) and first.input_ids == ("m2", "m3")
+    # Written again before its claim, it keeps its place (its first stamp, not the new one).
+    again = decide_approval(state, "call-1", True, None, event_id="e2", now_ms=1, policy=two)
+    assert isinstance(again, Operation) and again.turn_id == decided.turn_id
 
 
 def test_given_a_call_id_as_long_as_a_tool_call_may_have_when_approved_then_the_decision_fits_an_input_id() -> None:
