@@ -42,6 +42,7 @@ from turnstile.events import (
 )
 from turnstile.events.upcast import UPCASTERS, Upcasters
 from turnstile.projections.conversation import apply_event, closed_run_cannot_end_so, new_state
+from turnstile.projections.published import OutcomeLedger
 from turnstile.projections.state import ActiveTurn, ConversationState
 
 # Rule id -> what it checks. The order is the order of the report.
@@ -203,13 +204,17 @@ class AuditReport:
     # their partition went on.
     not_committed_past: list[Finding] = field(default_factory=list)
     stalled: list[Finding] = field(default_factory=list)
+    # When the outcomes topic was read: outcomes (and refusals) the workers committed past
+    # that a consumer of that topic can never see, no dead letter saying why.
+    unpublished: list[Finding] = field(default_factory=list)
     strict: bool = False
     # Only what is new since an earlier audit was kept (`since`): no verdict on the whole log.
     incremental: bool = False
 
     @property
     def violations(self) -> int:
-        return sum(len(r.violations) for r in self.rules) + (len(self.stuck) if self.strict else 0)
+        strict = len(self.stuck) + len(self.unpublished) if self.strict else 0
+        return sum(len(r.violations) for r in self.rules) + strict
 
     @property
     def stuck(self) -> list[Finding]:
@@ -243,6 +248,7 @@ class AuditReport:
             undecodable=new(self.undecodable),
             dead_letters=new(self.dead_letters),
             not_dead_lettered=new(self.not_dead_lettered),
+            unpublished=new(self.unpublished),
         )  # stalled and not committed past describe the log's end: reported whole
 
     def rule(self, rule: str) -> RuleResult:
@@ -267,6 +273,7 @@ class AuditReport:
             "not_dead_lettered": [f.to_json() for f in self.not_dead_lettered],
             "not_committed_past": [f.to_json() for f in self.not_committed_past],
             "stalled": [f.to_json() for f in self.stalled],
+            "unpublished": [f.to_json() for f in self.unpublished],
             "poisoned": self.poisoned,
         }
 
@@ -311,6 +318,9 @@ class Auditor:
         self._undecodable: list[Finding] = []
         self._dead_letters: list[Finding] | None = None  # None: the dead-letter topic was not read
         self._committed: dict[int, int] | None = None  # the workers' group, when given
+        self._refused_effects: set[tuple[int, int]] = set()  # dead letters of refused outcome records
+        self._ledger = OutcomeLedger()
+        self._outcomes: tuple[list[bytes | None], bool] | None = None  # the outcomes topic, when read
         self._ends: dict[int, int] = {}  # partition -> offset after its last record
         self._last_time: dict[int, int] = {}  # partition -> latest event time on it
         self._input_at: dict[tuple[str, str], tuple[int, int]] = {}  # pending input -> where it arrived
@@ -333,7 +343,15 @@ class Auditor:
             if letter.value_truncated:
                 detail += f" (a prefix of {letter.value_bytes} bytes, sha256 {letter.value_sha256})"
             found.append(Finding(letter.partition, letter.offset, letter.key, None, detail))
+            if letter.reason == "effect_skipped":
+                self._refused_effects.add((letter.partition, letter.offset))
         self._dead_letters = found
+        return self
+
+    def feed_outcomes(self, values: Iterable[bytes | None], trimmed: bool) -> Auditor:
+        """The outcomes topic's record values; `trimmed`: retention deleted its oldest records
+        (a partition of it starts past offset 0)."""
+        self._outcomes = (list(values), trimmed)
         return self
 
     def feed_committed(self, committed: Mapping[int, int]) -> Auditor:
@@ -365,6 +383,7 @@ class Auditor:
         self._last_time[record.partition] = max(self._last_time.get(record.partition, 0), event.occurred_at)
         if rejection is None:
             self._after(event)
+            self._ledger.note(record.partition, record.offset, event)
             for input_id in state.pending:
                 self._input_at.setdefault((event.conversation_id, input_id), self._at)
         elif not explained:
@@ -752,6 +771,7 @@ class Auditor:
             not_dead_lettered=self._not_dead_lettered(),
             not_committed_past=self._not_committed_past(),
             stalled=self._stalled(stall_after_s, now_ms),
+            unpublished=self._unpublished(),
             strict=strict,
         )
 
@@ -790,15 +810,29 @@ class Auditor:
                 found.append(Finding(p, o, conv, None, detail))
         return found
 
+    def _unpublished(self) -> list[Finding]:
+        if self._outcomes is None or self._committed is None:
+            return []  # without both, what is due on the outcomes topic is not known
+        values, trimmed = self._outcomes
+        detail = "{} the workers' group committed past is not on the outcomes topic, and no dead letter says why"
+        return [
+            Finding(d.partition, d.offset, d.conversation_id, d.turn_id, detail.format(d.event_type))
+            for d in self._ledger.unpublished(values, trimmed, self._committed, self._refused_effects)
+        ]
+
     def _not_dead_lettered(self) -> list[Finding]:
         if self._dead_letters is None:
             return []
         lettered = {(f.partition, f.offset) for f in self._dead_letters}
-        return [
-            dataclasses.replace(f, detail=f"never dead-lettered: {f.detail}")
-            for f in self._undecodable
-            if (f.partition, f.offset) not in lettered
-        ]
+        committed = self._committed or {}
+
+        def why(f: Finding) -> str:
+            if committed.get(f.partition, 0) > f.offset:  # its letter was refused or lost
+                return f"never dead-lettered, though the workers' group committed past it: {f.detail}"
+            return f"never dead-lettered (no worker got past it yet): {f.detail}"
+
+        unlettered = (f for f in self._undecodable if (f.partition, f.offset) not in lettered)
+        return [dataclasses.replace(f, detail=why(f)) for f in unlettered]
 
 
 _TYPE_OF: dict[str, type] = {t.__name__: t for t in _OUTCOMES}
@@ -880,9 +914,10 @@ def render(report: AuditReport, limit: int = 20) -> str:
         ("other events the fold ignores (duplicates, conflicts)", report.ignored),
         ("values that do not decode or are keyed wrongly (the workers dead-letter them)", report.undecodable),
         ("letters on the dead-letter topic (refused values, one-time writes skipped)", report.dead_letters),
-        ("undecodable values with no dead letter (no worker got past them yet?)", report.not_dead_lettered),
+        ("undecodable values with no dead letter", report.not_dead_lettered),
         ("partitions the workers' group has not committed to their end" + strict_note, report.not_committed_past),
         ("conversations whose inputs wait unclaimed while their partition goes on" + strict_note, report.stalled),
+        ("outcomes the workers committed past that are not on the outcomes topic" + strict_note, report.unpublished),
     ]  # fmt: skip
     lines.append("")
     for title, findings in notices:
@@ -906,6 +941,8 @@ def _verdict(report: AuditReport) -> str:
     if report.stalled or report.not_committed_past:
         marks.append(f"not progressing: {len(report.stalled)} stalled conversation(s), "
                      f"{len(report.not_committed_past)} partition(s) not committed to the end")  # fmt: skip
+    if report.unpublished:
+        marks.append(f"{len(report.unpublished)} outcome(s) missing from the outcomes topic")
     if marks:
         return f"{head}; " + "; ".join(marks)
     if report.incremental:  # the findings of earlier runs are not repeated, nor judged again

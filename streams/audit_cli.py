@@ -8,8 +8,9 @@ reports only what is new since, unless `--from-beginning`.
 
 Beside the rules it reports where the log stopped moving: values that do not decode and
 their dead letters (a poisoned log), partitions the workers' consumer group has not committed
-to their end, and conversations whose inputs wait unclaimed while their partition goes on.
-With `--strict` those, and turns still open, are violations too.
+to their end, conversations whose inputs wait unclaimed while their partition goes on, and
+outcomes the workers committed past that the outcomes topic does not hold (what its
+consumers can never see). With `--strict` those, and turns still open, are violations too.
 
 Exit status: 0 no violation, 1 at least one violation, 2 the log could not be read, 69 the
 broker could not be reached.
@@ -99,15 +100,19 @@ def audit_records(
     committed: dict[int, int] | None = None,
     began_ms: int | None = None,
     partitions: int | None = None,
+    outcomes: tuple[list[Record], bool] | None = None,
 ) -> AuditReport:
     """`dlq`: the dead-letter topic's records, None if it could not be read; `committed`:
     the workers' group's offsets, None (or empty: not this log's group) if unknown;
     `began_ms`: when the audit began reading, the time an input's wait is counted to;
-    `partitions`: the events topic's partition count."""
+    `partitions`: the events topic's partition count; `outcomes`: the outcomes topic's
+    records and whether retention deleted some, None if it could not be read."""
     limits = AuditLimits(args.max_iterations, args.max_tool_calls, args.max_cost_usd, args.deadline_s)
     auditor = Auditor(limits, partitions=partitions).feed_all(records)
     if dlq is not None:
         auditor.feed_dead_letters(_letters(dlq))
+    if outcomes is not None:
+        auditor.feed_outcomes((r.value for r in outcomes[0]), trimmed=outcomes[1])
     if committed:
         auditor.feed_committed(committed)
     elif records and args.strict:
@@ -146,10 +151,14 @@ async def run(args: argparse.Namespace) -> int:
             events, dlq = config.topics.events, config.topics.dead_letters
             if not (config.data / events).is_dir():
                 raise LookupError(f"no embedded log of topic {events!r} in {config.data}")
-            log = FileLog(config.data, Topics(events, dead_letters=dlq))
+            outcomes_topic = config.topics.outcomes
+            log = FileLog(config.data, Topics(events, outcomes_topic, dlq))
             records = log.read_all(events)
             committed = log.committed_offsets()
-            report = audit_records(records, args, log.read_all(dlq), committed, began_ms, log.partition_count())
+            # (the embedded log keeps everything: nothing of it is deleted by retention)
+            outcomes = (log.read_all(outcomes_topic), False) if (config.data / outcomes_topic).is_dir() else None
+            count = log.partition_count()
+            report = audit_records(records, args, log.read_all(dlq), committed, began_ms, count, outcomes)
     except (OSError, LookupError, TimeoutError, KafkaError) as exc:
         print(f"turnstile audit: cannot read the log: {exc}", file=sys.stderr)
         return 2
@@ -159,7 +168,7 @@ async def run(args: argparse.Namespace) -> int:
 
 async def _audit_kafka(args: argparse.Namespace, config: Config, began_ms: int) -> AuditReport:
     from turnstile.streams.kafka_log import bootstrap_of
-    from turnstile.streams.kafka_reader import partition_count, read_topic
+    from turnstile.streams.kafka_reader import partition_count, read_retained, read_topic
 
     assert config.broker is not None
     bootstrap, events = bootstrap_of(config.broker), config.topics.events
@@ -169,12 +178,17 @@ async def _audit_kafka(args: argparse.Namespace, config: Config, began_ms: int) 
         dlq: list[Record] | None = await read_topic(bootstrap, dlq_topic, timeout_s=min(args.timeout, 10.0))
     except LookupError:  # no dead-letter topic: the report says nothing of letters
         dlq = None
+    outcomes: tuple[list[Record], bool] | None
+    try:
+        outcomes = await read_retained(bootstrap, config.topics.outcomes, args.timeout)
+    except LookupError:  # no outcomes topic: what consumers see is not checked
+        outcomes = None
     ends: dict[int, int] = {}
     for record in records:
         ends[record.partition] = max(ends.get(record.partition, 0), record.offset + 1)
     committed = await _reported(bootstrap, args.worker_group or config.group, events, set(ends))
     partitions = await partition_count(bootstrap, events)
-    report = audit_records(records, args, dlq, committed, began_ms, partitions)
+    report = audit_records(records, args, dlq, committed, began_ms, partitions, outcomes)
     if not args.from_beginning:
         report = report.since(await _reported(bootstrap, args.audit_group, events, set(ends)))
     await _mark_reported(bootstrap, args.audit_group, events, ends)

@@ -168,6 +168,14 @@ async def read_topic(bootstrap: str, topic: str, timeout_s: float = 30.0) -> lis
         return await read_to_end(consumer, partitions, timeout_s)
 
 
+async def read_retained(bootstrap: str, topic: str, timeout_s: float = 30.0) -> tuple[list[Record], bool]:
+    """Every record of `topic` up to its end, and whether retention has deleted any of its
+    oldest (a partition's log starts past offset 0)."""
+    async with group_less_consumer(bootstrap, topic, timeout_s) as (consumer, partitions):
+        starts = await consumer.beginning_offsets(partitions)
+        return await read_to_end(consumer, partitions, timeout_s), any(offset > 0 for offset in starts.values())
+
+
 async def read_partitions(
     bootstrap: str, topic: str, partitions: list[int], timeout_s: float = 30.0, starts: Mapping[int, int] | None = None
 ) -> AsyncGenerator[list[Record], None]:

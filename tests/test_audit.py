@@ -475,6 +475,64 @@ def test_turnstile_audit_reads_how_far_the_embedded_worker_committed(tmp_path: P
     assert finding["at"] == "0@1" and "does not decode" in finding["detail"]
 
 
+def two_answered_turns() -> tuple[list[Record], list[Event]]:
+    """A log of two answered turns, and the two outcomes a worker publishes for it."""
+    _, turn1 = one_turn(("m1",), at=1_000)
+    _, turn2 = one_turn(("m2",), at=5_000, boundary=2)
+    return records(message("m1", 1), *turn1, message("m2", 4_000), *turn2), [turn1[-1], turn2[-1]]
+
+
+def test_given_the_outcomes_topic_when_an_outcome_committed_past_is_missing_then_it_is_named() -> None:
+    log, (first, second) = two_answered_turns()  # the outcomes at 0@3 and 0@7
+
+    def audited(published: list[Event], committed: int, trimmed: bool = False) -> AuditReport:
+        auditor = Auditor().feed_all(log).feed_committed({0: committed})
+        return auditor.feed_outcomes([encode(e) for e in published], trimmed).report()
+
+    assert audited([first, second], committed=8).unpublished == []
+    [missing] = audited([first], committed=8).unpublished
+    assert (missing.where, missing.turn_id) == ("0@7", second.turn_id)
+    assert "TurnCompleted the workers' group committed past is not on the outcomes topic" in missing.detail
+    assert audited([first], committed=7).unpublished == []  # not committed past: may still be on its way
+    assert audited([], committed=8, trimmed=True).unpublished == []  # all deleted by retention: no verdict
+    # Retention deleted the oldest: judged from the oldest outcome the topic still holds.
+    assert audited([second], committed=8, trimmed=True).unpublished == []
+    assert [f.where for f in audited([first], committed=8, trimmed=True).unpublished] == ["0@7"]
+    report = audited([first], committed=8)
+    assert report.ok and not Auditor().feed_all(log).feed_committed({0: 8}).feed_outcomes([], False).report(
+        strict=True
+    ).ok  # a finding, a violation with --strict
+    assert render(report).rstrip().endswith("no violation; 1 outcome(s) missing from the outcomes topic")
+    assert Auditor().feed_all(log).feed_outcomes([], False).report().unpublished == []  # no offsets: not judged
+
+
+def test_given_a_refused_outcome_record_when_its_letter_says_so_then_it_is_not_missing() -> None:
+    log, (first, second) = two_answered_turns()
+    letter = DeadLetter.of("turnstile.events", 0, 7, CONV.encode(), encode(second), "effect_skipped", "too big", None)
+    auditor = Auditor().feed_all(log).feed_committed({0: 8}).feed_dead_letters([letter])
+    report = auditor.feed_outcomes([encode(first), b"not an outcome", b"[1]"], False).report()
+    assert report.unpublished == [] and [f.where for f in report.dead_letters] == ["0@7"]
+
+
+def test_a_value_never_dead_lettered_that_the_workers_committed_past_is_said_so() -> None:
+    log = records(message("m1", 1), b"not json", b"[1]")
+    report = Auditor().feed_all(log).feed_dead_letters([]).feed_committed({0: 2}).report()
+    past, ahead = report.not_dead_lettered
+    assert past.where == "0@1" and "though the workers' group committed past it" in past.detail
+    assert ahead.where == "0@2" and "no worker got past it yet" in ahead.detail
+
+
+def test_turnstile_audit_reads_the_embedded_outcomes_topic(tmp_path: Path) -> None:
+    log, (first, _second) = two_answered_turns()
+    write_file_log(tmp_path, log)
+    file_log = FileLog(tmp_path, Topics())
+    asyncio.run(file_log.append(Topics().outcomes, CONV, encode(first)))
+    asyncio.run(file_log.commit({0: 8}))
+    result = turnstile_audit("--data", str(tmp_path), "--json")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert [f["at"] for f in json.loads(result.stdout)["unpublished"]] == ["0@7"]
+
+
 # -- report ------------------------------------------------------------------------------------
 
 

@@ -34,7 +34,8 @@ CONVERSATIONS = 12
 
 def turnstile_audit(bootstrap: str, topics: Topics, *args: str) -> subprocess.CompletedProcess[str]:
     command = [sys.executable, "-m", "turnstile.streams.cli", "audit", "--broker", f"kafka://{bootstrap}",
-               "--events-topic", topics.events, *args]  # fmt: skip
+               "--events-topic", topics.events, "--outcomes-topic", topics.outcomes, "--dlq-topic", topics.dead_letters,
+               *args]  # fmt: skip
     return subprocess.run(command, capture_output=True, text=True, timeout=120, cwd=ROOT, check=False)
 
 
@@ -103,6 +104,7 @@ async def test_a_log_written_by_real_workers_has_no_violation(kafka_bootstrap: s
     checked = {r["rule"]: r["checked"] for r in report["rules"]}
     assert checked["claim_once"] == len(sent) and checked["one_outcome"] == len(claims)
     assert not report["undecodable"]
+    assert report["unpublished"] == []  # every outcome the workers committed past is on the outcomes topic
 
     text = turnstile_audit(kafka_bootstrap, fresh_topics, "--from-beginning", "--group", audit_group)
     assert text.returncode == 0 and text.stdout.rstrip().endswith("no violation; the log is clean"), text.stdout
