@@ -138,7 +138,7 @@ class HttpProvider:
         began: list[httpx.Headers] = []  # the answer's headers, once it began
         try:
             async with asyncio.timeout(total_s):
-                status, headers, payload = await self._send(content, relay, assembler, began)
+                status, headers, payload, streamed = await self._send(content, relay, assembler, began)
         except (TimeoutError, httpx.TimeoutException):
             again = not began or retryable_break(began[0])  # (mid-answer, the server may have said not to)
             failure = ProviderError("timeout", f"no response within {self._timeout_s:g} s", retryable=again)
@@ -154,7 +154,7 @@ class HttpProvider:
         if not 200 <= status < 300:
             return self._status_error(status, headers, payload)
         try:
-            if assembler is not None and _event_stream(headers):
+            if assembler is not None and streamed:
                 if not assembler.done:
                     again = retryable_break(headers)
                     return ProviderError("connection", "the stream ended before the reply did", retryable=again)
@@ -173,15 +173,16 @@ class HttpProvider:
 
     async def _send(
         self, content: bytes, relay: _Relay | None, assembler: ReplyAssembler | None, began: list[httpx.Headers]
-    ) -> tuple[int, httpx.Headers, bytes]:
-        """Status, headers and body; a successful event stream goes to `assembler` as it
-        arrives (and its text to `relay`) instead. The headers go to `began` at once."""
+    ) -> tuple[int, httpx.Headers, bytes, bool]:
+        """Status, headers, body and whether it was an event stream: a successful one goes to
+        `assembler` as it arrives (and its text to `relay`) instead of the body. The headers
+        go to `began` at once."""
         async with self._client.stream(
             "POST", self._url, content=content, headers=self._headers, timeout=self._timeout_s
         ) as response:
             began.append(response.headers)
-            streaming = relay is not None and assembler is not None and 200 <= response.status_code < 300
-            streaming = streaming and _event_stream(response.headers)
+            asked = relay is not None and assembler is not None and 200 <= response.status_code < 300
+            streaming = _event_stream(response.headers) if asked else False
             decoder = SseDecoder()
             chunks: list[bytes] = []
             size = 0
@@ -189,6 +190,16 @@ class HttpProvider:
                 size += len(chunk)
                 if size > MAX_RESPONSE_BYTES:
                     raise malformed(f"response body exceeds {MAX_RESPONSE_BYTES} bytes")
+                if streaming is None:  # no content type: the first bytes tell
+                    chunks.append(chunk)
+                    head = b"".join(chunks).lstrip()
+                    if not head:
+                        continue
+                    streaming = not head.startswith((b"{", b"["))  # a whole JSON reply, or events
+                    if not streaming:
+                        continue
+                    chunk = b"".join(chunks)
+                    chunks.clear()
                 if not streaming:
                     chunks.append(chunk)
                     continue
@@ -197,7 +208,7 @@ class HttpProvider:
                     text = assembler.feed(event)
                     if text:
                         await relay.delta(text)
-            return response.status_code, response.headers, b"".join(chunks)
+            return response.status_code, response.headers, b"".join(chunks), bool(streaming)
 
     def _status_error(self, status: int, headers: Mapping[str, str], payload: bytes) -> ProviderError:
         said = provider_error_message(payload)
@@ -286,12 +297,15 @@ def _key_start_at_end(text: str, secret: str) -> int:
     return 0
 
 
-def _event_stream(headers: httpx.Headers) -> bool:
-    """Whether an answer is server-sent events: its content type says so, or it says none (as
-    it was asked for). Any other is a whole reply from a server that ignored `stream: true`:
-    parsed as such, not read as a stream with no events (and retried, and paid again)."""
-    kind = str(headers.get("content-type", "text/event-stream")).split(";")[0].strip().lower()
-    return kind == "text/event-stream"
+def _event_stream(headers: httpx.Headers) -> bool | None:
+    """Whether an answer is server-sent events, as its content type says; None when it says
+    none (the body's first bytes tell: a JSON value, or events). Any other type is a whole
+    reply from a server that ignored `stream: true`: parsed as such, not read as a stream
+    with no events (and retried, and paid again)."""
+    kind = headers.get("content-type")
+    if kind is None:
+        return None
+    return str(kind).split(";")[0].strip().lower() == "text/event-stream"
 
 
 def _error_body(parsed: object) -> TypeGuard[dict[str, Any]]:

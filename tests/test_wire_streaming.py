@@ -344,6 +344,24 @@ async def test_a_whole_reply_under_any_type_but_event_stream_is_read_whole(opena
     assert reply.text == "The 9th is cheaper." and reply.usage_reported and len(openai.api.bodies) == 1
 
 
+async def test_an_answer_that_names_no_type_is_read_by_its_first_bytes(openai: Family) -> None:
+    # A whole JSON reply with no content type (it was read as a stream of no events: the
+    # reply lost, retried and paid again); events with none, cut in small pieces, still stream.
+    body = b"\n " + orjson.dumps(fixture("openai", "text"))
+    openai.api.push(httpx.Response(200, content=body))
+    assert "content-type" not in openai.api.answers[0].headers
+
+    reply = await openai.provider.complete(HELLO, Collected())
+
+    assert reply.text == "The 9th is cheaper." and reply.usage_reported and len(openai.api.bodies) == 1
+    events = streamed(stream_fixture("openai", "stream_text"), chunk_bytes=1)
+    del events.headers["content-type"]
+    openai.api.push(events)
+    seen = Collected()
+    reply = await openai.provider.complete(HELLO, seen)
+    assert reply.text == "The 9th is cheaper." and "".join(seen.seen) == reply.text and len(seen.seen) > 1
+
+
 @pytest.mark.parametrize("streamed_request", [False, True])
 async def test_an_error_answered_with_200_is_the_error_it_names(openai: Family, streamed_request: bool) -> None:
     # (some gateways answer an overload with 200 and an error body)
