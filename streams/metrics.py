@@ -145,11 +145,7 @@ class Metrics:
         """`provider` with every request timed and counted here: an HTTP provider's each
         HTTP request (retries within a call included, the waits between them not), any other
         provider's each call."""
-        from turnstile.streams.provider_http import HttpProvider
 
-        if isinstance(provider, HttpProvider):
-            provider.on_request = self.on_request
-            return provider
         return provider if isinstance(provider, MeasuredProvider) else MeasuredProvider(provider, self)
 
     def on_request(self, family: ProtocolFamily, result: str, seconds: float) -> None:
@@ -209,17 +205,24 @@ class Metrics:
 
 
 class MeasuredProvider:
-    """A provider whose every request is timed and counted."""
+    """A provider whose every request is timed and counted, here and not by whatever else
+    shares it: an `HttpProvider` tells these metrics of each of its HTTP requests, any
+    other provider is timed per call."""
 
     def __init__(self, inner: Provider, metrics: Metrics) -> None:
+        from turnstile.streams.provider_http import HttpProvider
+
         self.inner = inner
         self._metrics = metrics
+        self._http = inner if isinstance(inner, HttpProvider) else None
 
     @property
     def family(self) -> ProtocolFamily:
         return self.inner.family
 
     async def complete(self, request: ModelRequest, stream: ReplyStream | None = None) -> ModelReply:
+        if self._http is not None:
+            return await self._http.complete(request, stream, on_request=self._metrics.on_request)
         started = time.monotonic()
         result = "ok"
         try:

@@ -44,6 +44,8 @@ from turnstile.handlers.retry import (
 )
 
 log = logging.getLogger(__name__)
+# Told of one HTTP request: the protocol family, its result ("ok" or the error's kind), seconds.
+RequestListener = Callable[[ProtocolFamily, str, float], None]
 
 # A reply bigger than this is not a chat completion; refuse it instead of buffering it.
 MAX_RESPONSE_BYTES = 16 * 1024 * 1024
@@ -83,17 +85,19 @@ class HttpProvider:
         self._now_s = now_s
         self._owns_client = client is None
         self._client = client if client is not None else _owned_client(timeout_s)
-        # Told of every HTTP request made, retries included: its result ("ok" or the error's
-        # kind) and how long it took, the waits between retries not counted (`Metrics`).
-        self.on_request: Callable[[ProtocolFamily, str, float], None] | None = None
 
     @property
     def family(self) -> ProtocolFamily:
         return self._wire.family
 
-    async def complete(self, request: ModelRequest, stream: ReplyStream | None = None) -> ModelReply:
+    async def complete(
+        self, request: ModelRequest, stream: ReplyStream | None = None, on_request: RequestListener | None = None
+    ) -> ModelReply:
         """With `stream`, the request asks for server-sent events and the reply's text goes
-        to `stream` as it arrives; a retry after some text tells it to start over."""
+        to `stream` as it arrives; a retry after some text tells it to start over.
+        `on_request` is told of every HTTP request this call makes, retries included: its
+        result ("ok" or the error's kind) and how long it took, the waits between retries
+        not counted (`Metrics`; per call, so one provider may serve several workers)."""
         content = orjson.dumps(self._wire.request_body(request, stream=stream is not None))
         started = time.monotonic()
         retries = 0
@@ -101,9 +105,9 @@ class HttpProvider:
             relay = None if stream is None else _Relay(stream, self._redact, self._secret)
             sent = time.monotonic()
             result = await self._try(content, request, relay)
-            if self.on_request is not None:
+            if on_request is not None:
                 kind = "ok" if isinstance(result, ModelReply) else result.kind
-                self.on_request(self.family, kind, time.monotonic() - sent)
+                on_request(self.family, kind, time.monotonic() - sent)
             if isinstance(result, ModelReply):
                 if relay is not None:
                     await relay.flush()

@@ -197,3 +197,27 @@ async def test_the_tokens_of_a_malformed_reply_the_provider_billed_are_counted(t
 
     assert samples[("turnstile_model_tokens_total", (("kind", "input"), ("model", "gpt-test")))] == 30
     assert samples[("turnstile_model_tokens_total", (("kind", "output"), ("model", "gpt-test")))] == 2
+
+
+async def test_two_metrics_measuring_one_http_provider_each_count_only_their_own_requests():
+    # (one provider shared by two workers of a process: the second's metrics took every request)
+    from provider_server import ProviderServer, Reply
+
+    from turnstile.handlers.provider import ChatMessage, ModelRequest
+    from turnstile.handlers.providers.openai_chat import OpenAIChat
+    from turnstile.streams.provider_http import HttpProvider
+
+    request = ModelRequest(model="gpt-test", messages=(ChatMessage("user", "hi"),))
+    timed = ("turnstile_provider_request_seconds_count", (("family", "openai"), ("result", "ok")))
+    with ProviderServer() as server:
+        server.push(Reply(text="one"), Reply(text="two"), Reply(text="three"))
+        shared = HttpProvider(OpenAIChat(), server.base_url_openai, "test-key")
+        first, second = Metrics(), Metrics()
+        by_first, by_second = first.measured(shared), second.measured(shared)
+        try:
+            await by_first.complete(request)
+            await by_second.complete(request)
+            await by_second.complete(request)
+        finally:
+            await shared.aclose()
+    assert (scrape(first)[timed], scrape(second)[timed]) == (1, 2)
