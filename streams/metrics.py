@@ -144,9 +144,10 @@ class Metrics:
     def measured(self, provider: Provider) -> Provider:
         """`provider` with every request timed and counted here: an HTTP provider's each
         HTTP request (retries within a call included, the waits between them not), any other
-        provider's each call."""
+        provider's each call. The provider itself is left as it is: it may serve others."""
 
-        return provider if isinstance(provider, MeasuredProvider) else MeasuredProvider(provider, self)
+        # (one measured by other metrics is measured here instead, not counted twice)
+        return MeasuredProvider(provider.inner if isinstance(provider, MeasuredProvider) else provider, self)
 
     def on_request(self, family: ProtocolFamily, result: str, seconds: float) -> None:
         if result != "ok":

@@ -127,9 +127,9 @@ class Worker:
         self.pace = ReplayPace(replay_hooks)
         self.metrics: Metrics | None = None
         self.provider = provider
+        self.config = config
         if metrics is not None:
             self.measure(metrics)
-        self.config = config
         self.clock = clock or SystemClock()
         self.ids = ids or RandomIds()
         self.replies = (
@@ -174,7 +174,17 @@ class Worker:
         """Report to `metrics` from now on: what is folded as new, this worker's consumer lag,
         and the provider's requests (timed from here on)."""
         self.metrics = metrics
-        self.provider = metrics.measured(self.provider)
+        measured: dict[int, Provider] = {}  # a provider serving several routes, measured once
+
+        def of(provider: Provider) -> Provider:
+            if id(provider) not in measured:
+                measured[id(provider)] = metrics.measured(provider)
+            return measured[id(provider)]
+
+        self.provider = of(self.provider)
+        turn = self.config.turn
+        fallbacks = tuple(dataclasses.replace(route, provider=of(route.provider)) for route in turn.fallbacks)
+        self.config = dataclasses.replace(self.config, turn=dataclasses.replace(turn, fallbacks=fallbacks))
         metrics.report_lag(self.consumer_lag)
 
     def state_of(self, conversation_id: str) -> ConversationState | None:

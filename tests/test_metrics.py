@@ -16,6 +16,7 @@ from worker_harness import FAST, events_of, until
 from turnstile.events import TurnCompleted, encode
 from turnstile.handlers.claim import DoubleTextPolicy
 from turnstile.handlers.providers.scripted import ScriptedProvider
+from turnstile.handlers.turn_settings import Route
 from turnstile.streams.file_log import FileLog
 from turnstile.streams.kafka_log import KafkaLog
 from turnstile.streams.log import Topics
@@ -120,8 +121,10 @@ async def test_metrics_of_a_worker_on_kafka(kafka_bootstrap: str, fresh_topics: 
         await publisher.producer.stop()
 
 
-async def _scraped_after_one_turn(tmp_path, *replies, outcome: str, retries: int = 0) -> dict:
-    """The worker's metrics once it has folded the outcome of one turn the model `replies` to."""
+async def _scraped_after_one_turn(tmp_path, *replies, outcome: str, retries: int = 0, fallback: bool = False) -> dict:
+    """The worker's metrics once it has folded the outcome of one turn the model `replies` to
+    (`fallback`: a second model, `gpt-backup`, served by the same provider, as `turnstile run`
+    builds its fallbacks)."""
     from provider_server import ProviderServer
 
     from turnstile.handlers.pricing import ModelPrice
@@ -135,6 +138,8 @@ async def _scraped_after_one_turn(tmp_path, *replies, outcome: str, retries: int
     with ProviderServer() as server:
         server.push(*replies)
         provider = HttpProvider(OpenAIChat(), server.base_url_openai, "k", retry=RetryPolicy(max_retries=retries))
+        if fallback:
+            turn = dataclasses.replace(turn, fallbacks=(Route("gpt-backup", provider),))
         worker = Worker(log, provider, dataclasses.replace(FAST, turn=turn), metrics=metrics)
         stop = asyncio.Event()
         task = asyncio.create_task(worker.run(stop))
@@ -176,6 +181,17 @@ async def test_every_http_request_is_counted_and_timed_its_retries_within_a_call
     assert samples[("turnstile_provider_errors_total", (("family", "openai"), ("kind", "server_error")))] == 2
     assert samples[(timed, (("family", "openai"), ("result", "server_error")))] == 2
     assert samples[(timed, (("family", "openai"), ("result", "ok")))] == 1
+
+
+async def test_the_requests_of_a_fallback_model_are_counted_too(tmp_path):
+    from provider_server import Raw, Reply
+
+    replies = (Raw(500, {"error": {"message": "down"}}), Reply(text="fine", usage=(4, 1)))
+    samples = await _scraped_after_one_turn(tmp_path, *replies, outcome="completed", fallback=True)
+
+    timed = "turnstile_provider_request_seconds_count"
+    assert samples[(timed, (("family", "openai"), ("result", "server_error")))] == 1  # gpt-test's
+    assert samples[(timed, (("family", "openai"), ("result", "ok")))] == 1  # gpt-backup's
 
 
 async def test_tokens_are_counted_under_the_model_asked_for_not_the_name_a_reply_gives(tmp_path):
@@ -221,3 +237,13 @@ async def test_two_metrics_measuring_one_http_provider_each_count_only_their_own
         finally:
             await shared.aclose()
     assert (scrape(first)[timed], scrape(second)[timed]) == (1, 2)
+    # Measured again by other metrics, it counts there alone from then on.
+    third = Metrics()
+    with ProviderServer() as server:
+        server.push(Reply(text="four"))
+        shared = HttpProvider(OpenAIChat(), server.base_url_openai, "test-key")
+        try:
+            await third.measured(first.measured(shared)).complete(request)
+        finally:
+            await shared.aclose()
+    assert (scrape(first)[timed], scrape(third)[timed]) == (1, 1)
