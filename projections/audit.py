@@ -205,8 +205,11 @@ class AuditReport:
     not_committed_past: list[Finding] = field(default_factory=list)
     stalled: list[Finding] = field(default_factory=list)
     # When the outcomes topic was read: outcomes (and refusals) the workers committed past
-    # that a consumer of that topic can never see, no dead letter saying why.
+    # that a consumer of that topic can never see, no dead letter saying why; how many it
+    # should hold (None: not checked); whether it held none of them (not this log's topic?).
     unpublished: list[Finding] = field(default_factory=list)
+    outcomes_due: int | None = None
+    outcomes_topic_foreign: bool = False
     strict: bool = False
     # Only what is new since an earlier audit was kept (`since`): no verdict on the whole log.
     incremental: bool = False
@@ -248,8 +251,7 @@ class AuditReport:
             undecodable=new(self.undecodable),
             dead_letters=new(self.dead_letters),
             not_dead_lettered=new(self.not_dead_lettered),
-            unpublished=new(self.unpublished),
-        )  # stalled and not committed past describe the log's end: reported whole
+        )  # stalled, not committed past and unpublished describe the log's end: reported whole
 
     def rule(self, rule: str) -> RuleResult:
         return next(r for r in self.rules if r.rule == rule)
@@ -274,6 +276,8 @@ class AuditReport:
             "not_committed_past": [f.to_json() for f in self.not_committed_past],
             "stalled": [f.to_json() for f in self.stalled],
             "unpublished": [f.to_json() for f in self.unpublished],
+            "outcomes_due": self.outcomes_due,
+            "outcomes_topic_foreign": self.outcomes_topic_foreign,
             "poisoned": self.poisoned,
         }
 
@@ -320,7 +324,6 @@ class Auditor:
         self._committed: dict[int, int] | None = None  # the workers' group, when given
         self._refused_effects: set[tuple[int, int]] = set()  # dead letters of refused outcome records
         self._ledger = OutcomeLedger()
-        self._outcomes: tuple[list[bytes | None], bool] | None = None  # the outcomes topic, when read
         self._ends: dict[int, int] = {}  # partition -> offset after its last record
         self._last_time: dict[int, int] = {}  # partition -> latest event time on it
         self._input_at: dict[tuple[str, str], tuple[int, int]] = {}  # pending input -> where it arrived
@@ -348,10 +351,14 @@ class Auditor:
         self._dead_letters = found
         return self
 
-    def feed_outcomes(self, values: Iterable[bytes | None], trimmed: bool) -> Auditor:
-        """The outcomes topic's record values; `trimmed`: retention deleted its oldest records
-        (a partition of it starts past offset 0)."""
-        self._outcomes = (list(values), trimmed)
+    def feed_outcomes(
+        self, records: Iterable[tuple[int, bytes | None, int | None]], starts: Mapping[int, int]
+    ) -> Auditor:
+        """The outcomes topic's records (partition, value, when it was written if known) and
+        where each of its partitions starts (past 0: retention deleted its oldest records)."""
+        for partition, value, written_ms in records:
+            self._ledger.published(partition, value, written_ms)
+        self._ledger.started(starts)
         return self
 
     def feed_committed(self, committed: Mapping[int, int]) -> Auditor:
@@ -771,7 +778,7 @@ class Auditor:
             not_dead_lettered=self._not_dead_lettered(),
             not_committed_past=self._not_committed_past(),
             stalled=self._stalled(stall_after_s, now_ms),
-            unpublished=self._unpublished(),
+            **self._unpublished(),
             strict=strict,
         )
 
@@ -810,23 +817,26 @@ class Auditor:
                 found.append(Finding(p, o, conv, None, detail))
         return found
 
-    def _unpublished(self) -> list[Finding]:
-        if self._outcomes is None or self._committed is None:
-            return []  # without both, what is due on the outcomes topic is not known
-        values, trimmed = self._outcomes
+    def _unpublished(self) -> dict[str, Any]:
+        if not self._ledger.read or self._committed is None:
+            return {}  # without both, what is due on the outcomes topic is not known
+        verdict = self._ledger.unpublished(self._committed, self._refused_effects)
         detail = "{} the workers' group committed past is not on the outcomes topic, and no dead letter says why"
-        return [
+        missing = [
             Finding(d.partition, d.offset, d.conversation_id, d.turn_id, detail.format(d.event_type))
-            for d in self._ledger.unpublished(values, trimmed, self._committed, self._refused_effects)
+            for d in verdict.missing
         ]
+        return {"unpublished": missing, "outcomes_due": verdict.due, "outcomes_topic_foreign": verdict.foreign}
 
     def _not_dead_lettered(self) -> list[Finding]:
         if self._dead_letters is None:
             return []
         lettered = {(f.partition, f.offset) for f in self._dead_letters}
-        committed = self._committed or {}
+        committed = self._committed
 
         def why(f: Finding) -> str:
+            if not committed:  # how far the workers got is not known
+                return f"never dead-lettered (no worker got past it yet?): {f.detail}"
             if committed.get(f.partition, 0) > f.offset:  # its letter was refused or lost
                 return f"never dead-lettered, though the workers' group committed past it: {f.detail}"
             return f"never dead-lettered (no worker got past it yet): {f.detail}"
@@ -923,6 +933,9 @@ def render(report: AuditReport, limit: int = 20) -> str:
     for title, findings in notices:
         lines.append(f"{len(findings):>5} {title}")
         lines += _listed(findings, limit)
+    if report.outcomes_topic_foreign:
+        lines.append(f"      the outcomes topic holds none of the {report.outcomes_due} outcomes the workers committed "
+                     "past: taken for another log's topic, not judged (--outcomes-topic names this log's)")  # fmt: skip
     lines.append("")
     lines.append(_verdict(report))
     return "\n".join(lines)

@@ -1,22 +1,28 @@
 """Whether the outcomes topic holds what the events topic says was decided.
 
 A worker publishes each outcome (and each `MessageRejected`) it folds as new to the outcomes
-topic, at least once, before it commits past the event; downstream consumers read only that
-topic. This ledger, fed the events the fold accepted and then the outcomes topic's records,
-names the outcomes a consumer can never see: below the workers' committed offset, not on the
-outcomes topic, and not explained by a dead letter saying the write was refused.
+topic, keyed by conversation id, at least once, before it commits past the event; downstream
+consumers read only that topic. This ledger, fed the events the fold accepted and the
+outcomes topic's records, names the outcomes a consumer can never see: below the workers'
+committed offset, not on the outcomes topic, and not explained by a dead letter saying the
+write was refused.
+
+Retention deletes a partition's oldest records on its own schedule: an outcome whose
+partition of the outcomes topic starts past offset 0 is judged only if it occurred after the
+oldest record that partition still holds was written (what was older may have been deleted,
+not lost); one whose partition retention emptied is not judged.
 
 Pure: records in, findings out.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import orjson
 
-from turnstile.events import OUTCOME_TYPES, Event, MessageRejected, TurnEnvelope
+from turnstile.events import OUTCOME_TYPES, Event, MessageRejected, TurnEnvelope, partition_for
 
 PUBLISHED_TYPES = (*OUTCOME_TYPES, MessageRejected)
 
@@ -38,6 +44,9 @@ class Decided:
 class OutcomeLedger:
     def __init__(self) -> None:
         self._decided: list[Decided] = []
+        self._published: set[str] = set()
+        self._oldest: dict[int, int] = {}  # outcomes partition -> its oldest record's time
+        self._starts: dict[int, int] | None = None  # outcomes partition -> its first offset
 
     def note(self, partition: int, offset: int, event: Event) -> None:
         """`event`, at partition@offset of the events topic, was folded as new."""
@@ -47,36 +56,54 @@ class OutcomeLedger:
                               event.type)  # fmt: skip
             self._decided.append(decided)
 
-    def unpublished(
-        self,
-        outcome_values: Iterable[bytes | None],
-        trimmed: bool,
-        committed: Mapping[int, int],
-        refused: set[tuple[int, int]],
-    ) -> list[Decided]:
-        """`outcome_values`: the value of every record of the outcomes topic; `trimmed`:
-        whether retention deleted the topic's oldest records (a partition starts past offset
-        0), in which case it is judged only from the oldest outcome it still holds, by event
-        time (what was older may have been deleted, not lost); `committed`: the workers'
-        group's offsets on the events topic; `refused`: the events' partition@offset whose
-        outcome record a dead letter says the log refused."""
-        published: set[str] = set()
-        oldest: int | None = None  # the oldest outcome the topic holds, by event time
-        for value in outcome_values:
-            fields = _fields(value)
-            if fields is not None:
-                published.add(fields[0])
-                oldest = fields[1] if oldest is None else min(oldest, fields[1])
-        if trimmed and oldest is None:
-            return []  # all deleted: nothing to tell lost from expired
-        found = []
+    def published(self, partition: int, value: bytes | None, written_ms: int | None) -> None:
+        """A record of the outcomes topic; `written_ms`: when the log says it was written
+        (None: its event time stands in)."""
+        fields = _fields(value)
+        if fields is None:
+            return  # not an outcome: nothing a consumer reads as one
+        event_id, occurred_at = fields
+        self._published.add(event_id)
+        at = written_ms if written_ms is not None else occurred_at
+        self._oldest[partition] = min(self._oldest.get(partition, at), at)
+
+    def started(self, starts: Mapping[int, int]) -> None:
+        """Where each partition of the outcomes topic starts (every partition, empty ones too)."""
+        self._starts = dict(starts)
+
+    @property
+    def read(self) -> bool:
+        """Whether the outcomes topic was read (`started` was told where it starts)."""
+        return self._starts is not None
+
+    def unpublished(self, committed: Mapping[int, int], refused: set[tuple[int, int]]) -> Verdict:
+        """`committed`: the workers' group's offsets on the events topic; `refused`: the
+        events' partition@offset whose outcome record a dead letter says the log refused."""
+        starts = self._starts or {}
+        due, found = 0, []
         for d in self._decided:
             if d.offset >= committed.get(d.partition, 0) or (d.partition, d.offset) in refused:
                 continue  # not yet due (the workers publish before they commit), or said why
-            if d.event_id in published or (trimmed and oldest is not None and d.occurred_at < oldest):
-                continue
-            found.append(d)
-        return found
+            where = partition_for(d.conversation_id, len(starts)) if starts else 0
+            kept_since = self._oldest.get(where)  # None: retention left nothing there, if it ran
+            if starts.get(where, 0) > 0 and (kept_since is None or d.occurred_at < kept_since):
+                continue  # before what retention kept of its partition
+            due += 1
+            if d.event_id not in self._published:
+                found.append(d)
+        if due and len(found) == due:
+            return Verdict(due, [], foreign=True)
+        return Verdict(due, found)
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    # The outcomes the topic should hold, and those it does not. None of them at all is
+    # taken for a topic of another log (an audit naming its events topic but not its
+    # outcomes topic reads the default one), not judged: `foreign`.
+    due: int
+    missing: list[Decided]
+    foreign: bool = False
 
 
 def _fields(value: bytes | None) -> tuple[str, int] | None:

@@ -100,19 +100,20 @@ def audit_records(
     committed: dict[int, int] | None = None,
     began_ms: int | None = None,
     partitions: int | None = None,
-    outcomes: tuple[list[Record], bool] | None = None,
+    outcomes: tuple[list[Record], dict[int, int]] | None = None,
 ) -> AuditReport:
     """`dlq`: the dead-letter topic's records, None if it could not be read; `committed`:
     the workers' group's offsets, None (or empty: not this log's group) if unknown;
     `began_ms`: when the audit began reading, the time an input's wait is counted to;
     `partitions`: the events topic's partition count; `outcomes`: the outcomes topic's
-    records and whether retention deleted some, None if it could not be read."""
+    records and where each of its partitions starts, None if it could not be read."""
     limits = AuditLimits(args.max_iterations, args.max_tool_calls, args.max_cost_usd, args.deadline_s)
     auditor = Auditor(limits, partitions=partitions).feed_all(records)
     if dlq is not None:
         auditor.feed_dead_letters(_letters(dlq))
     if outcomes is not None:
-        auditor.feed_outcomes((r.value for r in outcomes[0]), trimmed=outcomes[1])
+        records_, starts = outcomes
+        auditor.feed_outcomes(((r.partition, r.value, r.timestamp_ms) for r in records_), starts)
     if committed:
         auditor.feed_committed(committed)
     elif records and args.strict:
@@ -155,8 +156,9 @@ async def run(args: argparse.Namespace) -> int:
             log = FileLog(config.data, Topics(events, outcomes_topic, dlq))
             records = log.read_all(events)
             committed = log.committed_offsets()
-            # (the embedded log keeps everything: nothing of it is deleted by retention)
-            outcomes = (log.read_all(outcomes_topic), False) if (config.data / outcomes_topic).is_dir() else None
+            outcomes = None
+            if (config.data / outcomes_topic).is_dir():  # (it keeps everything: no retention)
+                outcomes = (log.read_all(outcomes_topic), dict.fromkeys(range(log.partition_count()), 0))
             count = log.partition_count()
             report = audit_records(records, args, log.read_all(dlq), committed, began_ms, count, outcomes)
     except (OSError, LookupError, TimeoutError, KafkaError) as exc:
@@ -173,20 +175,22 @@ async def _audit_kafka(args: argparse.Namespace, config: Config, began_ms: int) 
     assert config.broker is not None
     bootstrap, events = bootstrap_of(config.broker), config.topics.events
     records = await read_topic(bootstrap, events, timeout_s=args.timeout)
+    ends: dict[int, int] = {}
+    for record in records:
+        ends[record.partition] = max(ends.get(record.partition, 0), record.offset + 1)
+    # The workers' offsets before their one-time writes: they write an outcome record or a
+    # dead letter before they commit past its event, so all they committed past is there by now.
+    committed = await _reported(bootstrap, args.worker_group or config.group, events, set(ends))
     try:
         dlq_topic = config.topics.dead_letters
         dlq: list[Record] | None = await read_topic(bootstrap, dlq_topic, timeout_s=min(args.timeout, 10.0))
     except LookupError:  # no dead-letter topic: the report says nothing of letters
         dlq = None
-    outcomes: tuple[list[Record], bool] | None
+    outcomes: tuple[list[Record], dict[int, int]] | None
     try:
         outcomes = await read_retained(bootstrap, config.topics.outcomes, args.timeout)
     except LookupError:  # no outcomes topic: what consumers see is not checked
         outcomes = None
-    ends: dict[int, int] = {}
-    for record in records:
-        ends[record.partition] = max(ends.get(record.partition, 0), record.offset + 1)
-    committed = await _reported(bootstrap, args.worker_group or config.group, events, set(ends))
     partitions = await partition_count(bootstrap, events)
     report = audit_records(records, args, dlq, committed, began_ms, partitions, outcomes)
     if not args.from_beginning:

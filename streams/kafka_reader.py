@@ -168,12 +168,13 @@ async def read_topic(bootstrap: str, topic: str, timeout_s: float = 30.0) -> lis
         return await read_to_end(consumer, partitions, timeout_s)
 
 
-async def read_retained(bootstrap: str, topic: str, timeout_s: float = 30.0) -> tuple[list[Record], bool]:
-    """Every record of `topic` up to its end, and whether retention has deleted any of its
-    oldest (a partition's log starts past offset 0)."""
+async def read_retained(bootstrap: str, topic: str, timeout_s: float = 30.0) -> tuple[list[Record], dict[int, int]]:
+    """Every record of `topic` up to its end, and where each of its partitions starts now
+    (past offset 0: retention has deleted its oldest records)."""
     async with group_less_consumer(bootstrap, topic, timeout_s) as (consumer, partitions):
         starts = await consumer.beginning_offsets(partitions)
-        return await read_to_end(consumer, partitions, timeout_s), any(offset > 0 for offset in starts.values())
+        records = await read_to_end(consumer, partitions, timeout_s)
+        return records, {tp.partition: offset for tp, offset in starts.items()}
 
 
 async def read_partitions(
@@ -411,6 +412,7 @@ def record_of(partition: int, message: Any) -> Record:
     """An aiokafka ConsumerRecord as a `Record`, headers included (a stand-in for a record the
     client could not read says so)."""
     headers = tuple(message.headers or ())
+    # (whether it is unreadable is asked only of a record without a value)
     if message.value is None and (why := kafka_records.unreadable(message.key, headers)) is not None:
-        return Record(partition, message.offset, None, None, (), why)  # (checked only without a value)
-    return Record(partition, message.offset, message.key, message.value, headers)
+        return Record(partition, message.offset, None, None, (), why, message.timestamp)
+    return Record(partition, message.offset, message.key, message.value, headers, None, message.timestamp)

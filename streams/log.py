@@ -28,6 +28,8 @@ class Record:
     # Why the log's client could not read this record at all (`streams.kafka_records`): it
     # stands in for it, with no key or value.
     unreadable: str | None = None
+    # When Kafka says the record was written (its timestamp, ms); None on the embedded log.
+    timestamp_ms: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

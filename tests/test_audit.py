@@ -33,6 +33,7 @@ from turnstile.events import (
     TurnMetrics,
     encode,
     logical_turn_id,
+    partition_for,
 )
 from turnstile.events.outcomes import OperationRecord
 from turnstile.projections import ConversationState
@@ -475,42 +476,85 @@ def test_turnstile_audit_reads_how_far_the_embedded_worker_committed(tmp_path: P
     assert finding["at"] == "0@1" and "does not decode" in finding["detail"]
 
 
+def answered(conv: str, message_id: str, at: int, boundary: int = 0) -> list[Event]:
+    """A message and the turn that answers it, `at` ms into the log's time."""
+    c = claim([message_id], at + 10, boundary, run_id=f"run-{conv}-{message_id}", conv=conv)
+    return [message(message_id, at, conv=conv), c, started(c, at + 11), outcome(c, iterations=0)]
+
+
 def two_answered_turns() -> tuple[list[Record], list[Event]]:
     """A log of two answered turns, and the two outcomes a worker publishes for it."""
-    _, turn1 = one_turn(("m1",), at=1_000)
-    _, turn2 = one_turn(("m2",), at=5_000, boundary=2)
-    return records(message("m1", 1), *turn1, message("m2", 4_000), *turn2), [turn1[-1], turn2[-1]]
+    first, second = answered(CONV, "m1", 1_000), answered(CONV, "m2", 5_000, boundary=2)
+    return records(*first, *second), [first[-1], second[-1]]
+
+
+def published(*outcomes: Event, partition: int = 0) -> list[tuple[int, bytes | None, int | None]]:
+    """Outcome records as the worker writes them, each written when it occurred."""
+    return [(partition, encode(e), e.occurred_at) for e in outcomes]
 
 
 def test_given_the_outcomes_topic_when_an_outcome_committed_past_is_missing_then_it_is_named() -> None:
     log, (first, second) = two_answered_turns()  # the outcomes at 0@3 and 0@7
 
-    def audited(published: list[Event], committed: int, trimmed: bool = False) -> AuditReport:
+    def audited(outcomes: list[Event], committed: int, start: int = 0) -> AuditReport:
         auditor = Auditor().feed_all(log).feed_committed({0: committed})
-        return auditor.feed_outcomes([encode(e) for e in published], trimmed).report()
+        return auditor.feed_outcomes(published(*outcomes), {0: start}).report()
 
     assert audited([first, second], committed=8).unpublished == []
     [missing] = audited([first], committed=8).unpublished
     assert (missing.where, missing.turn_id) == ("0@7", second.turn_id)
     assert "TurnCompleted the workers' group committed past is not on the outcomes topic" in missing.detail
     assert audited([first], committed=7).unpublished == []  # not committed past: may still be on its way
-    assert audited([], committed=8, trimmed=True).unpublished == []  # all deleted by retention: no verdict
-    # Retention deleted the oldest: judged from the oldest outcome the topic still holds.
-    assert audited([second], committed=8, trimmed=True).unpublished == []
-    assert [f.where for f in audited([first], committed=8, trimmed=True).unpublished] == ["0@7"]
+    # Retention deleted the oldest: judged from the oldest record the partition still holds.
+    assert audited([], committed=8, start=5).unpublished == []  # all deleted: no verdict
+    assert audited([second], committed=8, start=1).unpublished == []
+    assert [f.where for f in audited([first], committed=8, start=1).unpublished] == ["0@7"]
     report = audited([first], committed=8)
-    assert report.ok and not Auditor().feed_all(log).feed_committed({0: 8}).feed_outcomes([], False).report(
-        strict=True
-    ).ok  # a finding, a violation with --strict
+    assert report.ok and not audited([first], committed=8).strict
+    strict = Auditor().feed_all(log).feed_committed({0: 8}).feed_outcomes(published(first), {0: 0}).report(strict=True)
+    assert strict.violations == 1 and strict.outcomes_due == 2  # a finding, a violation with --strict
     assert render(report).rstrip().endswith("no violation; 1 outcome(s) missing from the outcomes topic")
-    assert Auditor().feed_all(log).feed_outcomes([], False).report().unpublished == []  # no offsets: not judged
+    assert Auditor().feed_all(log).feed_outcomes([], {0: 0}).report().unpublished == []  # no offsets: not judged
+    # An incremental audit reports them whole: one still on its way last time is not skipped.
+    assert [f.where for f in report.since({0: 8}).unpublished] == ["0@7"]
+    # A topic holding none of them is another log's (the default one, read by an audit that
+    # named only its events topic): said, not judged.
+    foreign = Auditor().feed_all(log).feed_committed({0: 8}).feed_outcomes([], {0: 0}).report(strict=True)
+    assert foreign.ok and foreign.outcomes_topic_foreign and foreign.unpublished == []
+    assert "the outcomes topic holds none of the 2 outcomes the workers committed past" in render(foreign)
+
+
+def test_given_retention_per_partition_when_one_partition_lost_old_outcomes_then_only_its_own_age_counts() -> None:
+    # Kafka deletes each partition's segments on its own: a quiet partition still holds an
+    # old outcome while a busy one lost newer ones. Conversations x and y are in different
+    # partitions of a 2-partition outcomes topic.
+    x, y = "conv-a", "conv-b"
+    px, py = partition_for(x, 2), partition_for(y, 2)
+    assert px != py
+    old_y, lost_x, kept_x = answered(y, "y1", 1_000), answered(x, "x1", 3_000), answered(x, "x2", 6_000, boundary=2)
+    log = records(*old_y, *lost_x, *kept_x)
+
+    def unpublished(outcomes: list[tuple[int, bytes | None, int | None]], x_start: int) -> list[str]:
+        auditor = Auditor().feed_all(log).feed_committed({0: len(log)})
+        report = auditor.feed_outcomes(outcomes, {py: 0, px: x_start}).report()
+        return [f"{f.conversation_id}@{f.offset}" for f in report.unpublished]
+
+    kept = published(old_y[-1], partition=py) + published(kept_x[-1], partition=px)
+    assert unpublished(kept, x_start=1) == []  # x1's outcome is older than what x's partition kept
+    assert unpublished(kept, x_start=0) == [f"{x}@7"]  # nothing deleted there: x1's is lost
+    # When a record was written is Kafka's timestamp, not its event's: an old outcome written
+    # again long after (a takeover publishes once more) does not pull the partition's age back.
+    early_x = answered(x, "x0", 2_000)[-1]
+    again = [*kept, (px, encode(early_x), 9_000)]
+    assert unpublished(again, x_start=1) == []
 
 
 def test_given_a_refused_outcome_record_when_its_letter_says_so_then_it_is_not_missing() -> None:
     log, (first, second) = two_answered_turns()
     letter = DeadLetter.of("turnstile.events", 0, 7, CONV.encode(), encode(second), "effect_skipped", "too big", None)
     auditor = Auditor().feed_all(log).feed_committed({0: 8}).feed_dead_letters([letter])
-    report = auditor.feed_outcomes([encode(first), b"not an outcome", b"[1]"], False).report()
+    noise = [(0, b"not an outcome", None), (0, b"[1]", None)]
+    report = auditor.feed_outcomes([*published(first), *noise], {0: 0}).report()
     assert report.unpublished == [] and [f.where for f in report.dead_letters] == ["0@7"]
 
 
@@ -519,7 +563,9 @@ def test_a_value_never_dead_lettered_that_the_workers_committed_past_is_said_so(
     report = Auditor().feed_all(log).feed_dead_letters([]).feed_committed({0: 2}).report()
     past, ahead = report.not_dead_lettered
     assert past.where == "0@1" and "though the workers' group committed past it" in past.detail
-    assert ahead.where == "0@2" and "no worker got past it yet" in ahead.detail
+    assert ahead.where == "0@2" and "no worker got past it yet)" in ahead.detail
+    unknown = Auditor().feed_all(log).feed_dead_letters([]).report().not_dead_lettered
+    assert all("no worker got past it yet?)" in f.detail for f in unknown)  # how far they got is not known
 
 
 def test_turnstile_audit_reads_the_embedded_outcomes_topic(tmp_path: Path) -> None:
