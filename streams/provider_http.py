@@ -196,7 +196,7 @@ class HttpProvider:
                     raise malformed(f"response body exceeds {MAX_RESPONSE_BYTES} bytes")
                 if streaming is None:  # no content type: the first bytes tell
                     chunks.append(chunk)
-                    head = b"".join(chunks).lstrip()
+                    head = chunk.lstrip()  # (the chunks before it were whitespace)
                     if not head:
                         continue
                     streaming = not head.startswith((b"{", b"["))  # a whole JSON reply, or events
@@ -212,7 +212,9 @@ class HttpProvider:
                     text = assembler.feed(event)
                     if text:
                         await relay.delta(text)
-            return response.status_code, response.headers, b"".join(chunks), bool(streaming)
+            # Nothing but whitespace with no type: a stream that ended before the reply did
+            # (another try may get it), as under the event-stream type.
+            return response.status_code, response.headers, b"".join(chunks), streaming is not False
 
     def _status_error(self, status: int, headers: Mapping[str, str], payload: bytes) -> ProviderError:
         said = provider_error_message(payload)

@@ -362,6 +362,17 @@ async def test_an_answer_that_names_no_type_is_read_by_its_first_bytes(openai: F
     assert reply.text == "The 9th is cheaper." and "".join(seen.seen) == reply.text and len(seen.seen) > 1
 
 
+@pytest.mark.parametrize("body", [b"", b"  \n\n"])
+async def test_an_empty_answer_that_names_no_type_is_a_stream_cut_short_and_tried_again(
+    openai: Family, body: bytes
+) -> None:
+    openai.api.push(httpx.Response(200, content=body), httpx.Response(200, json=fixture("openai", "text")))
+
+    reply = await openai.provider.complete(HELLO, Collected())
+
+    assert reply.text == "The 9th is cheaper." and len(openai.api.bodies) == 2
+
+
 @pytest.mark.parametrize("streamed_request", [False, True])
 async def test_an_error_answered_with_200_is_the_error_it_names(openai: Family, streamed_request: bool) -> None:
     # (some gateways answer an overload with 200 and an error body)
