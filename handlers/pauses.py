@@ -63,6 +63,12 @@ def resume_hint(conversation_id: str, turn_id: str, why: str) -> str:
     )
 
 
+def paused_because(hint: str) -> str | None:
+    """The `why` a `resume_hint` was made with (None: not a hint of that form)."""
+    head, found, _rest = hint.partition(". The completed work is kept above.")
+    return head.removeprefix("Paused because ") if found and head.startswith("Paused because ") else None
+
+
 def waiting_for_approval(call: ToolCall) -> str:
     # (the call itself, arguments whole, is the pause's `pending_call`)
     return f"Waiting for approval to call {call.name} with arguments {_excerpt(call.arguments)} (call {call.call_id})."

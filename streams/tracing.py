@@ -48,8 +48,10 @@ from turnstile.events import (
     TurnEnvelope,
     TurnFailed,
     TurnInterrupted,
+    TurnPaused,
     input_id,
 )
+from turnstile.handlers.pauses import paused_because
 from turnstile.handlers.provider import ProviderErrorKind
 from turnstile.projections import ConversationState
 
@@ -142,10 +144,14 @@ class TurnTracer:
             self._failed_call(event.run_id, match[1] if match else "_OTHER", event.reason, event.occurred_at)
             run.model, run.failed_call_shown = event.to_model, False
         elif isinstance(event, AttemptFailed):
-            kind = event.reason.partition(":")[0]  # `ProviderError`'s text: a failed request
-            if kind in _REQUEST_ERRORS:
-                self._failed_call(event.run_id, kind, event.reason, event.occurred_at)
+            self._if_a_failed_request(event.run_id, event.reason, event.occurred_at)
             self._end_run(event.run_id, event.occurred_at, error=event.reason)
+        elif isinstance(event, TurnPaused) and event.reason == "deadline":
+            # (a failed request whose retry would come after the deadline pauses the turn at once)
+            why = paused_because(event.resume_hint)
+            if why is not None:
+                self._if_a_failed_request(event.run_id, why, event.occurred_at)
+            self._outcome(event)
         elif isinstance(event, (*OUTCOME_TYPES, TurnInterrupted)):
             self._outcome(event)  # a withdrawn turn's span ends too, "interrupted"
         run = self._runs.get(event.run_id)
@@ -233,6 +239,11 @@ class TurnTracer:
             if isinstance(event, ProtocolFailure):
                 _fail(span, f"{event.kind}: {event.detail}")
             span.end(end_time=_ns(event.occurred_at))
+
+    def _if_a_failed_request(self, run_id: str, reason: str, at_ms: int) -> None:
+        kind = reason.partition(":")[0]  # `ProviderError`'s text: a failed request
+        if kind in _REQUEST_ERRORS:
+            self._failed_call(run_id, kind, reason, at_ms)
 
     def _failed_call(self, run_id: str, error_type: str, description: str, at_ms: int) -> None:
         """A model request that got no reply (timeout, refusal, 5xx...), told by the event

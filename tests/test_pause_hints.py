@@ -5,7 +5,7 @@ from __future__ import annotations
 import shlex
 
 from turnstile.events import ToolCall
-from turnstile.handlers.pauses import approval_hint, resume_hint
+from turnstile.handlers.pauses import approval_hint, paused_because, resume_hint
 
 
 def _command(hint: str) -> list[str]:
@@ -27,3 +27,9 @@ def test_an_approval_hint_quotes_the_conversation_and_the_call():
 
 def test_a_plain_id_is_left_as_it_is():
     assert "`turnstile resume conv-1`" in resume_hint("conv-1", "t-1", "why")
+
+
+def test_the_reason_a_resume_hint_was_made_with_reads_back_from_it() -> None:
+    why = "server_error: HTTP 500: down. Twice; no fallback model left"  # (a period inside, too)
+    assert paused_because(resume_hint("c 1", "t" * 64, why)) == why
+    assert paused_because("Waiting for approval to call send with arguments {} (call c1).") is None

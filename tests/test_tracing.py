@@ -152,6 +152,21 @@ async def test_a_request_that_got_no_reply_is_a_failed_chat_span_and_the_retry_i
     assert answered.status.status_code == StatusCode.UNSET and turn.attributes["turnstile.outcome"] == "completed"
 
 
+async def test_a_request_whose_retry_would_pass_the_deadline_is_a_failed_chat_span_of_the_paused_turn(
+    tmp_path, spans
+):
+    from turnstile.handlers.budget import TurnBudget
+
+    script = [Raw(500, {"error": {"message": "upstream"}})]
+    overrides = {"max_attempts": 2, "backoff_base_ms": 60_000, "backoff_max_ms": 60_000,
+                 "budget": TurnBudget(deadline_ms=5_000)}  # fmt: skip
+    finished, root = await traced_turn(tmp_path, spans, script, **overrides)
+    [turn] = children(finished, root)
+    assert turn.attributes["turnstile.outcome"] == "paused"
+    [failed] = children(finished, children(finished, turn)[0])
+    assert failed.name == "chat gpt-test" and failed.attributes["error.type"] == "server_error"
+
+
 async def test_a_request_a_fallback_model_took_over_is_a_failed_chat_span_beside_the_fallbacks(tmp_path, spans):
     script = [Raw(500, {"error": {"message": "upstream"}}), Reply(text="ok", usage=(9, 1))]
     finished, root = await traced_turn(tmp_path, spans, script, fallback="gpt-backup")
