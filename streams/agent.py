@@ -399,7 +399,8 @@ class Agent:
         turn_id: str | None = None,
     ) -> Answered:  # fmt: skip
         async with _owned(data) as log:
-            decided = await decided_on_log(LogPlace(data=data), conversation, verb, call_id, note, turn_id)
+            place = LogPlace(data=data)
+            decided = await decided_on_log(place, conversation, verb, call_id, note, turn_id, self.debounce)
             if isinstance(decided, Unavailable):
                 raise OSError(decided.message)
             if isinstance(decided, Refused):

@@ -202,7 +202,8 @@ async def _send(args: argparse.Namespace) -> int:
 async def _operate(args: argparse.Namespace) -> int:
     from turnstile.streams.operations_cli import operate
 
-    return await operate(args, _place(args.resolved.config, args.command))
+    config = args.resolved.config
+    return await operate(args, _place(config, args.command), config.debounce.policy())
 
 
 async def _export_turn(args: argparse.Namespace) -> int:

@@ -12,6 +12,7 @@ from collections.abc import Callable
 
 from turnstile.events import InputEvent
 from turnstile.events.identity import content_fingerprint
+from turnstile.handlers.claim import DebouncePolicy
 from turnstile.handlers.operations import Operation, Refused, Verb, decide_operation
 from turnstile.projections import new_state
 from turnstile.streams.cli_errors import DATA_ERR, NOT_FOUND, UNAVAILABLE, CliError
@@ -60,21 +61,30 @@ def unchecked(what: str, why: Unavailable) -> None:
 
 
 async def decided_on_log(
-    place: LogPlace, conversation: str, verb: Verb, call_id: str | None, note: str | None, turn_id: str | None = None
+    place: LogPlace,
+    conversation: str,
+    verb: Verb,
+    call_id: str | None,
+    note: str | None,
+    turn_id: str | None = None,
+    policy: DebouncePolicy = DebouncePolicy(),
 ) -> Operation | Refused | Unavailable:
     """An operator's decision on `conversation` as its log has it now (`Unavailable` when the
-    log could not be read; a conversation with no event is one with nothing to decide)."""
+    log could not be read; a conversation with no event is one with nothing to decide);
+    `policy`: the workers' debounce, whose claims say which turn will take the decision."""
     view = await logged(place, conversation)
     if isinstance(view, Unavailable) and view.status != 404:
         return view
     state = new_state(conversation) if isinstance(view, Unavailable) else view.state
     event_id, now_ms = uuid.uuid4().hex, SystemClock().now_ms()
-    return decide_operation(state, verb, call_id, note, event_id=event_id, now_ms=now_ms, turn_id=turn_id)
+    return decide_operation(
+        state, verb, call_id, note, event_id=event_id, now_ms=now_ms, policy=policy, turn_id=turn_id
+    )
 
 
-async def operate(args: argparse.Namespace, place: LogPlace) -> int:
+async def operate(args: argparse.Namespace, place: LogPlace, policy: DebouncePolicy) -> int:
     call_id, turn_id = (None, None) if args.command == "resume" else (args.call_id, args.turn)
-    decided = await decided_on_log(place, args.conversation, args.command, call_id, args.note, turn_id)
+    decided = await decided_on_log(place, args.conversation, args.command, call_id, args.note, turn_id, policy)
     if isinstance(decided, Unavailable):
         raise CliError(UNAVAILABLE, decided.message)
     if isinstance(decided, Refused):

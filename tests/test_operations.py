@@ -9,6 +9,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+from builders import completed, started
 from worker_harness import events_of
 
 from turnstile import Agent, LogPlace, TestModel
@@ -27,7 +28,7 @@ from turnstile.events import (
     logical_turn_id,
 )
 from turnstile.events.inputs import MAX_CONTENT_CHARS
-from turnstile.handlers.claim import ClaimPlan, DebouncePolicy, plan_claim
+from turnstile.handlers.claim import ClaimPlan, DebouncePolicy, claim_event, plan_claim
 from turnstile.handlers.operations import (
     MAX_NOTE_CHARS,
     Operation,
@@ -75,6 +76,13 @@ def test_given_more_messages_pending_than_a_claim_takes_when_approved_then_the_t
     assert apply_event(state, decided.event) is None
     first = plan_claim(state, 10, two)
     assert isinstance(first, ClaimPlan) and first.input_ids == ("m2", "m3")
+    # and once that turn has its outcome, the next claim is the turn named
+    claimed = claim_event(state, first, event_id="c-1", run_id="r-1", now_ms=11)
+    assert apply_event(state, claimed) is None
+    assert apply_event(state, started(claimed, 12)) is None
+    assert apply_event(state, completed(claimed, 13)) is None
+    second = plan_claim(state, 14, two)
+    assert isinstance(second, ClaimPlan) and second.turn_id == decided.turn_id
     # Written again before its claim, it keeps its place (its first stamp, not the new one).
     again = decide_approval(state, "call-1", True, None, event_id="e2", now_ms=1, policy=two)
     assert isinstance(again, Operation) and again.turn_id == decided.turn_id
@@ -215,6 +223,33 @@ async def serve_until(agent: Agent, data: Path, done: Callable[[Event], bool]) -
     finally:
         stop.set()
     assert await asyncio.wait_for(serving, 10) == 0
+
+
+def test_approve_on_the_command_line_names_the_turn_the_configured_claims_give(tmp_path: Path) -> None:
+    # Given a paused call and two more messages pending, and workers that claim one input a turn
+    call = TestModel.calls("send_email", '{"to": "a@b.c"}')
+    agent = Agent("mail", model=TestModel(replies=[call]))
+
+    @agent.tool(side_effect=True, needs_approval=True)
+    def send_email(to: str) -> str:
+        """Send an e-mail."""
+        return f"sent to {to}"
+
+    data = tmp_path / "log"
+    paused = asyncio.run(agent.answer("mail me", data=data))
+    assert isinstance(paused.outcome, TurnPaused)
+    log = FileLog(data, Topics())
+    for n in (2, 3):
+        message = MessageReceived(event_id=f"e{n}", conversation_id="c1", occurred_at=n, message_id=f"m{n}",
+                                  content="and then")  # fmt: skip
+        asyncio.run(log.append(log.topics.events, "c1", encode(message)))
+    config = tmp_path / "turnstile.toml"
+    config.write_text("[debounce]\nmax_batch = 1\n")
+    # When the call is approved, then the turn named is the third claim: the decision alone
+    approved = cli("approve", "c1", "call-1", "--data", str(data), "--config", str(config))
+    assert approved.returncode == 0, approved.stderr
+    key = f"approval:{paused.outcome.turn_id}:call-1"
+    assert approved.stdout.split("new logical turn ")[1].strip() == logical_turn_id([key])
 
 
 def test_approve_on_the_command_line_lets_the_paused_call_run_in_the_turn_it_names(tmp_path: Path) -> None:
