@@ -41,6 +41,10 @@ def explain(exc: BaseException, command: str) -> CliError | None:
         return CliError(LOG_OWNED, str(exc))
     if isinstance(exc, ProducerBroken):
         return CliError(UNAVAILABLE, str(exc))
+    from aiokafka.errors import KafkaConnectionError
+
+    if isinstance(exc, KafkaConnectionError):  # it answered the pre-check, then went away
+        return CliError(UNAVAILABLE, f"lost the Kafka broker: {exc}")
     if isinstance(exc, ValidationError):
         problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'value'}: {e['msg']}" for e in exc.errors())
         return CliError(DATA_ERR, f"the message is not accepted: {problems}")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
+import struct
 from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Mapping
 from typing import Any
 
@@ -24,14 +25,33 @@ DELTAS_RETENTION_MS = 3_600_000
 READ_SLICE = 1_000
 
 
+# ApiVersions v0 (api key 18), correlation id 1, client id "turnstile": the request every
+# Kafka client sends first, answered by any broker before it knows anything of the client.
+_API_VERSIONS = struct.pack(">hhih", 18, 0, 1, 9) + b"turnstile"
+
+
 def reachable(bootstrap: str, timeout_s: float = 2.0) -> bool:
-    """Whether the first bootstrap address accepts a TCP connection (a cheap pre-check)."""
-    host, _, port = bootstrap.split(",")[0].rpartition(":")
+    """Whether a bootstrap address answers as a Kafka broker does (a cheap pre-check): one
+    that accepts a connection and closes it, or answers in another protocol (a TLS port, a
+    load balancer with nothing behind it), is not reachable."""
+    return any(_answers_as_kafka(address, timeout_s) for address in bootstrap.split(","))
+
+
+def _answers_as_kafka(address: str, timeout_s: float) -> bool:
+    host, _, port = address.strip().rpartition(":")
     try:
-        with socket.create_connection((host, int(port)), timeout=timeout_s):
-            return True
-    except OSError:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s) as sock:
+            sock.sendall(struct.pack(">i", len(_API_VERSIONS)) + _API_VERSIONS)
+            head = b""
+            while len(head) < 8:  # the response's size, then the correlation id
+                more = sock.recv(8 - len(head))
+                if not more:
+                    return False
+                head += more
+    except (OSError, ValueError):
         return False
+    size, correlation = struct.unpack(">ii", head)
+    return size >= 4 and correlation == 1
 
 
 class TopicMissing(LookupError):

@@ -3,12 +3,15 @@ the exit code the README documents, and no traceback (unless -v)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import signal
 import socket
 import subprocess
 import sys
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -99,6 +102,44 @@ def test_ctrl_c_while_run_waits_for_the_broker_is_one_line_not_a_traceback(tmp_p
         rest = process.stderr.read()
         assert process.wait(timeout=30) == 130
     assert rest.strip() == "turnstile run: interrupted"
+
+
+@contextlib.contextmanager
+def closing_listener() -> Iterator[int]:
+    """A loopback port that accepts each connection and closes it at once, as a load
+    balancer with nothing behind it or a half-started broker does."""
+    server = socket.create_server(("127.0.0.1", 0))
+    server.settimeout(0.1)
+    done = threading.Event()
+
+    def serve() -> None:
+        while not done.is_set():
+            try:
+                connection, _ = server.accept()
+            except TimeoutError:
+                continue
+            connection.close()
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        yield server.getsockname()[1]
+    finally:
+        done.set()
+        thread.join(5)
+        server.close()
+
+
+@pytest.mark.parametrize(
+    "command",
+    [["run", "--connect-timeout-s", "1"], ["send", "--conversation", "c", "--text", "hi"], ["inspect", "c"], ["audit"]],
+)
+def test_an_address_that_accepts_and_closes_is_no_broker_and_is_said_so(tmp_path, command):
+    with closing_listener() as port:
+        result = turnstile(command[0], "--broker", f"kafka://127.0.0.1:{port}", *command[1:], cwd=tmp_path)
+    assert result.returncode == 69, result.stderr
+    assert f"cannot reach the Kafka broker at 127.0.0.1:{port}" in result.stderr
+    assert "Traceback" not in result.stderr
 
 
 def test_send_to_an_unreachable_broker_fails_at_once(tmp_path):
