@@ -51,7 +51,7 @@ def _answers_as_kafka(address: str, timeout_s: float) -> bool:
     except (OSError, ValueError):
         return False
     size, correlation = struct.unpack(">ii", head)
-    return size >= 4 and correlation == 1
+    return bool(size >= 4 and correlation == 1)
 
 
 class TopicMissing(LookupError):
