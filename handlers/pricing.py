@@ -1,9 +1,12 @@
 """What a model response cost, from a per-model price table with a price per token component.
 
 A model missing from the table has no known price: its cost is None, never zero, and the
-budget then fails closed on the cost dimension. The same holds for a component: a reply
-that read from or wrote to the prompt cache of a model whose table entry has no price for
-that component has an unknown cost.
+budget then fails closed on the cost dimension. The same holds for prompt-cache writes: a
+reply that wrote to the cache of a model whose entry has no price for them has an unknown
+cost (writes cost more than input: 1.25-2x on Anthropic). Cache reads without a price of
+their own are counted at the input price, an upper bound (every provider discounts them),
+so a price given as input and output only keeps turns going when caching starts on its own
+(OpenAI caches any prompt over 1,024 tokens).
 """
 
 from __future__ import annotations
@@ -20,7 +23,8 @@ class ModelPrice:
     """USD per million tokens. Uncached input is billed at `input_per_mtok`, prompt-cache
     reads at `cached_input_per_mtok`, prompt-cache writes at `cache_write_per_mtok`, and all
     output (reasoning included, as both OpenAI and Anthropic bill it) at `output_per_mtok`.
-    A cache price left as None is unknown, not free."""
+    A cache-read price left as None is the input price (an upper bound); a cache-write price
+    left as None is unknown, not free."""
 
     input_per_mtok: float
     output_per_mtok: float
@@ -70,7 +74,8 @@ def cost_usd(prices: PriceTable, model: str, usage: Usage) -> float | None:
     price = prices.get(model)
     if price is None:
         return None
-    cached = _component(usage.cached_input_tokens, price.cached_input_per_mtok)
+    read_price = price.input_per_mtok if price.cached_input_per_mtok is None else price.cached_input_per_mtok
+    cached = _component(usage.cached_input_tokens, read_price)
     written = _component(usage.cache_write_tokens, price.cache_write_per_mtok)
     if cached is None or written is None:
         return None
