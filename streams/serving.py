@@ -103,6 +103,19 @@ async def serve(
     from turnstile.streams.service import Service
     from turnstile.streams.worker_gc import WorkerGc
 
+    if place.bootstrap is not None:
+        # A worker on topics that are not there is assigned nothing and looks healthy: said at
+        # once (`TopicMissing`, a LookupError) as `turnstile run` says it. The snapshot topics
+        # it makes itself.
+        from turnstile.streams.kafka_reader import require_topics
+
+        topics = place.topics
+        needed = [topics.events, topics.outcomes, topics.dead_letters]
+        try:
+            await require_topics(place.bootstrap, needed + ([topics.deltas] if config.stream_replies else []))
+        except BaseException:
+            await provider.aclose()
+            raise
     log = place.open()
     try:
         log.own()  # before anything starts: a second worker on one embedded log must not run at all

@@ -5,6 +5,7 @@ a loopback model server."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import re
 import time
@@ -354,3 +355,19 @@ def test_a_server_asking_to_wait_past_the_deadline_pauses_the_turn_on_it_at_once
 def test_a_log_place_with_an_address_kafka_does_not_take_is_refused() -> None:
     with pytest.raises(ValueError, match="is not a Kafka address"):
         LogPlace(broker="http://localhost:9092")
+
+
+@pytest.mark.kafka
+def test_serving_on_topics_that_are_not_there_says_so_at_once(
+    kafka_bootstrap: str, fresh_topics: Topics  # noqa: F811
+) -> None:
+    # (a typo in a topic's name gave a worker assigned nothing that looked healthy, and
+    # returned 0 when stopped)
+    from turnstile import LogPlace
+    from turnstile.streams.kafka_reader import TopicMissing
+
+    agent = Agent("orders", model=TestModel())
+    wrong = dataclasses.replace(fresh_topics, outcomes=f"{fresh_topics.outcomes}-typo")
+    place = LogPlace(broker=f"kafka://{kafka_bootstrap}", topics=wrong, group="g-missing")
+    with pytest.raises(TopicMissing, match=f"topic '{wrong.outcomes}' does not exist"):
+        asyncio.run(asyncio.wait_for(agent.serve(place, stop=asyncio.Event()), 30))
