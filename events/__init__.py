@@ -6,6 +6,7 @@ from turnstile.events.dead_letter import DeadLetter
 from turnstile.events.identity import content_fingerprint, logical_turn_id, partition_for
 from turnstile.events.inputs import Approval, InputInjected, MessageReceived, ResumeRequested
 from turnstile.events.lifecycle import (
+    NOT_STARTED,
     STOPPED_MID_ATTEMPT,
     AttemptFailed,
     AttemptStarted,
@@ -46,6 +47,7 @@ __all__ = [
     "EVENT_ADAPTER",
     "EXHAUSTED_BECAUSE",
     "INPUT_TYPES",
+    "NOT_STARTED",
     "OUTCOME_TYPES",
     "SCHEMA_VERSION",
     "STEP_TYPES",

@@ -104,7 +104,15 @@ class ToolCallStarted(TurnEnvelope):
     idempotency_key: Annotated[str, Field(max_length=128)] | None = None
 
 
+# The result of a side-effecting call whose run stopped while its start was acknowledged,
+# before its body began: written only when no earlier run of the turn started that call.
+NOT_STARTED = "error: the call did not start (the worker stopped before running it); it had no effect"
+
+
 class ToolCallFinished(TurnEnvelope):
+    """A tool call's result (`ok` false: an error the model reads). A `result` of exactly
+    NOT_STARTED says the call never began: it had no effect."""
+
     type: Literal["ToolCallFinished"] = "ToolCallFinished"
     iteration: Annotated[int, Field(ge=1, lt=MAX_INT)]
     call_id: Identifier

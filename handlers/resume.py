@@ -53,6 +53,14 @@ def key_of_first_run(journal: Sequence[Event], call_id: str) -> str | None:
     return None
 
 
+def started_before(journal: Sequence[Event], start: ToolCallStarted) -> bool:
+    """Whether a run of the turn before `start`'s started the same call: it may have acted."""
+    return any(
+        isinstance(event, ToolCallStarted) and event.call_id == start.call_id and event.run_id != start.run_id
+        for event in journal
+    )
+
+
 @dataclass(frozen=True, slots=True)
 class StartOver:
     """The journal holds no step worth keeping: a new attempt from the inputs."""

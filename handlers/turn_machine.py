@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from turnstile.events import (
+    NOT_STARTED,
     STOPPED_MID_ATTEMPT,
     AttemptFailed,
     AttemptStarted,
@@ -84,13 +85,20 @@ from turnstile.handlers.pauses import (
 from turnstile.handlers.pricing import cost_usd
 from turnstile.handlers.protocol import repeated_call_error, tool_error
 from turnstile.handlers.provider import ChatMessage, ModelReply, ModelRequest, ProtocolFamily, ProviderError, ToolSpec
-from turnstile.handlers.resume import Recovery, Resume, StartOver, idempotency_key, key_of_first_run, next_step
+from turnstile.handlers.resume import (
+    Recovery,
+    Resume,
+    StartOver,
+    idempotency_key,
+    key_of_first_run,
+    next_step,
+    started_before,
+)
 from turnstile.handlers.stops import AskAgain, Complete, CutOff, Refused, RunTools, after_reply
 from turnstile.handlers.tools import InvalidCall, NotRun, ValidCall, validate_call
 from turnstile.handlers.turn_rules import (
     DENIED,
     DID_NOT_RUN,
-    NOT_STARTED,
     RECONCILED_NOT_RUN,
     approval_of,
     bounded_result,
@@ -801,11 +809,19 @@ def _not_started(m: TurnMachine, out: _Out) -> None:
     acknowledged: the body never began. Say so on the log, best effort (not waited for:
     a superseded run's write is refused by every reader anyway), so the next owner reads a
     failed call that did not run instead of an unknown one. A read-only call is left in
-    doubt: the next owner just runs it (an error recorded here would be its result)."""
+    doubt: the next owner just runs it (an error recorded here would be its result). So is
+    a call an earlier run of the turn started (this run was running it again): that one may
+    have acted, and "it had no effect" would tell the model to make it anew."""
     started = m.running.started if m.running is not None else None
     m.settling = m.running = None
     active = m.state.active
-    if started is not None and started.side_effect and active is not None and started.call_id in active.operations:
+    if (
+        started is not None
+        and started.side_effect
+        and active is not None
+        and started.call_id in active.operations
+        and not started_before(active.journal, started)
+    ):
         finished = ToolCallFinished(
             **_stamp(m), iteration=started.iteration, call_id=started.call_id, ok=False, result=NOT_STARTED
         )

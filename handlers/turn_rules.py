@@ -20,7 +20,6 @@ from turnstile.projections import AttemptVerdict, PendingInput
 MAX_RESULT_CHARS = 100_000
 DENIED = "error: the user denied this call; it did not run. Do not call it again."
 DID_NOT_RUN = "error: this call did not run."
-NOT_STARTED = "error: the call did not start (the worker stopped before running it); it had no effect"
 RECONCILED_NOT_RUN = (
     "error: this call did not run (the worker stopped as it began, and nothing shows it had an effect); "
     "make it again if it is still needed"

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from turnstile.events import (
+    NOT_STARTED,
     STOPPED_MID_ATTEMPT,
     AttemptFailed,
     AttemptStarted,
@@ -65,8 +66,9 @@ RULES: dict[str, str] = {
     ),
     "resume": (
         "rule 9 across owners: an attempt that resumes an interrupted run follows that run; it asks no "
-        "recorded model step again, runs no finished tool call again, and runs an unfinished "
-        "side-effecting call again only with its idempotency key"
+        "recorded model step again, runs no finished tool call again, runs an unfinished "
+        "side-effecting call again only with its idempotency key, and never records as not started a "
+        "call an earlier run started"
     ),
     "one_outcome": "rule 11: one terminal outcome per claimed turn, with a status for exactly its claimed inputs",
     "double_text": (
@@ -417,6 +419,8 @@ class Auditor:
                     return True
                 self._check_deadline(state, event, started=True)
             case ToolCallFinished():
+                if self._check_not_started(state, event):
+                    return True
                 self._check_deadline(state, event, started=False)
             case MessageRejected():
                 return self._check_refusal(state, event)
@@ -652,6 +656,24 @@ class Auditor:
             detail = f"tool call {turn.tool_calls + 1} ({call.tool}) beyond the limit of {limit}"
             self._violate("budgets", call.conversation_id, call.turn_id, detail)
         return False
+
+    def _check_not_started(self, state: ConversationState, finished: ToolCallFinished) -> bool:
+        """A call recorded as never begun (NOT_STARTED) must not have been started by an
+        earlier run of its turn: that run may have acted, and the model, told it had no
+        effect, may make it anew."""
+        turn = _open_run(state, finished)
+        if turn is None or finished.result != NOT_STARTED:
+            return False
+        self._rules["resume"].checked += 1
+        earlier = [
+            e for e in turn.journal
+            if isinstance(e, ToolCallStarted) and e.call_id == finished.call_id and e.run_id != finished.run_id
+        ]  # fmt: skip
+        if not earlier:
+            return False
+        detail = (f"call {finished.call_id} ({earlier[0].tool}) recorded as never started, though run "
+                  f"{earlier[0].run_id} started it before: it may have acted")  # fmt: skip
+        return self._violate("resume", finished.conversation_id, finished.turn_id, detail)
 
     def _check_outcome(self, state: ConversationState, outcome: TerminalOutcome) -> bool:
         conv, turn_id = outcome.conversation_id, outcome.turn_id

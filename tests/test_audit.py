@@ -16,6 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from turnstile.events import (
+    NOT_STARTED,
     STOPPED_MID_ATTEMPT,
     AttemptFailed,
     AttemptStarted,
@@ -224,6 +225,30 @@ def test_no_attempt_fresh_or_resuming_after_its_owner_failed_the_turn_for_good()
     closing = AttemptFailed(**turn_fields(c, None, 1), reason=STOPPED_MID_ATTEMPT, retryable=False)
     after_takeover = audit(records(message("m1", 1), c, started(c, 11), closing, resumed))
     assert after_takeover.ok, render(after_takeover)
+
+
+def test_a_call_an_earlier_run_started_is_never_recorded_as_not_started() -> None:
+    # Given a side-effecting call run 1 started (then its worker died), and run 2 resuming
+    # it with its key, when run 2 records the call as never started, then that is a violation
+    # of the resume rule: run 1 may have acted, and the model reads "it had no effect".
+    c = claim(["m1"], 10, 0)
+    first = tool_started(c, "call-1", side_effect=True, run_id=c.run_id).model_copy(update={"idempotency_key": "k"})
+    closing = AttemptFailed(**turn_fields(c, None, 1), reason=STOPPED_MID_ATTEMPT, retryable=False)
+    resumed = AttemptStarted(**turn_fields(c, "run-2", 2), model="m", resumes_run_id=c.run_id)
+    again = tool_started(c, "call-1", side_effect=True, run_id="run-2", attempt=2).model_copy(
+        update={"idempotency_key": "k"}
+    )
+    not_started = ToolCallFinished(**turn_fields(c, "run-2", 2), iteration=1, call_id="call-1", ok=False,
+                                   result=NOT_STARTED)  # fmt: skip
+    head = [message("m1", 1), c, started(c, 11), responded(c), first, closing, resumed, again]
+    report = audit(records(*head, not_started))
+    assert violations(report) == {
+        "resume": ["0@8 call call-1 (transfer) recorded as never started, though run run-1 started it before: "
+                   "it may have acted"]
+    }  # fmt: skip
+    # Run 1's own start cut short is what NOT_STARTED is for.
+    alone = ToolCallFinished(**turn_fields(c), iteration=1, call_id="call-1", ok=False, result=NOT_STARTED)
+    assert audit(records(message("m1", 1), c, started(c, 11), responded(c), first, alone)).ok
 
 
 def test_no_attempt_after_a_side_effect_started() -> None:

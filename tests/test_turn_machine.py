@@ -730,6 +730,29 @@ def test_a_run_stopped_while_its_tool_start_was_acknowledged_records_that_it_did
     assert isinstance(finished, ToolCallFinished) and not finished.ok and "did not start" in finished.result
 
 
+def test_a_call_run_again_whose_new_start_was_cut_short_stays_in_doubt_not_recorded_as_without_effect():
+    # Given an idempotent pay call its first run started (and may have made: the worker
+    # died in it), and the next owner running it again with its key, when that owner is
+    # stopped while its own start is acknowledged, then it writes no "did not start; it had
+    # no effect": the first run's may have acted. The call stays in doubt for the owner after
+    # (again with its key), where the model had been told to make it anew (an outside crash
+    # hunt: one SMS sent, recorded as never sent).
+    m = machine()
+    claimed(m)
+    first = effect(decide(m, ModelAnswered(reply("paying", ("c2", "pay", "{}")), T0)))
+    assert isinstance(first, RunTool)
+    taken = machine(state=m.state)
+    again = effect(decide(taken, TakenOver(T0 + 1_000)))
+    assert isinstance(again, RunTool) and again.started.run_id != first.started.run_id
+    assert types(decide(taken, ToolNotStarted(T0 + 1_005))) == ["Finish"]
+    turn = taken.state.active
+    assert turn is not None
+    step = next_step(turn.journal, lambda _start: "idempotent")
+    assert isinstance(step, Resume) and step.in_doubt == {"c2": "idempotent"} and step.results == {}
+    third = effect(decide(_owner(3, taken.state), TakenOver(T0 + 2_000)))
+    assert isinstance(third, RunTool) and third.started.idempotency_key == first.started.idempotency_key
+
+
 def test_a_read_only_call_stopped_before_it_began_is_left_for_the_next_owner_to_run():
     # Given a run stopped while a read-only call's start was being acknowledged, when the
     # machine hears of it, then it writes nothing: the next owner runs that call again
