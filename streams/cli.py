@@ -266,7 +266,7 @@ def _add_run_args(run: argparse.ArgumentParser) -> None:
         "--session-timeout-s",
         type=float,
         help=f"how long the group waits for a silent worker before moving its partitions "
-        f"(default: {d.session_timeout_s:g}; 6..300)",
+        f"(default: {d.session_timeout_s:g}; 6..1800)",
     )
     run.add_argument(
         "--state-dir",

@@ -199,9 +199,10 @@ class Membership:
     def __post_init__(self) -> None:
         if self.instance_id is not None and not self.instance_id.strip():
             raise ValueError("the group instance id is empty: give a stable name, or none")
-        if not 6_000 <= self.session_timeout_ms <= 300_000:
-            # The broker's default group.min/max.session.timeout.ms; outside them it refuses the join.
-            raise ValueError(f"session timeout {self.session_timeout_ms} ms is outside 6000..300000 ms")
+        if not 6_000 <= self.session_timeout_ms <= 1_800_000:
+            # The broker's default group.min/max.session.timeout.ms (6 s, 30 min since Kafka 2.0);
+            # outside them it refuses the join.
+            raise ValueError(f"session timeout {self.session_timeout_ms} ms is outside 6000..1800000 ms")
 
     @property
     def rebalance_timeout_ms(self) -> int:

@@ -46,7 +46,7 @@ def closed_port() -> int:
         (["run", "--http", "127.0.0.1:99999"], 2, "port 99999 is out of range (0..65535)"),
         (["run", "--http-token-file", "missing-token"], 66, "cannot read the token file missing-token (No such file"),
         (["send", "--conversation", "c1", "--text", "  "], 2, "the message is empty"),
-        (["run", "--session-timeout-s", "1"], 2, "outside 6..300 s"),
+        (["run", "--session-timeout-s", "1"], 2, "outside 6..1800 s"),
         (["run", "--schedules", "missing.json"], 66, "cannot read the schedules file missing.json"),
         (["run", "--schedules", "bad.json"], 78, "is not JSON"),
         (["run", "--schedules", "bad-cron.json"], 78, "is not valid"),

@@ -54,7 +54,7 @@ def test_an_unknown_key_is_refused_naming_it_and_the_file():
         ({"file": {"debounce": {"quiet_ms": "soon"}}}, 78,
          "turnstile.toml: debounce.quiet_ms: expected a number, not the string 'soon'"),
         ({"env": {"TURNSTILE_SESSION_TIMEOUT_S": "2"}}, 78, "env TURNSTILE_SESSION_TIMEOUT_S: session_timeout_s: 2 is"),
-        ({"flags": ["--session-timeout-s", "1"]}, 2, "--session-timeout-s: session_timeout_s: 1 is outside 6..300 s"),
+        ({"flags": ["--session-timeout-s", "1"]}, 2, "--session-timeout-s: session_timeout_s: 1 is outside 6..1800 s"),
         ({"env": {"TURNSTILE_BROKER": "http://x:1"}}, 78, "env TURNSTILE_BROKER: broker: 'http://x:1' is not a Kafka"),
         ({"env": {"TURNSTILE_PRICES": "gpt=1"}}, 78, "env TURNSTILE_PRICES: expected MODEL=INPUT,OUTPUT"),
         ({"file": {"prices": {"m": {"input": -1, "output": 1}}}}, 78, "turnstile.toml: prices.m.input: Input should"),

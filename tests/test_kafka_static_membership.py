@@ -46,18 +46,35 @@ async def until(condition, timeout_s: float = 60.0) -> None:  # type: ignore[no-
 
 
 def test_membership_refuses_what_the_broker_would():
-    with pytest.raises(ValueError, match=r"outside 6000\.\.300000"):
+    with pytest.raises(ValueError, match=r"outside 6000\.\.1800000"):
         Membership("w1", session_timeout_ms=1_000)
     with pytest.raises(ValueError, match="instance id is empty"):
         Membership(" ")
     # A rebalance is noticed within a second; two lost heartbeats never drop a live member.
     assert Membership("w1", session_timeout_ms=6_000).heartbeat_interval_ms == 1_000
-    assert all(Membership("w1", session_timeout_ms=ms).heartbeat_interval_ms * 3 <= ms for ms in (6_000, 300_000))
+    assert all(Membership("w1", session_timeout_ms=ms).heartbeat_interval_ms * 3 <= ms for ms in (6_000, 1_800_000))
     # A revoke's wait (the grace, then a flush and a commit) fits the group's rebalance
     # timeout whatever the session, with room: a member that outlasts it would be dropped.
     grace_ms = WorkerConfig().revoke_grace_s * 1000
     for ms in (6_000, 10_000):
         assert Membership("w1", session_timeout_ms=ms).rebalance_timeout_ms >= ms + 2 * grace_ms
+
+
+async def test_the_longest_session_timeout_allowed_is_one_the_broker_takes(
+    kafka_bootstrap: str,  # noqa: F811
+    fresh_topics: Topics,  # noqa: F811
+):
+    # (the bound was 300 s, "the broker's", where Kafka's default has been 30 min since 2.0)
+    log = KafkaLog(kafka_bootstrap, f"g-{uuid.uuid4().hex[:8]}", fresh_topics, membership=Membership(None, 1_800_000))
+    seen, stop = Seen(), asyncio.Event()
+    await log.start(seen)
+    task = asyncio.create_task(polling(log, stop))
+    try:
+        await until(lambda: len(seen.assigned) == 8)
+    finally:
+        stop.set()
+        await task
+        await log.stop()
 
 
 async def test_a_worker_restarted_under_its_instance_id_takes_its_partitions_back_without_a_rebalance(
