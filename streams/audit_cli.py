@@ -128,6 +128,11 @@ def audit_records(
     return auditor.report(strict=args.strict, stall_after_s=args.stall_after_s, now_ms=began_ms)
 
 
+def _outcomes_not_checked(why: str) -> None:
+    print(f"turnstile audit: {why}: what the outcomes topic's consumers see is not checked "
+          "(--outcomes-topic names it)", file=sys.stderr)  # fmt: skip
+
+
 def _letters(records: list[Record]) -> list[DeadLetter]:
     letters = []
     for record in records:
@@ -159,6 +164,8 @@ async def run(args: argparse.Namespace) -> int:
             outcomes = None
             if (config.data / outcomes_topic).is_dir():  # (it keeps everything: no retention)
                 outcomes = (log.read_all(outcomes_topic), dict.fromkeys(range(log.partition_count()), 0))
+            else:
+                _outcomes_not_checked(f"no embedded log of topic {outcomes_topic!r} in {config.data}")
             count = log.partition_count()
             report = audit_records(records, args, log.read_all(dlq), committed, began_ms, count, outcomes)
     except (OSError, LookupError, TimeoutError, KafkaError) as exc:
@@ -189,7 +196,8 @@ async def _audit_kafka(args: argparse.Namespace, config: Config, began_ms: int) 
     outcomes: tuple[list[Record], dict[int, int]] | None
     try:
         outcomes = await read_retained(bootstrap, config.topics.outcomes, args.timeout)
-    except LookupError:  # no outcomes topic: what consumers see is not checked
+    except LookupError as exc:  # no outcomes topic: what consumers see is not checked, said so
+        _outcomes_not_checked(str(exc))
         outcomes = None
     partitions = await partition_count(bootstrap, events)
     report = audit_records(records, args, dlq, committed, began_ms, partitions, outcomes)

@@ -156,6 +156,13 @@ def test_a_topic_that_is_not_there_is_said_at_once_and_a_missing_dlq_only_leaves
                              "--dlq-topic", f"nosuch-{uuid.uuid4().hex[:8]}")  # fmt: skip
     assert no_dlq.returncode == 0 and "no violation" in no_dlq.stdout, no_dlq.stdout + no_dlq.stderr
     assert "ERROR" not in no_dlq.stderr  # (a subscription to it logged an error per metadata refresh)
+    # an outcomes topic that does not exist: the audit goes on, saying what it did not check
+    no_outcomes = f"nosuch-{uuid.uuid4().hex[:8]}"
+    unchecked = turnstile_audit(kafka_bootstrap, fresh_topics, "--from-beginning", "--group", "g-a",
+                                "--outcomes-topic", no_outcomes)  # fmt: skip
+    assert unchecked.returncode == 0, unchecked.stdout + unchecked.stderr
+    assert f"topic '{no_outcomes}' does not exist" in unchecked.stderr
+    assert "what the outcomes topic's consumers see is not checked" in unchecked.stderr
     # a mistyped events topic: one line, the log cannot be read
     missing = Topics(f"nosuch-{uuid.uuid4().hex[:8]}", fresh_topics.outcomes, fresh_topics.dead_letters)
     wrong = turnstile_audit(kafka_bootstrap, missing, "--from-beginning", "--group", "g-a")
