@@ -188,6 +188,11 @@ async def _send(args: argparse.Namespace) -> int:
         except argparse.ArgumentTypeError as exc:
             raise CliError(USAGE, f"--text -: {exc}") from None
     event = message_event(args.conversation, text, SystemClock().now_ms(), args.message_id)
+    config = args.resolved.config
+    if config.broker is None and not (config.data / config.topics.events).is_dir():
+        # A send from another folder than the worker's: said, or the message waits unanswered.
+        print(f"turnstile send: no embedded log in {config.data.resolve()} yet: starting one there; a worker "
+              "answers it only when run on the same folder (--data)", file=sys.stderr)  # fmt: skip
     partition, offset = await publish_input(place, event)
     reused = args.message_id is not None and await first_use(place, args.conversation, args.message_id)
     if isinstance(reused, Unavailable):

@@ -57,9 +57,12 @@ def run_worker_until(where: list[str], conversation: str, completions: int, *run
 
 def test_send_run_and_tail_on_the_embedded_log(tmp_path):
     where = ["--data", str(tmp_path)]
-    for _ in range(2):  # the same message id twice: answered once
+    for n in range(2):  # the same message id twice: answered once
         sent = turnstile("send", *where, "--conversation", "c1", "--text", "hello", "--message-id", "m1")
         assert sent.returncode == 0 and "sent message m1" in sent.stdout
+        # The first send starts the log, and says where: a worker on another folder never sees it.
+        started = f"no embedded log in {tmp_path.resolve()} yet: starting one there"
+        assert (started in sent.stderr) == (n == 0), sent.stderr
     out = run_worker_until(where, "c1", 1)
     assert out.count("TurnCompleted") == 1
     assert "claims ['m1']" in out
