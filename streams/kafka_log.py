@@ -21,6 +21,7 @@ from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from aiokafka.errors import (
     InvalidTopicError,
+    KafkaError,
     MessageSizeTooLargeError,
     OutOfOrderSequenceNumber,
     RecordListTooLargeError,
@@ -76,6 +77,13 @@ def bootstrap_of(url: str) -> str:
 class RebalanceFailed(RuntimeError):
     """The worker's part of a rebalance raised: which partitions it folds is unknown, so the
     consumer loop stops with it (the group gives the partitions to a member that works)."""
+
+
+def fenced(exc: BaseException) -> bool:
+    """Whether a consumer's error is the group's FENCED_INSTANCE_ID, which aiokafka does not
+    know: an `UnknownError`, as it is, or wrapped by the coordinator's join, sync and
+    heartbeat paths in a plain `KafkaError` that names it ("KafkaError: UnknownError()")."""
+    return isinstance(exc, UnknownError) or isinstance(exc.__cause__, UnknownError) or "UnknownError(" in str(exc)
 
 
 class MembershipLost(RuntimeError):
@@ -362,10 +370,10 @@ class KafkaLog:
         self._raise_if_broken()
         try:
             batches = await self.consumer.getmany(timeout_ms=int(timeout_s * 1000), max_records=POLL_RECORDS)
-        except UnknownError as exc:
+        except KafkaError as exc:
             # The group's answer to a static member another process fenced (FENCED_INSTANCE_ID,
             # a code aiokafka does not know) comes out of a rejoin as an unknown error.
-            if self._instance_id is None:
+            if self._instance_id is None or not fenced(exc):
                 raise
             self._lost = self._lost or exc
         self._raise_a_failed_rebalance()  # (a rebalance may run while getmany waits)

@@ -45,6 +45,20 @@ async def until(condition, timeout_s: float = 60.0) -> None:  # type: ignore[no-
         await asyncio.sleep(0.05)
 
 
+def test_a_fenced_static_member_is_told_by_the_error_aiokafka_wraps_it_in():
+    # (its join, sync and heartbeat paths raise KafkaError(repr(UnknownError())): such a stop
+    # was a traceback and exit 1, not the one line and exit 3 of a lost membership)
+    from aiokafka.errors import KafkaError, KafkaTimeoutError, UnknownError
+
+    from turnstile.streams.kafka_log import fenced
+
+    assert fenced(UnknownError()) and fenced(KafkaError(repr(UnknownError())))
+    wrapped = KafkaError("Unexpected error during coordination")
+    wrapped.__cause__ = UnknownError()
+    assert fenced(wrapped)
+    assert not fenced(KafkaTimeoutError()) and not fenced(KafkaError("Unexpected error during data retrieval"))
+
+
 def test_membership_refuses_what_the_broker_would():
     with pytest.raises(ValueError, match=r"outside 6000\.\.1800000"):
         Membership("w1", session_timeout_ms=1_000)
