@@ -22,6 +22,7 @@ from turnstile.streams.cli_errors import (
     UNAVAILABLE,
     USAGE,
     CliError,
+    at_least,
     broker_url,
     explain,
     http_address,
@@ -38,7 +39,7 @@ log = logging.getLogger("turnstile.run")
 
 DEFAULTS = config_file.Config()
 # Configured commands: their flags, the environment and turnstile.toml are merged (config_file).
-CONFIGURED = ("run", "send", "tail", "inspect", "approve", "deny", "resume", "export-turn", "audit")
+CONFIGURED = ("run", "send", "tail", "inspect", "approve", "deny", "resume", "export-turn", "audit", "topics")
 
 
 def _add_log_args(parser: argparse.ArgumentParser) -> None:
@@ -116,7 +117,7 @@ async def _require_topics(bootstrap: str, config: config_file.Config, command: s
         await require_topics(bootstrap, needed)
     except TopicMissing as exc:
         them = "it" if len(exc.names) == 1 else "them"
-        fix = f"create {them}, as bash infra/kafka/start.sh does the default topics, or name the right ones"
+        fix = f"create {them} with `turnstile topics --broker ...` (the same topic flags), or name the right ones"
         raise CliError(USAGE, f"{exc}: {fix} (--events-topic, --outcomes-topic, --dlq-topic, --deltas-topic)") from None
 
 
@@ -201,6 +202,23 @@ async def _send(args: argparse.Namespace) -> int:
         # The id was used before for other content: this one is dead-lettered, never answered.
         raise CliError(DATA_ERR, f"message id {args.message_id!r} was already used for other content")
     print(f"sent message {event.message_id} to {place.topics.events}[{partition}]@{offset}")
+    return 0
+
+
+async def _topics(args: argparse.Namespace) -> int:
+    from turnstile.streams.kafka_log import bootstrap_of
+    from turnstile.streams.kafka_reader import ensure_topics, partition_count
+
+    config = args.resolved.config
+    if config.broker is None:
+        raise CliError(USAGE, "the embedded log makes its topics itself: give --broker for Kafka's")
+    bootstrap, topics = bootstrap_of(config.broker), config.topics.topics()
+    created = await ensure_topics(bootstrap, topics, args.partitions, args.replication_factor)
+    for name in (topics.events, topics.outcomes, topics.dead_letters, topics.deltas, topics.snapshots, topics.heads):
+        print(f"{name}: {'created' if name in created else 'already there'}")
+    if topics.events not in created and (count := await partition_count(bootstrap, topics.events)) != args.partitions:
+        print(f"turnstile topics: {topics.events} has {count} partitions, not {args.partitions}: kept as it is "
+              "(a conversation's partition is its key's hash over the count: never change it)", file=sys.stderr)
     return 0
 
 
@@ -435,6 +453,20 @@ def build_parser() -> argparse.ArgumentParser:
     _add_log_args(tail)
     tail.add_argument("--conversation", default=None, help="only this conversation's events (default: all)")
 
+    topics = sub.add_parser(
+        "topics",
+        help="create the topics a deployment needs on the broker, those missing, with the engine's settings",
+    )
+    _add_log_args(topics)
+    topics.add_argument(
+        "--partitions", type=at_least(1, integer=True), default=8,
+        help="partitions of the events topic and those co-partitioned with it (default 8)",
+    )  # fmt: skip
+    topics.add_argument(
+        "--replication-factor", type=at_least(1, integer=True), default=1,
+        help="replicas of each topic (default 1: one broker; give 3 on a production cluster)",
+    )  # fmt: skip
+
     inspect = sub.add_parser("inspect", help="show a conversation: history, pending, active turn, turn timelines")
     _add_log_args(inspect)
     inspect.add_argument("conversation", help="the conversation id")
@@ -447,9 +479,10 @@ def build_parser() -> argparse.ArgumentParser:
     export_cli.add_parser(sub, _add_log_args)
     audit_cli.add_parser(sub, _add_log_args)
     for command in sub.choices.values():  # the global flags work after the subcommand too
-        command.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS, help="as above")
-        command.add_argument("--log-format", choices=["text", "json"], default=argparse.SUPPRESS, help="as above")
-        command.add_argument("--config", type=Path, metavar="PATH", default=argparse.SUPPRESS, help="as above")
+        same = "as before the command (turnstile --help)"
+        command.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS, help=same)
+        command.add_argument("--log-format", choices=["text", "json"], default=argparse.SUPPRESS, help=same)
+        command.add_argument("--config", type=Path, metavar="PATH", default=argparse.SUPPRESS, help=same)
     return parser
 
 
@@ -472,7 +505,8 @@ def main(argv: list[str] | None = None) -> int:
 
         return demo_main(args.data)
     handler = {"run": _run, "send": _send, "tail": _tail, "inspect": _inspect, "audit": audit_cli.run,
-               "approve": _operate, "deny": _operate, "resume": _operate, "export-turn": _export_turn}[args.command]
+               "topics": _topics, "approve": _operate, "deny": _operate, "resume": _operate,
+               "export-turn": _export_turn}[args.command]  # fmt: skip
 
     async def checked() -> int:
         config: config_file.Config | None = getattr(args, "resolved", None) and args.resolved.config
@@ -482,7 +516,7 @@ def main(argv: list[str] | None = None) -> int:
 
             patience = config.connect_timeout_s if config is not None and args.command == "run" else 0
             await _wait_for_broker(bootstrap_of(broker), patience)
-            if config is not None:
+            if config is not None and args.command != "topics":
                 await _require_topics(bootstrap_of(broker), config, args.command)
         return await handler(args)
 

@@ -334,22 +334,23 @@ class KafkaReader:
 SNAPSHOTS_CONFIG = {"cleanup.policy": "compact"}
 
 
-async def ensure_topics(bootstrap: str, topics: Topics, partitions: int) -> None:
-    """Create the six topics if they are missing (the infra script does the same)."""
+async def ensure_topics(bootstrap: str, topics: Topics, partitions: int, replication: int = 1) -> list[str]:
+    """Create the six topics if they are missing (the infra script does the same), with the
+    settings the engine relies on; returns the names created."""
     admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
     await admin.start()
     try:
         forever = {"retention.ms": "-1"}  # the events are the source of truth; dead letters the only copy
         wanted = [
-            NewTopic(topics.events, partitions, 1, topic_configs=forever),
-            NewTopic(topics.outcomes, partitions, 1),
-            NewTopic(topics.dead_letters, 1, 1, topic_configs=forever),
+            NewTopic(topics.events, partitions, replication, topic_configs=forever),
+            NewTopic(topics.outcomes, partitions, replication),
+            NewTopic(topics.dead_letters, 1, replication, topic_configs=forever),
             # Deltas serve live readers of a reply in progress: an hour is plenty.
-            NewTopic(topics.deltas, partitions, 1, topic_configs={"retention.ms": str(DELTAS_RETENTION_MS)}),
+            NewTopic(topics.deltas, partitions, replication, topic_configs={"retention.ms": str(DELTAS_RETENTION_MS)}),
             # Co-partitioned with the events: a conversation's snapshot is in the partition of
             # the same number as its events, so an owner of one reads the other.
-            NewTopic(topics.snapshots, partitions, 1, topic_configs=SNAPSHOTS_CONFIG),
-            NewTopic(topics.heads, partitions, 1, topic_configs=SNAPSHOTS_CONFIG),
+            NewTopic(topics.snapshots, partitions, replication, topic_configs=SNAPSHOTS_CONFIG),
+            NewTopic(topics.heads, partitions, replication, topic_configs=SNAPSHOTS_CONFIG),
         ]
         existing = set(await admin.list_topics())
         missing = [t for t in wanted if t.name not in existing]
@@ -357,6 +358,7 @@ async def ensure_topics(bootstrap: str, topics: Topics, partitions: int) -> None
             with contextlib.suppress(TopicAlreadyExistsError):  # another process created them first
                 await admin.create_topics(missing)
         await _until_led(admin, [t.name for t in wanted])
+        return [t.name for t in missing]
     finally:
         await admin.close()
 
