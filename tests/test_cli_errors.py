@@ -169,7 +169,7 @@ def test_a_topic_not_on_the_broker_is_named_at_once_with_the_fix(
     result = turnstile(*command, "--broker", kafka_bootstrap, *topics, "--deltas-topic", "nope-x", cwd=tmp_path)
     [line] = result.stderr.splitlines()  # no traceback, no client's error per metadata refresh
     assert result.returncode == 2 and line.startswith(f"turnstile {command[0]}: {missing} not exist on")
-    assert "bash infra/kafka/start.sh" in line
+    assert "with `turnstile topics --broker ...` (the same topic flags)" in line
 
 
 def test_trace_without_opentelemetry_installed_names_the_extra(tmp_path):
