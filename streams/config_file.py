@@ -384,7 +384,10 @@ def from_env(environ: Mapping[str, str]) -> tuple[dict[KeyPath, Any], dict[KeyPa
             elif _is_table(_annotation(path)):
                 entries = _pairs(text)
             elif typing.get_origin(_annotation(path)) is tuple:
-                values[path], names[path] = tuple(filter(None, (t.strip() for t in text.split(",")))), source
+                items = tuple(t.strip() for t in text.split(","))
+                if not all(items):  # as a flag's empty value is refused: `A,,B` is a typo, not two
+                    raise ValueError(f"an empty entry in {text!r}: give A,B")
+                values[path], names[path] = items, source
                 continue
             else:
                 values[path], names[path] = text, source

@@ -454,7 +454,8 @@ class Worker:
         if not slots:
             return
         step_s = self.config.revoke_grace_s
-        log.warning("stopping: grace over; %s finish their step in progress (up to %.0f s)", _turns(len(slots)), step_s)
+        log.warning("stopping: grace over; the step in progress of %s may finish (up to %.0f s)", _turns(len(slots)),
+                    step_s)  # fmt: skip
         await self._step_until(lambda: _held(slots), step_s)
         busy = sum(not slot.at_rest for slot in slots)
         log.warning("stopping: %s left to the next owner (%d cut off mid-step)", _turns(len(self.runners)), busy)

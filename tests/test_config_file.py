@@ -57,6 +57,7 @@ def test_an_unknown_key_is_refused_naming_it_and_the_file():
         ({"flags": ["--session-timeout-s", "1"]}, 2, "--session-timeout-s: session_timeout_s: 1 is outside 6..1800 s"),
         ({"env": {"TURNSTILE_BROKER": "http://x:1"}}, 78, "env TURNSTILE_BROKER: broker: 'http://x:1' is not a Kafka"),
         ({"env": {"TURNSTILE_PRICES": "gpt=1"}}, 78, "env TURNSTILE_PRICES: expected MODEL=INPUT,OUTPUT"),
+        ({"env": {"TURNSTILE_MODEL_FALLBACKS": "a,,b"}}, 78, "env TURNSTILE_MODEL_FALLBACKS: an empty entry in 'a,,b'"),
         ({"file": {"prices": {"m": {"input": -1, "output": 1}}}}, 78, "turnstile.toml: prices.m.input: Input should"),
         # A limit or price of inf or NaN bounds nothing (an infinite cost limit crashed every turn).
         ({"file": {"budget": {"max_cost_usd": float("inf")}}}, 78,
