@@ -200,7 +200,10 @@ def _bearer(token: str) -> Middleware:
             return await handler(request)
         if path == "/ui" or path.startswith("/ui/"):
             raise web.HTTPSeeOther("/ui/login")
-        response = _error(401, "a bearer token is required")
+        said = "a bearer token is required"
+        if cookie and not from_console:  # the console's cookie alone does not write: cross-site requests carry it
+            said += f" (the console's cookie is taken for a write only with the {CONSOLE_HEADER} header)"
+        response = _error(401, said)
         response.headers["WWW-Authenticate"] = "Bearer"
         return response
 

@@ -107,7 +107,7 @@ async def test_a_token_is_asked_once_and_kept_in_a_strict_cookie(tmp_path: Path)
                           headers={"Authorization": "Bearer s3cret"})
         await paused(client, "mail-2")
         bare = await client.post("/conversations/mail-2/approve", json={"call_id": "call-1"})
-        assert bare.status_code == 401
+        assert bare.status_code == 401 and "only with the X-Turnstile-Console header" in bare.json()["error"]
         console = await client.post("/conversations/mail-2/approve", json={"call_id": "call-1"},
                                     headers={"X-Turnstile-Console": "1"})
         assert console.status_code == 202, console.text
