@@ -91,16 +91,18 @@ class OutcomeLedger:
             due += 1
             if d.event_id not in self._published:
                 found.append(d)
-        if due and len(found) == due:
-            return Verdict(due, [], foreign=True)
+        ours = {d.event_id for d in self._decided}
+        if self._published and self._published.isdisjoint(ours):
+            return Verdict(due, [], foreign=True)  # outcomes, but none of this log's
         return Verdict(due, found)
 
 
 @dataclass(frozen=True, slots=True)
 class Verdict:
-    # The outcomes the topic should hold, and those it does not. None of them at all is
-    # taken for a topic of another log (an audit naming its events topic but not its
-    # outcomes topic reads the default one), not judged: `foreign`.
+    # The outcomes the topic should hold, and those it does not. A topic holding outcomes,
+    # but none of this log's, is taken for another log's (an audit naming its events topic
+    # but not its outcomes topic reads the default one), not judged: `foreign`. An empty
+    # one is judged: a worker that published nothing is what this check is for.
     due: int
     missing: list[Decided]
     foreign: bool = False

@@ -538,13 +538,17 @@ def test_given_the_outcomes_topic_when_an_outcome_committed_past_is_missing_then
     assert report.ok and not audited([first], committed=8).strict
     strict = Auditor().feed_all(log).feed_committed({0: 8}).feed_outcomes(published(first), {0: 0}).report(strict=True)
     assert strict.violations == 1 and strict.outcomes_due == 2  # a finding, a violation with --strict
+    # A worker that published nothing at all is caught: an empty topic is judged.
+    nothing = Auditor().feed_all(log).feed_committed({0: 8}).feed_outcomes([], {0: 0}).report(strict=True)
+    assert [f.where for f in nothing.unpublished] == ["0@3", "0@7"] and not nothing.ok
     assert render(report).rstrip().endswith("no violation; 1 outcome(s) missing from the outcomes topic")
     assert Auditor().feed_all(log).feed_outcomes([], {0: 0}).report().unpublished == []  # no offsets: not judged
     # An incremental audit reports them whole: one still on its way last time is not skipped.
     assert [f.where for f in report.since({0: 8}).unpublished] == ["0@7"]
-    # A topic holding none of them is another log's (the default one, read by an audit that
-    # named only its events topic): said, not judged.
-    foreign = Auditor().feed_all(log).feed_committed({0: 8}).feed_outcomes([], {0: 0}).report(strict=True)
+    # A topic holding outcomes, none of them this log's, is another log's (the default one,
+    # read by an audit that named only its events topic): said, not judged.
+    other = answered("other-log", "m9", 9_000)[-1]
+    foreign = Auditor().feed_all(log).feed_committed({0: 8}).feed_outcomes(published(other), {0: 0}).report(strict=True)
     assert foreign.ok and foreign.outcomes_topic_foreign and foreign.unpublished == []
     assert "the outcomes topic holds none of the 2 outcomes the workers committed past" in render(foreign)
 

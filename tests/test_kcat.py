@@ -104,7 +104,8 @@ def test_kcat_publishes_a_message_a_worker_answers_it_kcat_reads_the_outcome(
 
     audit = subprocess.run(
         [sys.executable, "-m", "turnstile.streams.cli", "audit", "--broker", f"kafka://{kafka_bootstrap}",
-         "--events-topic", fresh_topics.events, "--from-beginning", "--strict", "--worker-group", group[1]],
+         "--events-topic", fresh_topics.events, "--outcomes-topic", fresh_topics.outcomes, "--from-beginning",
+         "--strict", "--worker-group", group[1]],
         cwd=ROOT, capture_output=True, text=True, timeout=60, check=False,
     )  # fmt: skip
     assert audit.returncode == 0, audit.stdout + audit.stderr
