@@ -16,6 +16,7 @@ from turnstile.handlers.pricing import ModelPrice, parse_price
 from turnstile.handlers.schedule import Schedule, parse_schedules
 from turnstile.streams import audit_cli, config_file, log_format, run_config
 from turnstile.streams.cli_errors import (
+    CANT_CREATE,
     DATA_ERR,
     NO_INPUT,
     NOT_FOUND,
@@ -207,18 +208,22 @@ async def _send(args: argparse.Namespace) -> int:
 
 async def _topics(args: argparse.Namespace) -> int:
     from turnstile.streams.kafka_log import bootstrap_of
-    from turnstile.streams.kafka_reader import ensure_topics, partition_count
+    from turnstile.streams.kafka_reader import TopicsRefused, ensure_topics
 
     config = args.resolved.config
     if config.broker is None:
         raise CliError(USAGE, "the embedded log makes its topics itself: give --broker for Kafka's")
     bootstrap, topics = bootstrap_of(config.broker), config.topics.topics()
-    created = await ensure_topics(bootstrap, topics, args.partitions, args.replication_factor)
+    try:
+        created, count = await ensure_topics(bootstrap, topics, args.partitions, args.replication_factor)
+    except TopicsRefused as exc:
+        raise CliError(CANT_CREATE, str(exc)) from None
     for name in (topics.events, topics.outcomes, topics.dead_letters, topics.deltas, topics.snapshots, topics.heads):
         print(f"{name}: {'created' if name in created else 'already there'}")
-    if topics.events not in created and (count := await partition_count(bootstrap, topics.events)) != args.partitions:
-        print(f"turnstile topics: {topics.events} has {count} partitions, not {args.partitions}: kept as it is "
-              "(a conversation's partition is its key's hash over the count: never change it)", file=sys.stderr)
+    if count != args.partitions:
+        print(f"turnstile topics: {topics.events} has {count} partitions, not {args.partitions}: kept as it is, and "
+              "the topics made beside it have as many (a conversation's partition is its key's hash over the "
+              "count: never change it)", file=sys.stderr)  # fmt: skip
     return 0
 
 

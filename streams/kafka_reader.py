@@ -12,7 +12,7 @@ from typing import Any
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
-from aiokafka.errors import TopicAlreadyExistsError
+from aiokafka.errors import TopicAlreadyExistsError, for_code
 
 from turnstile.streams import kafka_records
 from turnstile.streams.log import ReadTooLarge, Record, Topics, partition_for
@@ -334,12 +334,23 @@ class KafkaReader:
 SNAPSHOTS_CONFIG = {"cleanup.policy": "compact"}
 
 
-async def ensure_topics(bootstrap: str, topics: Topics, partitions: int, replication: int = 1) -> list[str]:
+class TopicsRefused(ValueError):
+    """The broker refused to create topics (a replication factor above its brokers, a
+    policy, no authorisation): each named with its reason."""
+
+
+async def ensure_topics(
+    bootstrap: str, topics: Topics, partitions: int, replication: int = 1
+) -> tuple[list[str], int]:
     """Create the six topics if they are missing (the infra script does the same), with the
-    settings the engine relies on; returns the names created."""
+    settings the engine relies on; returns the names created and the partition count used:
+    an existing events topic's, which the topics co-partitioned with it must have."""
     admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
     await admin.start()
     try:
+        events = await _described(admin, topics.events)
+        if events is not None:
+            partitions = len(events["partitions"])
         forever = {"retention.ms": "-1"}  # the events are the source of truth; dead letters the only copy
         wanted = [
             NewTopic(topics.events, partitions, replication, topic_configs=forever),
@@ -353,20 +364,43 @@ async def ensure_topics(bootstrap: str, topics: Topics, partitions: int, replica
             NewTopic(topics.heads, partitions, replication, topic_configs=SNAPSHOTS_CONFIG),
         ]
         existing = set(await admin.list_topics())
-        missing = [t for t in wanted if t.name not in existing]
-        if missing:
-            with contextlib.suppress(TopicAlreadyExistsError):  # another process created them first
-                await admin.create_topics(missing)
+        created = await _create(admin, [t for t in wanted if t.name not in existing])
         await _until_led(admin, [t.name for t in wanted])
-        return [t.name for t in missing]
+        return created, partitions
     finally:
         await admin.close()
 
 
+async def _described(admin: AIOKafkaAdminClient, name: str) -> dict[str, Any] | None:
+    """The topic as the cluster describes it; None when it is not there."""
+    [found] = await admin.describe_topics([name])
+    return found if found["error_code"] == 0 and found["partitions"] else None
+
+
+async def _create(admin: AIOKafkaAdminClient, new: list[NewTopic]) -> list[str]:
+    """Create `new`, returning those created here (one another process created at the same
+    moment is not); `TopicsRefused` for any the broker refused (it answers per topic, in
+    the response, not by raising)."""
+    if not new:
+        return []
+    response = await admin.create_topics(new)
+    created, refused = [], []
+    for entry in response.topic_errors:
+        name, code = entry[0], entry[1]
+        if code == 0:
+            created.append(name)
+        elif code != TopicAlreadyExistsError.errno:
+            message = entry[2] if len(entry) > 2 and entry[2] else for_code(code).__name__
+            refused.append(f"{name!r}: {message}")
+    if refused:
+        raise TopicsRefused(f"the broker refused to create {', '.join(refused)}")
+    return created
+
+
 async def ensure_snapshot_topic(bootstrap: str, topics: Topics) -> None:
     """Create the snapshot topic and its heads' if they are missing, with as many partitions
-    as the events topic (a deployment made before snapshots has the other topics only);
-    refuse one that is not co-partitioned with the events."""
+    (and replicas) as the events topic (a deployment made before snapshots has the other
+    topics only); refuse one that is not co-partitioned with the events."""
     admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
     await admin.start()
     try:
@@ -376,6 +410,7 @@ async def ensure_snapshot_topic(bootstrap: str, topics: Topics) -> None:
         if events is None or events["error_code"] != 0 or not events["partitions"]:
             return  # no events topic yet: the consumer reports that in its own words
         partitions = len(events["partitions"])
+        replicas = len(events["partitions"][0]["replicas"]) or 1
         missing = []
         for name in names[1:]:
             found = described.get(name)
@@ -388,8 +423,7 @@ async def ensure_snapshot_topic(bootstrap: str, topics: Topics) -> None:
                 )
         if not missing:
             return
-        with contextlib.suppress(TopicAlreadyExistsError):
-            await admin.create_topics([NewTopic(n, partitions, 1, topic_configs=SNAPSHOTS_CONFIG) for n in missing])
+        await _create(admin, [NewTopic(n, partitions, replicas, topic_configs=SNAPSHOTS_CONFIG) for n in missing])
         await _until_led(admin, missing)
     finally:
         await admin.close()

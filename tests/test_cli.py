@@ -160,6 +160,38 @@ def test_topics_creates_what_a_deployment_needs_and_run_names_it_when_missing(ka
     assert sent.returncode == 0, sent.stderr
     embedded = turnstile("topics", "--data", "somewhere")
     assert embedded.returncode == 2 and "the embedded log makes its topics itself" in embedded.stderr
+    # A refusal of the broker's is said, topic by topic (it answers in the response, not by raising)
+    other = f"t-{uuid.uuid4().hex[:8]}"
+    refused = turnstile("topics", "--broker", f"kafka://{kafka_bootstrap}", "--events-topic", f"{other}.events",
+                        "--replication-factor", "3")  # fmt: skip
+    assert refused.returncode == 73, refused.stdout + refused.stderr
+    assert f"the broker refused to create '{other}.events': " in refused.stderr and "Traceback" not in refused.stderr
+
+
+@pytest.mark.kafka
+def test_topics_made_beside_an_events_topic_have_its_partition_count(kafka_bootstrap: str):  # noqa: F811
+    # (a deployment from before snapshots: its snapshot topics must be co-partitioned with it)
+    prefix = f"t-{uuid.uuid4().hex[:8]}"
+    asyncio.run(_create(kafka_bootstrap, f"{prefix}.events", 3))
+    made = turnstile("topics", "--broker", f"kafka://{kafka_bootstrap}", "--events-topic", f"{prefix}.events",
+                     "--outcomes-topic", f"{prefix}.outcomes", "--dlq-topic", f"{prefix}.dlq",
+                     "--deltas-topic", f"{prefix}.deltas")  # fmt: skip
+    assert made.returncode == 0, made.stderr
+    assert f"{prefix}.events has 3 partitions, not 8: kept as it is, and the topics made beside it" in made.stderr
+    from turnstile.streams.kafka_reader import partition_count
+
+    assert asyncio.run(partition_count(kafka_bootstrap, f"{prefix}.snapshots")) == 3
+
+
+async def _create(bootstrap: str, name: str, partitions: int) -> None:
+    from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        await admin.create_topics([NewTopic(name, partitions, 1)])
+    finally:
+        await admin.close()
 
 
 async def _retention(bootstrap: str, names: list[str]) -> dict[str, str]:
