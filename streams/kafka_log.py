@@ -82,8 +82,11 @@ class RebalanceFailed(RuntimeError):
 def fenced(exc: BaseException) -> bool:
     """Whether a consumer's error is the group's FENCED_INSTANCE_ID, which aiokafka does not
     know: an `UnknownError`, as it is, or wrapped by the coordinator's join, sync and
-    heartbeat paths in a plain `KafkaError` that names it ("KafkaError: UnknownError()")."""
-    return isinstance(exc, UnknownError) or isinstance(exc.__cause__, UnknownError) or "UnknownError(" in str(exc)
+    heartbeat paths in a plain `KafkaError` that names it ("KafkaError: UnknownError()").
+    (Any code aiokafka cannot name reaches us so: the stop says which error it was.)"""
+    if isinstance(exc, UnknownError) or isinstance(exc.__cause__, UnknownError):
+        return True
+    return type(exc) is KafkaError and "UnknownError()" in str(exc)
 
 
 class MembershipLost(RuntimeError):
@@ -383,6 +386,7 @@ class KafkaLog:
             raise MembershipLost(
                 f"the group no longer knows this worker as --instance-id {self._instance_id!r}: another worker "
                 "runs under the same id, or this one's session expired; it stops (give each worker its own id)"
+                f" [{self._lost!r}]"
             ) from self._lost
         return [record_of(tp.partition, m) for tp, messages in batches.items() for m in messages]
 

@@ -57,6 +57,8 @@ def test_a_fenced_static_member_is_told_by_the_error_aiokafka_wraps_it_in():
     wrapped.__cause__ = UnknownError()
     assert fenced(wrapped)
     assert not fenced(KafkaTimeoutError()) and not fenced(KafkaError("Unexpected error during data retrieval"))
+    heartbeat = KafkaError(f"Unexpected exception in heartbeat task: {UnknownError()!r}")
+    assert fenced(heartbeat) and not fenced(KafkaTimeoutError(repr(UnknownError())))  # a named error is not it
 
 
 def test_membership_refuses_what_the_broker_would():
