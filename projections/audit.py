@@ -664,6 +664,8 @@ class Auditor:
         turn = _open_run(state, finished)
         if turn is None or finished.result != NOT_STARTED:
             return False
+        if turn.attempt_state != "open" or finished.event_id in turn.step_ids:
+            return False  # a closed run's or a repeated record: every reader ignores it (a notice)
         self._rules["resume"].checked += 1
         earlier = [
             e for e in turn.journal

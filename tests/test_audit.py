@@ -246,6 +246,12 @@ def test_a_call_an_earlier_run_started_is_never_recorded_as_not_started() -> Non
         "resume": ["0@8 call call-1 (transfer) recorded as never started, though run run-1 started it before: "
                    "it may have acted"]
     }  # fmt: skip
+    # Once only, and not for a record of a run already closed, which every reader ignores
+    twice = audit(records(*head, not_started, not_started))
+    assert len(violations(twice)["resume"]) == 1
+    closed = AttemptFailed(**turn_fields(c, "run-2", 2), reason=STOPPED_MID_ATTEMPT, retryable=False)
+    late = audit(records(*head, closed, not_started))
+    assert "resume" not in violations(late) and late.stale
     # Run 1's own start cut short is what NOT_STARTED is for.
     alone = ToolCallFinished(**turn_fields(c), iteration=1, call_id="call-1", ok=False, result=NOT_STARTED)
     assert audit(records(message("m1", 1), c, started(c, 11), responded(c), first, alone)).ok
