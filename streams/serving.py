@@ -114,14 +114,14 @@ async def serve(
         try:
             await require_topics(place.bootstrap, needed + ([topics.deltas] if config.stream_replies else []))
         except BaseException:
-            await provider.aclose()
+            await _close_providers(provider, config)
             raise
     log = place.open()
     try:
         log.own()  # before anything starts: a second worker on one embedded log must not run at all
     except LogOwned as exc:
         print(f"turnstile run: {exc}", file=sys.stderr)
-        await provider.aclose()
+        await _close_providers(provider, config)
         return 3
     if effective_config is not None:
         log_.info("%s", effective_config)
@@ -173,7 +173,12 @@ async def serve(
             loop.remove_signal_handler(sig)
         waiting.cancel()
         progress.cancel()
-        providers = {id(p): p for p in (provider, *(r.provider for r in config.turn.fallbacks))}
-        for each in providers.values():
-            await each.aclose()
+        await _close_providers(provider, config)
     return 0
+
+
+async def _close_providers(provider: Provider, config: WorkerConfig) -> None:
+    """The model's provider and every fallback's, each once (they may be one)."""
+    providers = {id(p): p for p in (provider, *(r.provider for r in config.turn.fallbacks))}
+    for each in providers.values():
+        await each.aclose()
