@@ -122,7 +122,8 @@ class HttpConfig(_Strict):
 
 
 class PriceConfig(_Strict):
-    """USD per million tokens; a cache price left out is unknown (not free)."""
+    """USD per million tokens; a cache write price left out is unknown (not free), a cache
+    read price left out is the input price (an upper bound)."""
 
     input: NonNegativeFloat
     output: NonNegativeFloat

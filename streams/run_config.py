@@ -154,15 +154,16 @@ def effective(resolved: Resolved, secrets: Mapping[str, str | None], table: Pric
             source = f"shipped table of {shipped.taken.isoformat()}"
         text = "none (unknown cost)" if price is None else (
             f"{price.input_per_mtok:g}/{price.output_per_mtok:g}/"
-            f"{_maybe(price.cached_input_per_mtok)}/{_maybe(price.cache_write_per_mtok)}"
+            f"{_maybe(price.cached_input_per_mtok, 'input')}/{_maybe(price.cache_write_per_mtok, '?')}"
         )
         parts.append(f"prices.{model}={text}" + (f" [{source}]" if source else ""))
     parts += [f"{name}={SECRET if value else 'unset'}" for name, value in secrets.items()]
     return "effective configuration: " + "; ".join(parts)
 
 
-def _maybe(value: float | None) -> str:
-    return "?" if value is None else f"{value:g}"
+def _maybe(value: float | None, unset: str) -> str:
+    """A cache price as the line shows it: `input` for a read priced as input, `?` unknown."""
+    return unset if value is None else f"{value:g}"
 
 
 def _shown(path: KeyPath, value: Any, sources: Mapping[KeyPath, str]) -> str:

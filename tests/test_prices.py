@@ -97,5 +97,5 @@ def test_the_models_of_a_config_file_are_warned_about_once_each(tmp_path):
     )
     said, code = start_worker(tmp_path)
     assert said.count("has no price") == 1 and "model acme-7b has no price" in said
-    assert "prices.acme-3b=1/2/?/? [turnstile.toml]" in said
+    assert "prices.acme-3b=1/2/input/? [turnstile.toml]" in said  # reads at the input price, writes unknown
     assert code == 0
