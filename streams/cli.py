@@ -97,7 +97,8 @@ async def _wait_for_broker(bootstrap: str, patience_s: float) -> None:
                 UNAVAILABLE,
                 f"cannot reach the Kafka broker at {bootstrap}"
                 + (f" after {patience_s:g} s" if patience_s else "")
-                + ": is it running and is the address right? (without --broker, the embedded log needs none)",
+                + ": is it running and is the address right? (turnstile speaks PLAINTEXT, not TLS; without "
+                "--broker, the embedded log needs none)",
             )
         log.warning("broker %s not reachable, retrying in %g s", bootstrap, wait)
         await asyncio.sleep(wait)

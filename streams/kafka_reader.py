@@ -30,7 +30,7 @@ READ_SLICE = 1_000
 _API_VERSIONS = struct.pack(">hhih", 18, 0, 1, 9) + b"turnstile"
 
 
-def reachable(bootstrap: str, timeout_s: float = 2.0) -> bool:
+def reachable(bootstrap: str, timeout_s: float = 5.0) -> bool:
     """Whether a bootstrap address answers as a Kafka broker does (a cheap pre-check): one
     that accepts a connection and closes it, or answers in another protocol (a TLS port, a
     load balancer with nothing behind it), is not reachable."""

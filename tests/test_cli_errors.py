@@ -88,7 +88,8 @@ def test_an_unreachable_broker_is_retried_then_named_with_the_fix(tmp_path):
     assert "not reachable, retrying in" in result.stderr  # it said it was waiting
     assert result.stderr.strip().splitlines()[-1] == (
         f"turnstile run: cannot reach the Kafka broker at 127.0.0.1:{port} after 1 s:"
-        " is it running and is the address right? (without --broker, the embedded log needs none)"
+        " is it running and is the address right? (turnstile speaks PLAINTEXT, not TLS; without --broker, the"
+        " embedded log needs none)"
     )
     assert "worker running" not in result.stderr and "Traceback" not in result.stderr
 
