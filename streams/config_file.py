@@ -354,10 +354,19 @@ def _nest(flat: Mapping[KeyPath, Any]) -> dict[str, Any]:
     return nested
 
 
+def _entries(text: str, separator: str) -> list[str]:
+    """The entries of a list in a variable; an empty one (`a,,b`, a trailing separator) is a
+    typo, refused as a flag's empty value is, not dropped."""
+    items = [t.strip() for t in text.split(separator)]
+    if not all(items):
+        raise ValueError(f"an empty entry in {text!r}: separate entries with one {separator!r}")
+    return items
+
+
 def _pairs(text: str, separator: str = ",") -> dict[str, str]:
     """`a=x,b=y` -> {a: x, b: y} (the last '=' of each item separates)."""
     found = {}
-    for item in filter(None, (i.strip() for i in text.split(separator))):
+    for item in _entries(text, separator):
         key, sep, value = item.rpartition("=")
         if not sep or not key:
             raise ValueError(f"expected KEY=VALUE, got {item!r}")
@@ -380,15 +389,13 @@ def from_env(environ: Mapping[str, str]) -> tuple[dict[KeyPath, Any], dict[KeyPa
             continue
         try:
             if path == ("prices",):
-                entries: dict[str, Any] = {m: PriceConfig.of(p).model_dump() for m, p in map(
-                    parse_price, filter(None, (t.strip() for t in text.split(";"))))}
+                entries: dict[str, Any] = {
+                    m: PriceConfig.of(p).model_dump() for m, p in map(parse_price, _entries(text, ";"))
+                }
             elif _is_table(_annotation(path)):
                 entries = _pairs(text)
             elif typing.get_origin(_annotation(path)) is tuple:
-                items = tuple(t.strip() for t in text.split(","))
-                if not all(items):  # as a flag's empty value is refused: `A,,B` is a typo, not two
-                    raise ValueError(f"an empty entry in {text!r}: give A,B")
-                values[path], names[path] = items, source
+                values[path], names[path] = tuple(_entries(text, ",")), source
                 continue
             else:
                 values[path], names[path] = text, source

@@ -58,6 +58,9 @@ def test_an_unknown_key_is_refused_naming_it_and_the_file():
         ({"env": {"TURNSTILE_BROKER": "http://x:1"}}, 78, "env TURNSTILE_BROKER: broker: 'http://x:1' is not a Kafka"),
         ({"env": {"TURNSTILE_PRICES": "gpt=1"}}, 78, "env TURNSTILE_PRICES: expected MODEL=INPUT,OUTPUT"),
         ({"env": {"TURNSTILE_MODEL_FALLBACKS": "a,,b"}}, 78, "env TURNSTILE_MODEL_FALLBACKS: an empty entry in 'a,,b'"),
+        ({"env": {"TURNSTILE_PRICES": "a=1,2;;b=1,2"}}, 78, "env TURNSTILE_PRICES: an empty entry in 'a=1,2;;b=1,2'"),
+        ({"env": {"TURNSTILE_DOUBLE_TEXT_PER_CONVERSATION": "c1=enqueue,"}}, 78,
+         "env TURNSTILE_DOUBLE_TEXT_PER_CONVERSATION: an empty entry in 'c1=enqueue,'"),
         ({"file": {"prices": {"m": {"input": -1, "output": 1}}}}, 78, "turnstile.toml: prices.m.input: Input should"),
         # A limit or price of inf or NaN bounds nothing (an infinite cost limit crashed every turn).
         ({"file": {"budget": {"max_cost_usd": float("inf")}}}, 78,
