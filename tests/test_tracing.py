@@ -63,6 +63,25 @@ async def traced_turn(
     return finished, root
 
 
+def tracer_on_a_new_conversation(spans):  # type: ignore[no-untyped-def]
+    """A tracer fed by hand (no worker), its conversation's state, and the exporter, cleared."""
+    from turnstile.projections import new_state
+    from turnstile.streams.tracing import TurnTracer
+
+    provider, exporter = spans
+    exporter.clear()
+    return TurnTracer(lambda _model: "openai", provider), new_state("conv-1"), exporter
+
+
+def folded(tracer, state, *events) -> None:  # type: ignore[no-untyped-def]
+    """Each event folded, as the worker folds it, then told to the tracer."""
+    from turnstile.projections import apply_event
+
+    for event in events:
+        assert apply_event(state, event) is None, event
+        tracer.on_event(state, event)
+
+
 def children(spans: list[ReadableSpan], parent: ReadableSpan) -> list[ReadableSpan]:
     return sorted(
         (s for s in spans if s.parent is not None and s.parent.span_id == parent.context.span_id),
@@ -240,53 +259,37 @@ async def test_on_kafka_the_trace_context_travels_in_the_record_headers(
     assert turn.parent is not None and turn.parent.span_id == root.context.span_id
 
 
+def interrupted(c):  # type: ignore[no-untyped-def]
+    from turnstile.events import TurnInterrupted
+
+    return TurnInterrupted(
+        event_id="e-i", conversation_id="conv-1", occurred_at=40, turn_id=c.turn_id, run_id=c.run_id, attempt=1,
+        message_id="m2",
+    )
+
+
 def test_a_turn_withdrawn_by_a_new_message_ends_its_spans_as_interrupted(spans):
     from builders import claim, message, started
 
-    from turnstile.events import TurnInterrupted
-    from turnstile.projections import apply_event, new_state
-    from turnstile.streams.tracing import TurnTracer
-
-    provider, exporter = spans
-    exporter.clear()
-    tracer, state = TurnTracer(lambda _model: "openai", provider), new_state("conv-1")
+    tracer, state, exporter = tracer_on_a_new_conversation(spans)
     c = claim(["m1"], 20, 0)
-    cut = TurnInterrupted(
-        event_id="e-i", conversation_id="conv-1", occurred_at=40, turn_id=c.turn_id, run_id=c.run_id, attempt=1,
-        message_id="m2",
-    )  # fmt: skip
-    for event in (message("m1", 10), c, started(c, 21), message("m2", 30), cut):
-        assert apply_event(state, event) is None
-        tracer.on_event(state, event)
+    folded(tracer, state, message("m1", 10), c, started(c, 21), message("m2", 30), interrupted(c))
     finished = {s.name: s for s in exporter.get_finished_spans()}
     assert set(finished) == {"turnstile.turn", "turnstile.attempt"}
     assert finished["turnstile.turn"].attributes["turnstile.outcome"] == "interrupted"
-
 
 
 def test_a_header_without_a_value_breaks_nothing_and_a_valid_one_beside_it_still_links(spans):
     # Kafka's header values are nullable (`kcat -H traceparent` sends one)
     from builders import claim, message, started
 
-    from turnstile.events import TurnInterrupted
-    from turnstile.projections import apply_event, new_state
-    from turnstile.streams.tracing import TurnTracer
-
-    provider, exporter = spans
-    exporter.clear()
-    tracer, state = TurnTracer(lambda _model: "openai", provider), new_state("conv-1")
+    tracer, state, exporter = tracer_on_a_new_conversation(spans)
     tracer.note_input(message("m0", 5), (("traceparent", None),))  # no context, no error
     valid = b"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
     first = message("m1", 10)
     tracer.note_input(first, (("baggage", None), ("traceparent", valid)))
     c = claim(["m1"], 20, 0)
-    cut = TurnInterrupted(
-        event_id="e-i", conversation_id="conv-1", occurred_at=40, turn_id=c.turn_id, run_id=c.run_id, attempt=1,
-        message_id="m2",
-    )  # fmt: skip
-    for event in (first, c, started(c, 21), message("m2", 30), cut):
-        assert apply_event(state, event) is None
-        tracer.on_event(state, event)
+    folded(tracer, state, first, c, started(c, 21), message("m2", 30), interrupted(c))
     [turn] = [s for s in exporter.get_finished_spans() if s.name == "turnstile.turn"]
     assert format(turn.context.trace_id, "032x") == "0af7651916cd43dd8448eb211c80319c"
 
@@ -295,12 +298,8 @@ def test_a_resume_requested_over_http_is_the_parent_of_the_turn_it_starts(spans)
     from builders import claim, completed, message
 
     from turnstile.events import ResumeRequested
-    from turnstile.projections import apply_event, new_state
-    from turnstile.streams.tracing import TurnTracer
 
-    provider, exporter = spans
-    exporter.clear()
-    tracer, state = TurnTracer(lambda _model: "openai", provider), new_state("conv-1")
+    tracer, state, exporter = tracer_on_a_new_conversation(spans)
     first = claim(["m1"], 20, 0)
     resume = ResumeRequested(
         event_id="e-r", conversation_id="conv-1", occurred_at=50, request_id="r1", resumes_turn_id=first.turn_id,
@@ -308,9 +307,7 @@ def test_a_resume_requested_over_http_is_the_parent_of_the_turn_it_starts(spans)
     caller = b"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
     tracer.note_input(resume, (("traceparent", caller),))
     second = claim(["r1"], 60, 2, run_id="run-2")
-    for event in (message("m1", 10), first, completed(first, 30), resume, second, completed(second, 70)):
-        assert apply_event(state, event) is None, event
-        tracer.on_event(state, event)
+    folded(tracer, state, message("m1", 10), first, completed(first, 30), resume, second, completed(second, 70))
     turns = {s.attributes["turnstile.turn_id"]: s for s in exporter.get_finished_spans() if s.name == "turnstile.turn"}
     assert turns[first.turn_id].parent is None
     parent = turns[second.turn_id].parent
