@@ -19,7 +19,7 @@ NOT_FOUND = 1  # the thing asked about does not exist (inspect of an unknown con
 DATA_ERR = 65  # the input is not a valid message (too long, an id out of bounds)
 NO_INPUT = 66  # a file named on the command line does not exist or cannot be read
 UNAVAILABLE = 69  # the broker cannot be reached; the HTTP address is taken
-CANT_CREATE = 73  # the embedded log folder cannot be created or written
+CANT_CREATE = 73  # the embedded log folder, a file or a Kafka topic cannot be created or written
 CONFIG = 78  # a configuration file (schedules) is malformed
 
 
