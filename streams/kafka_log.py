@@ -60,6 +60,11 @@ READ_TIMEOUT_S = 60.0
 # Records one poll returns at most: the consumer loop decodes them before it can let the
 # event loop run, so a poll stays a small slice of it (bench section 11).
 POLL_RECORDS = 250
+# A broker that is away holds a commit (aiokafka looks for the group's coordinator without
+# end) and a client's stop (the producer waits for batches a killed leader never takes) for
+# ever: each is given this long, then skipped, so a worker stops when told to. What was not
+# committed is redone by the next owner.
+BROKER_WAIT_S = 10.0
 _NEVER_WRITABLE = (
     MessageSizeTooLargeError,
     RecordTooLargeError,
@@ -489,8 +494,8 @@ class KafkaLog:
             coordinator = getattr(self.consumer, "_coordinator", None)
             as_member = bool(getattr(coordinator, "member_id", "")) and getattr(coordinator, "generation", -1) >= 0
             try:
-                await self.consumer.commit(mine)
-            except Exception as exc:  # a rebalance in progress: the next commit carries it
+                await asyncio.wait_for(self.consumer.commit(mine), BROKER_WAIT_S)
+            except Exception as exc:  # a rebalance in progress, a broker away: the next commit carries it
                 if self._instance_id is not None and as_member and isinstance(exc.__cause__, UnknownMemberIdError):
                     self._lost = self._lost or exc  # the group does not know the member it had made
                 log.warning("offset commit skipped: %s", exc)
@@ -511,10 +516,15 @@ class KafkaLog:
         self.stopping = True
         if self._listener is not None:
             await self._listener.abandon_assignment()  # (the worker has stopped: it would take nothing)
-        if self._producer is not None:
-            await self._batcher.drain()  # what was appended in the last cycle is sent, not dropped
         clients = [c for c in (self._consumer, self._producer, self._point_reader) if c is not None]
-        await asyncio.gather(*(c.stop() for c in clients), return_exceptions=True)
+        try:
+            async with asyncio.timeout(BROKER_WAIT_S):
+                if self._producer is not None:
+                    await self._batcher.drain()  # what was appended in the last cycle is sent, not dropped
+                await asyncio.gather(*(c.stop() for c in clients), return_exceptions=True)
+        except TimeoutError:
+            log.warning("the broker did not answer the stop within %g s: the clients are left as they are "
+                        "(what is not committed, the next owner redoes)", BROKER_WAIT_S)  # fmt: skip
         if not self._failure_raised:
             # One that failed after the last poll: the stop says so, and the process does not
             # exit as if all went well.

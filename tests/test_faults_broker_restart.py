@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import os
 import random
+import signal
 import socket
 import subprocess
 from collections.abc import AsyncIterator
@@ -136,3 +137,36 @@ async def test_broker_down_for_20_seconds_while_turns_run_loses_and_repeats_noth
     retried = [s for s in audit.of_type(AttemptStarted) if s.attempt > 1]
     print(f"attempts retried after the outage: {len(retried)}")
     await check_no_secret(fleet)
+
+
+async def test_a_worker_told_to_stop_while_the_broker_is_away_stops(
+    own_broker: OwnBroker, server: ProviderServer, tmp_path: Path  # noqa: F811
+) -> None:
+    # (an outside hunt: its commit looked for the group's coordinator without end, and its
+    # clients' stop waited for a broker that was not there: SIGTERM, then a second, did
+    # nothing until the broker came back)
+    topics = Topics("away.events", "away.outcomes", "away.dlq")
+    await ensure_topics(own_broker.bootstrap, topics, partitions=8)
+    server.push(*[Delay(3.0, Reply(text="answer", usage=(10, 2))) for _ in range(20)])
+    fleet = Fleet(own_broker.bootstrap, topics, server, tmp_path)
+    publisher = KafkaLog(own_broker.bootstrap, "unused", topics)
+    await publisher.producer.start()
+    try:
+        worker = fleet.start()
+        await until(worker.assigned, 90, "the worker's assignment")
+        for i in range(4):
+            await publish(publisher, message_event(f"conv-{i}", "a question", NOW(), f"c{i}-m0"))
+        await until(lambda: len(server.requests) >= 1, 90, "a model call in flight")
+    finally:
+        await publisher.producer.stop()
+    await own_broker.stop()
+    assert worker.proc is not None
+    worker.proc.send_signal(signal.SIGTERM)
+    try:
+        # A bound for the test only (the drain's 30 s, then each wait on the broker 10 s):
+        # a worker that hangs fails here rather than holding the suite.
+        code = await asyncio.to_thread(worker.proc.wait, 180)
+    finally:
+        worker.kill()
+    assert code == 0, worker.log_text()[-3000:]
+    assert "the broker did not answer the stop within 10 s" in worker.log_text()
