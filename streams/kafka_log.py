@@ -399,9 +399,10 @@ class KafkaLog:
         if self._broken is not None:
             self._failure_raised = True
             raise ProducerBroken(
-                f"appends to the log fail out of order since the broker refused a record ({self._broken!r}); "
-                "a topic's max.message.bytes was probably lowered while the worker ran: it stops, and started "
-                "again it reads the limits anew"
+                f"appends to the log fail out of order since a record in flight was refused or lost "
+                f"({self._broken!r}): the broker was away longer than a request may wait (40 s: its batches "
+                "expired), or a topic's max.message.bytes was lowered while the worker ran; it stops, and started "
+                "again it writes with a new producer id and reads the limits anew"
             ) from self._broken
 
     def _refused(self, exc: BaseException) -> BaseException:
