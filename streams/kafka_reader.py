@@ -99,8 +99,8 @@ async def group_less_consumer(
     partitions by it on its own, and a "latest" reset racing a seek would silently skip
     the whole topic."""
     consumer = _no_group(bootstrap)
-    await consumer.start()
     try:
+        await consumer.start()  # (inside: one that fails to start is stopped all the same)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
         # Asked of the cluster's metadata first: a topic that is not there is said at once (a
@@ -231,8 +231,8 @@ async def read_span(
     if end is not None and end <= start:
         return []
     consumer = _no_group(bootstrap)
-    await consumer.start()
     try:
+        await consumer.start()  # (inside: one that fails to start is stopped all the same)
         tp = TopicPartition(topic, partition)
         consumer.assign([tp])
         out: list[Record] = []
@@ -266,7 +266,11 @@ class PointReader:
         async with self._lock:
             if self._consumer is None:
                 consumer = _no_group(self.bootstrap)
-                await consumer.start()
+                try:
+                    await consumer.start()
+                except BaseException:
+                    await consumer.stop()  # not left unclosed when the broker is away
+                    raise
                 self._consumer = consumer
             consumer = self._consumer
             tp = TopicPartition(topic, partition)

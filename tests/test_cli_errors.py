@@ -277,3 +277,26 @@ def test_a_worker_whose_producer_broke_exits_69_with_its_one_line():
     said = "appends to the log fail out of order"
     explained = explain(ProducerBroken(said), "run")
     assert explained is not None and (explained.code, str(explained)) == (UNAVAILABLE, said)
+
+
+def test_a_read_that_cannot_reach_the_broker_leaves_no_client_unclosed(caplog: pytest.LogCaptureFixture) -> None:
+    # (a broker-restart hunt: each retry of a snapshot fill left an AIOKafkaConsumer unclosed)
+    import asyncio
+    import gc
+    import logging
+
+    from aiokafka.errors import KafkaConnectionError
+
+    from turnstile.streams.kafka_reader import read_span, read_topic
+
+    address = f"127.0.0.1:{closed_port()}"
+
+    async def both() -> None:
+        for read in (read_topic(address, "x", timeout_s=2), read_span(address, "x", 0, 0, None, timeout_s=2)):
+            with pytest.raises(KafkaConnectionError):
+                await read
+
+    with caplog.at_level(logging.ERROR):
+        asyncio.run(both())
+        gc.collect()
+    assert not [r for r in caplog.records if "Unclosed" in r.getMessage()]
