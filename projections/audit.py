@@ -212,6 +212,7 @@ class AuditReport:
     unpublished: list[Finding] = field(default_factory=list)
     outcomes_due: int | None = None
     outcomes_topic_foreign: bool = False
+    outcomes_topic_empty: bool = False
     strict: bool = False
     # Only what is new since an earlier audit was kept (`since`): no verdict on the whole log.
     incremental: bool = False
@@ -280,6 +281,7 @@ class AuditReport:
             "unpublished": [f.to_json() for f in self.unpublished],
             "outcomes_due": self.outcomes_due,
             "outcomes_topic_foreign": self.outcomes_topic_foreign,
+            "outcomes_topic_empty": self.outcomes_topic_empty,
             "poisoned": self.poisoned,
         }
 
@@ -850,7 +852,8 @@ class Auditor:
             Finding(d.partition, d.offset, d.conversation_id, d.turn_id, detail.format(d.event_type))
             for d in verdict.missing
         ]
-        return {"unpublished": missing, "outcomes_due": verdict.due, "outcomes_topic_foreign": verdict.foreign}
+        return {"unpublished": missing, "outcomes_due": verdict.due, "outcomes_topic_foreign": verdict.foreign,
+                "outcomes_topic_empty": verdict.empty}  # fmt: skip
 
     def _not_dead_lettered(self) -> list[Finding]:
         if self._dead_letters is None:
@@ -960,6 +963,9 @@ def render(report: AuditReport, limit: int = 20) -> str:
     if report.outcomes_topic_foreign:
         lines.append(f"      the outcomes topic holds none of the {report.outcomes_due} outcomes the workers committed "
                      "past: taken for another log's topic, not judged (--outcomes-topic names this log's)")  # fmt: skip
+    elif report.outcomes_topic_empty and report.unpublished:
+        lines.append("      the outcomes topic holds no outcome at all: none was published, or it is not this log's "
+                     "topic (--outcomes-topic names it)")  # fmt: skip
     lines.append("")
     lines.append(_verdict(report))
     return "\n".join(lines)

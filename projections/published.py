@@ -94,7 +94,7 @@ class OutcomeLedger:
         ours = {d.event_id for d in self._decided}
         if self._published and self._published.isdisjoint(ours):
             return Verdict(due, [], foreign=True)  # outcomes, but none of this log's
-        return Verdict(due, found)
+        return Verdict(due, found, empty=not self._published)
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,6 +106,7 @@ class Verdict:
     due: int
     missing: list[Decided]
     foreign: bool = False
+    empty: bool = False  # the topic holds no outcome at all: none published, or not this log's
 
 
 def _fields(value: bytes | None) -> tuple[str, int] | None:

@@ -547,6 +547,7 @@ def test_given_the_outcomes_topic_when_an_outcome_committed_past_is_missing_then
     # A worker that published nothing at all is caught: an empty topic is judged.
     nothing = Auditor().feed_all(log).feed_committed({0: 8}).feed_outcomes([], {0: 0}).report(strict=True)
     assert [f.where for f in nothing.unpublished] == ["0@3", "0@7"] and not nothing.ok
+    assert "the outcomes topic holds no outcome at all: none was published, or it is not this log's" in render(nothing)
     assert render(report).rstrip().endswith("no violation; 1 outcome(s) missing from the outcomes topic")
     assert Auditor().feed_all(log).feed_outcomes([], {0: 0}).report().unpublished == []  # no offsets: not judged
     # An incremental audit reports them whole: one still on its way last time is not skipped.

@@ -88,11 +88,12 @@ def test_send_run_tail_and_audit_on_kafka(kafka_bootstrap: str, fresh_topics: To
     config = tmp_path / "turnstile.toml"
     config.write_text(
         f'broker = "kafka://{kafka_bootstrap}"\ngroup = "{group}"\n[topics]\nevents = "{fresh_topics.events}"\n'
-        f'dead_letters = "{fresh_topics.dead_letters}"\n'
+        f'outcomes = "{fresh_topics.outcomes}"\ndead_letters = "{fresh_topics.dead_letters}"\n'
     )
     env = {
         **os.environ, "TURNSTILE_BROKER": f"kafka://{kafka_bootstrap}", "TURNSTILE_GROUP": group,
-        "TURNSTILE_TOPICS_EVENTS": fresh_topics.events, "TURNSTILE_TOPICS_DEAD_LETTERS": fresh_topics.dead_letters,
+        "TURNSTILE_TOPICS_EVENTS": fresh_topics.events, "TURNSTILE_TOPICS_OUTCOMES": fresh_topics.outcomes,
+        "TURNSTILE_TOPICS_DEAD_LETTERS": fresh_topics.dead_letters,
     }  # fmt: skip
     for audited in (turnstile("audit", "--config", str(config), "--from-beginning", "--strict"),
                     turnstile("audit", "--from-beginning", "--strict", env=env)):  # fmt: skip
