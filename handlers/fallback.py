@@ -7,6 +7,7 @@ done mid-turn (tool call ids, block structure and results do not translate faith
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -28,6 +29,15 @@ class FallTo:
 @dataclass(frozen=True, slots=True)
 class NoFallback:
     reason: str
+
+
+_FELL_BACK = re.compile(r" failed \((\w+)\); ")
+
+
+def failure_of(reason: str) -> str | None:
+    """The failure a `FallTo.reason` (a `FallbackEngaged` on the log) names, read back."""
+    found = _FELL_BACK.search(reason)
+    return found[1] if found else None
 
 
 def next_route(routes: Sequence[RouteInfo], current: int, failure: str) -> FallTo | NoFallback:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, Protocol, cast, get_args
 
 from turnstile.events import ToolCall, Usage
 
@@ -95,6 +95,13 @@ ProviderErrorKind = Literal[
     "bad_request",
     "malformed_response",
 ]
+
+
+def error_kind_of(text: str) -> ProviderErrorKind | None:
+    """The kind a `ProviderError`'s text starts with ("timeout: ..."), read back from a reason
+    on the log that quotes it; None for any other text."""
+    kind = text.partition(":")[0]
+    return cast("ProviderErrorKind", kind) if kind in get_args(ProviderErrorKind) else None
 
 
 class ProviderError(Exception):

@@ -27,11 +27,10 @@ span of the inputs it claims is that span's child (further inputs are links).
 
 from __future__ import annotations
 
-import re
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, get_args
+from typing import TYPE_CHECKING, Any
 
 from turnstile.events import (
     INPUT_TYPES,
@@ -51,8 +50,9 @@ from turnstile.events import (
     TurnPaused,
     input_id,
 )
+from turnstile.handlers.fallback import failure_of
 from turnstile.handlers.pauses import paused_because
-from turnstile.handlers.provider import ProviderErrorKind
+from turnstile.handlers.provider import error_kind_of
 from turnstile.projections import ConversationState
 
 if TYPE_CHECKING:
@@ -62,8 +62,6 @@ if TYPE_CHECKING:
 # Inputs whose trace context is remembered until a turn claims them; a bound, not a time.
 INPUTS_KEPT = 100_000
 Headers = Sequence[tuple[str, bytes | None]]
-_REQUEST_ERRORS = frozenset(get_args(ProviderErrorKind))
-_FELL_BACK = re.compile(r" failed \((\w+)\); ")  # `handlers.fallback.next_route`'s reason
 
 
 def trace_headers(incoming: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -140,8 +138,8 @@ class TurnTracer:
         elif isinstance(event, ToolCallFinished):
             self._tool_finished(event)
         elif isinstance(event, FallbackEngaged) and (run := self._runs.get(event.run_id)):
-            match = _FELL_BACK.search(event.reason)
-            self._failed_call(event.run_id, match[1] if match else "_OTHER", event.reason, event.occurred_at)
+            failure = failure_of(event.reason) or "_OTHER"
+            self._failed_call(event.run_id, failure, event.reason, event.occurred_at)
             run.model, run.failed_call_shown = event.to_model, False
         elif isinstance(event, AttemptFailed):
             self._if_a_failed_request(event.run_id, event.reason, event.occurred_at)
@@ -241,8 +239,8 @@ class TurnTracer:
             span.end(end_time=_ns(event.occurred_at))
 
     def _if_a_failed_request(self, run_id: str, reason: str, at_ms: int) -> None:
-        kind = reason.partition(":")[0]  # `ProviderError`'s text: a failed request
-        if kind in _REQUEST_ERRORS:
+        kind = error_kind_of(reason)  # `ProviderError`'s text: a failed request
+        if kind is not None:
             self._failed_call(run_id, kind, reason, at_ms)
 
     def _failed_call(self, run_id: str, error_type: str, description: str, at_ms: int) -> None:

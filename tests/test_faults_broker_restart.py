@@ -93,16 +93,23 @@ async def own_broker(kafka_bootstrap: str, tmp_path: Path) -> AsyncIterator[OwnB
         await broker.stop()
 
 
+async def slow_turns_on(
+    broker: OwnBroker, model: ProviderServer, tmp_path: Path, name: str, replies: int
+) -> tuple[Topics, Fleet, KafkaLog]:
+    """Topics on the test's own broker, `replies` slow model replies (3 s each: an outage
+    starts with turns in flight), the fleet of worker processes and a started publisher."""
+    topics = Topics(f"{name}.events", f"{name}.outcomes", f"{name}.dlq")
+    await ensure_topics(broker.bootstrap, topics, partitions=8)
+    model.push(*[Delay(3.0, Reply(text="answer", usage=(10, 2))) for _ in range(replies)])
+    publisher = KafkaLog(broker.bootstrap, "unused", topics)
+    await publisher.producer.start()
+    return topics, Fleet(broker.bootstrap, topics, model, tmp_path), publisher
+
+
 async def test_broker_down_for_20_seconds_while_turns_run_loses_and_repeats_nothing(
     own_broker: OwnBroker, server: ProviderServer, tmp_path: Path  # noqa: F811
 ) -> None:
-    topics = Topics("outage.events", "outage.outcomes", "outage.dlq")
-    await ensure_topics(own_broker.bootstrap, topics, partitions=8)
-    # Slow model calls: the outage starts with turns in flight.
-    server.push(*[Delay(3.0, Reply(text="answer", usage=(10, 2))) for _ in range(200)])
-    fleet = Fleet(own_broker.bootstrap, topics, server, tmp_path)
-    publisher = KafkaLog(own_broker.bootstrap, "unused", topics)
-    await publisher.producer.start()
+    topics, fleet, publisher = await slow_turns_on(own_broker, server, tmp_path, "outage", 200)
     try:
         w1, w2 = fleet.start(), fleet.start()
         await until(lambda: w1.assigned() and w2.assigned(), 90, "both workers' assignments")
@@ -145,12 +152,7 @@ async def test_a_worker_told_to_stop_while_the_broker_is_away_stops(
     # (an outside hunt: its commit looked for the group's coordinator without end, and its
     # clients' stop waited for a broker that was not there: SIGTERM, then a second, did
     # nothing until the broker came back)
-    topics = Topics("away.events", "away.outcomes", "away.dlq")
-    await ensure_topics(own_broker.bootstrap, topics, partitions=8)
-    server.push(*[Delay(3.0, Reply(text="answer", usage=(10, 2))) for _ in range(20)])
-    fleet = Fleet(own_broker.bootstrap, topics, server, tmp_path)
-    publisher = KafkaLog(own_broker.bootstrap, "unused", topics)
-    await publisher.producer.start()
+    _topics, fleet, publisher = await slow_turns_on(own_broker, server, tmp_path, "away", 20)
     try:
         worker = fleet.start()
         await until(worker.assigned, 90, "the worker's assignment")
