@@ -68,7 +68,8 @@ class ModelRequest:
 @dataclass(frozen=True, slots=True)
 class ModelReply:
     model: str
-    # The reply's text; for a refusal, the provider's refusal message.
+    # The reply's text: for an OpenAI refusal its refusal message; for an Anthropic one the
+    # text the model had begun before its classifier stopped it (streamed to users already).
     text: str | None
     tool_calls: tuple[ToolCall, ...]
     usage: Usage
@@ -80,6 +81,10 @@ class ModelReply:
     # False when the reply said nothing of its tokens (no `usage`, or null): `usage` is then
     # zeros standing for an unknown, and the reply's cost is unknown, never 0.
     usage_reported: bool = True
+    # For a refusal, what the provider says of it (OpenAI `message.refusal`, Anthropic
+    # `stop_details.explanation`): what the turn's error quotes. Never an Anthropic refusal's
+    # partial text, which the docs say is no refusal message.
+    refusal: str | None = None
 
 
 # timeout | connection: no HTTP answer; rate_limited: 429; overloaded: 529 (Anthropic);

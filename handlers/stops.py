@@ -2,7 +2,9 @@
 stop kind) -- never by its text alone.
 
 * A refusal or a content filter ends the turn failed, with a reason and the provider's
-  words kept: never "completed" with an empty reply. Tools it asked for do not run.
+  words kept: never "completed" with an empty reply. Tools it asked for do not run. The
+  error quotes what the provider says of the refusal, not the reply's text (an Anthropic
+  refusal's text is the answer the model had begun).
 * A reply cut off by its output allowance (OpenAI `length`, Anthropic `max_tokens`, or the
   context window) ends the turn exhausted on `output_tokens`, keeping the partial text:
   never completed as if it were whole. The tools it asked for do not run: the last call's
@@ -58,9 +60,9 @@ def after_reply(reply: ModelReply, earlier: str = "") -> AfterReply:
     """`earlier`: the text of the parts of this reply that came before (paused replies)."""
     text = earlier + (reply.text or "")
     if reply.stop == "refusal":
-        said = reply.text.strip() if reply.text else ""
+        said = reply.refusal.strip() if reply.refusal else ""
         error = f"The model declined to answer: {said}" if said else "The model declined to answer."
-        return Refused("refusal", error, reply.text)
+        return Refused("refusal", error, reply.text or reply.refusal)
     if reply.stop == "content_filter":
         return Refused("content_filter", "The provider's content filter stopped the reply.", text or None)
     if reply.stop == "truncated":

@@ -74,11 +74,14 @@ def finish_reason(body: dict[str, Any]) -> str:
     return body["choices"][0]["finish_reason"] if "choices" in body else body["stop_reason"]
 
 
+# (reason, TurnFailed.text, what the error says after "The model declined to answer")
 REFUSALS = {
-    ("openai", "refusal"): ("refusal", "I'm sorry, I can't help with that."),
-    ("openai", "content_filter"): ("content_filter", "Here is how"),
-    ("anthropic", "refusal"): ("refusal", "I can't help with that."),
-    ("anthropic", "refusal_explained"): ("refusal", "This could enable malware."),
+    ("openai", "refusal"): ("refusal", "I'm sorry, I can't help with that.", ": I'm sorry, I can't help with that."),
+    ("openai", "content_filter"): ("content_filter", "Here is how", None),
+    # Anthropic's text before a refusal is the answer begun, "not a refusal message".
+    ("anthropic", "refusal"): ("refusal", "I can't help with that.", "."),
+    ("anthropic", "refusal_explained"): ("refusal", "This could enable malware.", ": This could enable malware."),
+    ("anthropic", "refusal_partial"): ("refusal", "Sure, here is how to", ": This could enable malware."),
 }
 
 
@@ -89,10 +92,13 @@ async def test_a_refusal_or_content_filter_fails_visibly_keeping_the_providers_t
     async with probe.mock.client() as client:
         outcome, events = await one_turn(world, probe.provider(client), MODELS[family])
 
-    reason, text = REFUSALS[family, name]
+    reason, text, declined = REFUSALS[family, name]
     assert outcome.type == "TurnFailed"
     assert (outcome.reason, outcome.text) == (reason, text)
-    assert text in outcome.error if reason == "refusal" else "content filter" in outcome.error
+    if declined is None:
+        assert "content filter" in outcome.error
+    else:
+        assert outcome.error == f"The model declined to answer{declined}"
     assert outcome.statuses == {"m1": "failed"}
     [responded] = of_type(events, "ModelResponded")
     assert responded.finish_reason == finish_reason(fixture(family, name))

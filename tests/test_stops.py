@@ -11,8 +11,10 @@ from turnstile.handlers.stops import AskAgain, Complete, CutOff, Refused, RunToo
 CALL = (ToolCall(call_id="c1", name="search", arguments="{}"),)
 
 
-def said(stop: StopKind, text: str | None = "text", calls: tuple[ToolCall, ...] = ()) -> ModelReply:
-    return ModelReply("m", text, calls, Usage(), finish_reason="x", stop=stop)
+def said(
+    stop: StopKind, text: str | None = "text", calls: tuple[ToolCall, ...] = (), refusal: str | None = None
+) -> ModelReply:
+    return ModelReply("m", text, calls, Usage(), finish_reason="x", stop=stop, refusal=refusal)
 
 
 @pytest.mark.parametrize(
@@ -28,10 +30,22 @@ def said(stop: StopKind, text: str | None = "text", calls: tuple[ToolCall, ...] 
         (said("pause", "searching "), "", AskAgain()),
         (said("truncated", "half a"), "the first ", CutOff("the first half a")),
         (said("truncated", None), "", CutOff(None)),
-        (said("refusal", "I can't."), "", Refused("refusal", "The model declined to answer: I can't.", "I can't.")),
+        (
+            said("refusal", "I can't.", refusal="I can't."),
+            "",
+            Refused("refusal", "The model declined to answer: I can't.", "I can't."),
+        ),
         (said("refusal", None), "", Refused("refusal", "The model declined to answer.", None)),
+        # The text a refusal cut short is kept, never quoted as the refusal; its words are.
+        (said("refusal", "Sure, here is"), "", Refused("refusal", "The model declined to answer.", "Sure, here is")),
+        (
+            said("refusal", "Sure, here is", refusal="This could enable malware."),
+            "",
+            Refused("refusal", "The model declined to answer: This could enable malware.", "Sure, here is"),
+        ),
+        (said("refusal", None, refusal="No."), "", Refused("refusal", "The model declined to answer: No.", "No.")),
         # A refusal or a filter never runs the tools it came with.
-        (said("refusal", "no", CALL), "", Refused("refusal", "The model declined to answer: no", "no")),
+        (said("refusal", "no", CALL, "no"), "", Refused("refusal", "The model declined to answer: no", "no")),
         (
             said("content_filter", "Here is", CALL),
             "",

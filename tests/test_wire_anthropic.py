@@ -51,8 +51,9 @@ async def provider(api: MockApi) -> AsyncIterator[HttpProvider]:
             Usage(input_tokens=300, output_tokens=90),
         ),
         ("refusal", "I can't help with that.", "refusal", (), Usage(input_tokens=30, output_tokens=6)),
-        # No text at all: the refusal's explanation is what the user gets to read.
-        ("refusal_explained", "This could enable malware.", "refusal", (), Usage(input_tokens=30)),
+        # No text at all; and text the classifier cut short, kept as the reply's text.
+        ("refusal_explained", None, "refusal", (), Usage(input_tokens=30)),
+        ("refusal_partial", "Sure, here is how to", "refusal", (), Usage(input_tokens=30, output_tokens=6)),
         (
             "max_tokens",
             "The fares on the 9th are: 1) 212 EUR, 2) 2",
@@ -85,6 +86,17 @@ async def test_each_sdk_shaped_reply_parses_to_its_text_calls_usage_and_stop_kin
     assert parsed.tool_calls == tuple(ToolCall(call_id=i, name=n, arguments=a) for i, n, a in calls)
     assert (parsed.finish_reason, parsed.model) == (body["stop_reason"], body["model"])
     assert parsed.native == tuple(body["content"])
+
+
+MALWARE = "This could enable malware."
+
+
+@pytest.mark.parametrize(
+    ("name", "words"),
+    [("refusal", None), ("refusal_explained", MALWARE), ("refusal_partial", MALWARE)],
+)
+def test_a_refusals_words_are_its_explanation_never_the_text_it_cut_short(name: str, words: str | None) -> None:
+    assert WIRE.parse_reply(fixture("anthropic", name), "m").refusal == words
 
 
 def test_the_issues_cache_heavy_reply_costs_what_the_price_table_says() -> None:

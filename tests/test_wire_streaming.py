@@ -73,6 +73,8 @@ def anthropic(sides: dict[str, Family]) -> Family:
         ("openai", "stream_refusal", "refusal", []),  # a refusal is not reply text
         ("anthropic", "stream_text", "text", ["The 9th", " is cheaper."]),
         ("anthropic", "stream_thinking_tool_use", "thinking_tool_use", ["Let me look both up."]),
+        # Text streams, then the classifier stops it: the explanation comes in message_delta.
+        ("anthropic", "stream_refusal", "refusal_partial", ["Sure, here is ", "how to"]),
     ],
 )
 async def test_a_streamed_reply_is_the_same_reply_with_its_text_as_deltas(
@@ -85,11 +87,12 @@ async def test_a_streamed_reply_is_the_same_reply_with_its_text_as_deltas(
     reply = await side.provider.complete(HELLO, collected)
 
     whole = WIRES[family].parse_reply(fixture(family, unstreamed), "m")
-    assert (reply.text, reply.tool_calls, reply.stop, reply.finish_reason) == (
+    assert (reply.text, reply.tool_calls, reply.stop, reply.finish_reason, reply.refusal) == (
         whole.text,
         whole.tool_calls,
         whole.stop,
         whole.finish_reason,
+        whole.refusal,
     )
     assert collected.seen == deltas
     if family == "anthropic":

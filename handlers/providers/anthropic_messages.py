@@ -116,8 +116,10 @@ def _reply(body: dict[str, Any], requested_model: str) -> ModelReply:
     reason = finish_reason(body.get("stop_reason"))
     text = "".join(texts) if texts else None
     stop = _STOPS.get(reason, "tool_use" if calls else "end")
-    if stop == "refusal" and not text:
-        text = _refusal_explanation(body.get("stop_details"))
+    # A refusal's text is what the model had begun when its classifier stopped it ("not a
+    # refusal message", Anthropic's streaming-refusals guide): kept as the reply's text, never
+    # quoted as the refusal, whose words are `stop_details.explanation` when it gives one.
+    refusal = _refusal_explanation(body.get("stop_details")) if stop == "refusal" else None
     return ModelReply(
         model=reply_model(body.get("model"), requested_model),
         # Text may arrive split around citations or tool_use blocks; the pieces are one message.
@@ -128,6 +130,7 @@ def _reply(body: dict[str, Any], requested_model: str) -> ModelReply:
         stop=stop,
         native=tuple(blocks),
         usage_reported=_reported_usage(body.get("usage")) is not None,
+        refusal=refusal,
     )
 
 

@@ -107,6 +107,7 @@ def _reply(body: dict[str, Any], requested_model: str) -> ModelReply:
         finish_reason=reason,
         stop=stop,
         usage_reported=_reported_usage(body.get("usage")) is not None,
+        refusal=refusal,
     )
 
 
