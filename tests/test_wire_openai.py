@@ -88,6 +88,19 @@ async def test_each_sdk_shaped_reply_parses_to_its_text_calls_usage_and_stop_kin
     assert parsed.model == body["model"]
 
 
+def test_a_prompt_written_to_the_cache_costs_the_input_price_openai_bills_it_at() -> None:
+    from turnstile.handlers.pricing import ModelPrice, cost_usd
+    from turnstile.streams.config_file import shipped_prices
+
+    usage = OpenAIChat().parse_reply(fixture("openai", "cache_write"), "gpt-5.4").usage
+
+    assert usage == Usage(input_tokens=100_000, output_tokens=1000)
+    # 100,000 x $2.50 + 1,000 x $15.00 per million tokens: the write is no discount.
+    assert cost_usd(shipped_prices().prices, "gpt-5.4", usage) == pytest.approx(0.265)
+    # A price given without cache prices knows the cost all the same (no write price needed).
+    assert cost_usd({"gpt-5.4": ModelPrice(2.5, 15.0)}, "gpt-5.4", usage) == pytest.approx(0.265)
+
+
 async def test_the_request_is_current_with_the_openapi_document(api: MockApi, provider: HttpProvider) -> None:
     api.push(reply(fixture("openai", "text")))
 

@@ -172,7 +172,11 @@ def _reported_usage(raw: object) -> Usage | None:
 
 def _usage(raw: object) -> Usage:
     """`CompletionUsage`: prompt tokens include the cached ones, completion tokens the
-    reasoning ones, as `Usage` counts them."""
+    reasoning ones, as `Usage` counts them. `prompt_tokens_details.cache_write_tokens` is
+    left in the uncached input: OpenAI bills a prompt written to its cache as the ordinary
+    input it is (no write surcharge); read as a cache write, it was priced at the table's
+    write price for OpenAI, 0 (80k written tokens cost nothing; a price given with no write
+    price made the reply's cost unknown, pausing the turn)."""
     usage = optional_object(raw, "usage")
     prompt = optional_object(usage.get("prompt_tokens_details"), "usage.prompt_tokens_details")
     completion = optional_object(usage.get("completion_tokens_details"), "usage.completion_tokens_details")
@@ -180,7 +184,6 @@ def _usage(raw: object) -> Usage:
         input=token_count(usage, "prompt_tokens", "usage"),
         output=token_count(usage, "completion_tokens", "usage"),
         cached_input=token_count(prompt, "cached_tokens", "usage.prompt_tokens_details"),
-        cache_write=token_count(prompt, "cache_write_tokens", "usage.prompt_tokens_details"),
         reasoning=token_count(completion, "reasoning_tokens", "usage.completion_tokens_details"),
     )
 
