@@ -185,17 +185,28 @@ def test_a_tool_round_trip_is_a_valid_request_with_results_next_to_their_calls()
     ]
 
 
-def test_malformed_arguments_go_back_verbatim() -> None:
-    broken = ToolCall(call_id="call_1", name="search", arguments='{"q": "x",')
+@pytest.mark.parametrize(
+    ("said", "sent"),
+    [
+        # Not JSON: OpenAI-compatible servers (vLLM, SGLang) answer 400 to it in a transcript.
+        ('{"q": "x",', "{}"),
+        ("", "{}"),
+        # JSON goes back exactly as the model wrote it, spacing and all.
+        ('{"q":  "x"}', '{"q":  "x"}'),
+        ("[1]", "[1]"),
+    ],
+)
+def test_arguments_go_back_as_said_unless_they_are_not_json(said: str, sent: str) -> None:
+    call = ToolCall(call_id="call_1", name="search", arguments=said)
     messages = (
         ChatMessage("user", "x"),
-        ChatMessage("assistant", "", (broken,)),
+        ChatMessage("assistant", "", (call,)),
         ChatMessage("tool", "error", tool_call_id="call_1"),
     )
 
     body = OpenAIChat().request_body(ModelRequest("gpt-4.1", messages))
 
-    assert body["messages"][1]["tool_calls"][0]["function"]["arguments"] == '{"q": "x",'
+    assert body["messages"][1]["tool_calls"][0]["function"]["arguments"] == sent
     assert openai_violations(body) == []
 
 

@@ -101,6 +101,23 @@ async def test_a_streamed_reply_is_the_same_reply_with_its_text_as_deltas(
         assert reply.usage == whole.usage
 
 
+async def test_a_chunk_whose_error_is_null_is_no_error(openai: Family) -> None:
+    # Gateways put `"error": null` in every chunk; openai-python raises only on a truthy one.
+    lines = stream_fixture("openai", "stream_text").decode().split("\n")
+    with_null = [
+        "data: " + orjson.dumps({**orjson.loads(line[6:]), "error": None}).decode()
+        if line.startswith("data: {")
+        else line
+        for line in lines
+    ]
+    openai.api.push(streamed("\n".join(with_null).encode()))
+    collected = Collected()
+
+    reply = await openai.provider.complete(HELLO, collected)
+
+    assert (reply.text, reply.stop, collected.seen) == ("The 9th is cheaper.", "end", ["The 9th", " is cheaper."])
+
+
 async def test_usage_is_summed_from_start_and_delta_events(anthropic: Family) -> None:
     anthropic.api.push(streamed(stream_fixture("anthropic", "stream_text")))
 

@@ -8,6 +8,8 @@ from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
+import orjson
+
 from turnstile.events import ToolCall, Usage
 from turnstile.handlers.provider import (
     ChatMessage,
@@ -128,9 +130,22 @@ def _wire_message(message: ChatMessage) -> dict[str, Any]:
 
 
 def _wire_tool_call(call: ToolCall) -> dict[str, Any]:
-    # `arguments` goes back verbatim, malformed or not: it is what the model said.
-    function = {"name": call.name, "arguments": call.arguments}
+    # Arguments go back as the model said them, unless they are not JSON: OpenAI-compatible
+    # servers (vLLM, SGLang) parse the transcript's arguments and answer 400 to a malformed
+    # one, a request no retry mends, so one bad call would fail every later turn of the
+    # conversation. As on the Anthropic wire, `{}` stands in; the call's result says it did
+    # not run and why.
+    arguments = call.arguments if _is_json(call.arguments) else "{}"
+    function = {"name": call.name, "arguments": arguments}
     return {"id": call.call_id, "type": "function", "function": function}
+
+
+def _is_json(text: str) -> bool:
+    try:
+        orjson.loads(text)
+    except orjson.JSONDecodeError:
+        return False
+    return True
 
 
 def _wire_tool(tool: ToolSpec) -> dict[str, Any]:
@@ -213,7 +228,7 @@ class OpenAIChatStream:
             self._done = True
             return None
         chunk = stream_event_json(event)
-        if "error" in chunk:
+        if chunk.get("error"):  # as openai-python's stream reader: `"error": null` is no error
             raise stream_error(chunk["error"])
         self._model = chunk.get("model", self._model)
         if chunk.get("usage") is not None:
