@@ -28,11 +28,12 @@ from turnstile.handlers.provider import ProviderError
 
 @dataclass(frozen=True, slots=True)
 class RetryPolicy:
-    # The SDKs' defaults, except `max_retry_after_s` (openai-python: 120 s).
+    # The SDKs' defaults; `max_retry_after_s` is openai-python's MAX_RETRY_AFTER_DELAY
+    # (anthropic-sdk-python waits however long it is asked). The turn's deadline bounds it too.
     max_retries: int = 2
     initial_delay_s: float = 0.5
     max_delay_s: float = 8.0
-    max_retry_after_s: float = 60.0
+    max_retry_after_s: float = 120.0
 
     def __post_init__(self) -> None:
         if self.max_retries < 0 or self.initial_delay_s < 0 or self.max_delay_s < self.initial_delay_s:

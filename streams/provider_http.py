@@ -67,7 +67,7 @@ class HttpProvider:
         base_url: str,
         api_key: str | None,
         *,
-        timeout_s: float = 60.0,
+        timeout_s: float = 600.0,
         client: httpx.AsyncClient | None = None,
         retry: RetryPolicy = RetryPolicy(),
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
@@ -79,12 +79,16 @@ class HttpProvider:
         self._headers = {"content-type": "application/json", **wire.headers(api_key)}
         self._secret = api_key
         self._timeout_s = timeout_s
+        # The SDKs' timeouts (openai-python and anthropic-sdk-python: 600 s, connect 5 s): a
+        # non-streamed reply of a reasoning model may take minutes, and one cut at 60 s was
+        # asked (and billed) again. The turn's deadline bounds every request besides.
+        self._timeouts = httpx.Timeout(timeout_s, connect=min(CONNECT_TIMEOUT_S, timeout_s))
         self._retry = retry
         self._sleep = sleep
         self._jitter = jitter
         self._now_s = now_s
         self._owns_client = client is None
-        self._client = client if client is not None else _owned_client(timeout_s)
+        self._client = client if client is not None else _owned_client(self._timeouts)
 
     @property
     def family(self) -> ProtocolFamily:
@@ -143,9 +147,9 @@ class HttpProvider:
         try:
             async with asyncio.timeout(total_s):
                 status, headers, payload, streamed = await self._send(content, relay, assembler, began)
-        except (TimeoutError, httpx.TimeoutException):
+        except (TimeoutError, httpx.TimeoutException) as exc:
             again = not began or retryable_break(began[0])  # (mid-answer, the server may have said not to)
-            failure = ProviderError("timeout", f"no response within {self._timeout_s:g} s", retryable=again)
+            failure = ProviderError("timeout", self._timed_out(exc, total_s), retryable=again)
         except httpx.TransportError as exc:
             again = not began or retryable_break(began[0])
             failure = ProviderError("connection", self._describe(exc), retryable=again)
@@ -182,7 +186,7 @@ class HttpProvider:
         `assembler` as it arrives (and its text to `relay`) instead of the body. The headers
         go to `began` at once."""
         async with self._client.stream(
-            "POST", self._url, content=content, headers=self._headers, timeout=self._timeout_s
+            "POST", self._url, content=content, headers=self._headers, timeout=self._timeouts
         ) as response:
             began.append(response.headers)
             asked = relay is not None and assembler is not None and 200 <= response.status_code < 300
@@ -235,6 +239,16 @@ class HttpProvider:
         # Redact before truncating, so a cut can never leave part of the key behind.
         text = self._redact(" ".join(payload.decode("utf-8", errors="replace").split()))
         return text if len(text) <= EXCERPT_CHARS else text[:EXCERPT_CHARS] + "..."
+
+    def _timed_out(self, exc: Exception, total_s: float | None) -> str:
+        """Which bound was reached: connecting, a read that waited too long, or the whole."""
+        if isinstance(exc, httpx.ConnectTimeout):
+            return f"could not connect within {self._timeouts.connect:g} s"
+        if isinstance(exc, httpx.TimeoutException):
+            return f"the server sent nothing for {self._timeout_s:g} s"
+        if total_s is None:  # (only the bounds above apply: a TimeoutError from elsewhere)
+            return self._describe(exc)
+        return f"no whole response within {total_s:g} s"
 
     def _describe(self, exc: Exception) -> str:
         text = str(exc)
@@ -321,14 +335,15 @@ def _error_body(parsed: object) -> TypeGuard[dict[str, Any]]:
 
 
 MAX_CONNECTIONS = 2_000
+CONNECT_TIMEOUT_S = 5.0
 
 
-def _owned_client(timeout_s: float) -> httpx.AsyncClient:
+def _owned_client(timeouts: httpx.Timeout) -> httpx.AsyncClient:
     # Each turn in flight has at most one request open: httpx's default of 100 connections
     # made the 101st call wait for a free one inside its own timeout (400 turns of 50 s calls:
     # 300 false timeouts). A bound stays, far above that, short of a process's open files.
     limits = httpx.Limits(max_connections=MAX_CONNECTIONS, max_keepalive_connections=100)
-    return httpx.AsyncClient(timeout=timeout_s, verify=_shared_ssl_context(), limits=limits)
+    return httpx.AsyncClient(timeout=timeouts, verify=_shared_ssl_context(), limits=limits)
 
 
 @functools.cache

@@ -82,6 +82,20 @@ async def test_slow_response_times_out(server: ProviderServer) -> None:
     assert time.monotonic() - started < 0.9
 
 
+async def test_a_timeout_says_which_bound_was_reached(server: ProviderServer) -> None:
+    from wire_harness import Collected
+
+    # A streamed request with no deadline: only the wait for each read bounds it.
+    server.push(Delay(1.0, Reply(text="too late")))
+    provider = openai_provider(server.base_url_openai, API_KEY, timeout_s=0.2)
+    with pytest.raises(ProviderError) as caught:
+        await provider.complete(REQUEST, Collected())
+    await provider.aclose()
+
+    assert caught.value.kind == "timeout"
+    assert caught.value.message.startswith("the server sent nothing for 0.2 s")
+
+
 async def test_dropped_connection_is_retryable(server: ProviderServer, provider: HttpProvider) -> None:
     server.push(Drop())
 

@@ -14,10 +14,10 @@ from loop_harness import World, config, of_type, outcomes, say, settings
 from wire_harness import API_KEY, MockApi, anthropic_api, fixture, openai_api, reply
 from worker_harness import events_of, running
 
+from turnstile.handlers.budget import TurnBudget
 from turnstile.handlers.pricing import ModelPrice
 from turnstile.handlers.providers.anthropic_messages import AnthropicMessages
 from turnstile.handlers.providers.openai_chat import OpenAIChat
-from turnstile.handlers.retry import RetryPolicy
 from turnstile.streams.file_log import FileLog
 from turnstile.streams.provider_http import HttpProvider
 
@@ -267,5 +267,13 @@ async def test_a_rate_limit_longer_than_the_turn_may_wait_fails_in_one_sentence(
     assert probe.waits == []
 
 
-def test_the_retry_policy_default_is_the_sdks() -> None:
-    assert RetryPolicy() == RetryPolicy(max_retries=2, initial_delay_s=0.5, max_delay_s=8.0, max_retry_after_s=60.0)
+async def test_a_rate_limit_asking_up_to_two_minutes_is_waited_for_as_openai_python_does(world):
+    # openai-python's MAX_RETRY_AFTER_DELAY is 120 s (anthropic-sdk-python waits any): a
+    # 90 s wait failed the turn when the bound was 60 s.
+    probe = Api("openai")
+    slow_down = httpx.Response(429, json={"error": {"message": "slow down"}}, headers={"retry-after": "90"})
+    probe.mock.push(slow_down, probe.text("Done."))
+    async with probe.mock.client() as client:
+        outcome, _ = await one_turn(world, probe.provider(client), "gpt-test", budget=TurnBudget(deadline_ms=300_000))
+
+    assert (outcome.type, probe.waits) == ("TurnCompleted", [90.0])
