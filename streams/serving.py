@@ -157,13 +157,21 @@ async def serve(
     for sig in handled:
         loop.add_signal_handler(sig, on_signal)
     try:
-        await asyncio.wait([running, waiting], return_when=asyncio.FIRST_COMPLETED)
-        if ready.is_set():  # not when the service failed while starting: its error is raised below
-            where = f"; HTTP on {service.url}" if service.url else ""
-            log_.info("worker running on %s%s; Ctrl-C stops it", place, where)
         try:
+            await asyncio.wait([running, waiting], return_when=asyncio.FIRST_COMPLETED)
+            if ready.is_set():  # not when the service failed while starting: its error is raised below
+                where = f"; HTTP on {service.url}" if service.url else ""
+                log_.info("worker running on %s%s; Ctrl-C stops it", place, where)
             await running
         except asyncio.CancelledError:
+            me = asyncio.current_task()
+            if me is not None and me.cancelling():
+                # Cancelled by its caller (a timeout, a task group, a host framework): the worker
+                # stops at once, as on a second signal, and the cancellation goes on to the caller.
+                running.cancel()
+                await asyncio.gather(running, return_exceptions=True)
+                log_.warning("cancelled: stopped without draining; the turns in flight resume on the next worker")
+                raise
             if not running.cancelled():
                 raise
             log_.warning("stopped without draining: the turns in flight resume on the next worker")

@@ -371,3 +371,32 @@ def test_serving_on_topics_that_are_not_there_says_so_at_once(
     place = LogPlace(broker=f"kafka://{kafka_bootstrap}", topics=wrong, group="g-missing")
     with pytest.raises(TopicMissing, match=f"topic '{wrong.outcomes}' does not exist"):
         asyncio.run(asyncio.wait_for(agent.serve(place, stop=asyncio.Event()), 30))
+
+
+def test_serve_cancelled_by_its_caller_stops_and_the_cancellation_goes_on(tmp_path: Path) -> None:
+    # (a timeout around serve() never fired: serve caught the cancellation and returned 130)
+    from turnstile.events import MessageReceived, decode, encode
+
+    agent = Agent("echo", model=TestModel(replies=["Hello.", "Again."]))
+    data = tmp_path / "log"
+    log = FileLog(data, Topics())
+
+    async def main() -> None:
+        serving = asyncio.create_task(agent.serve(LogPlace(data=data), stop=asyncio.Event()))
+        message = MessageReceived(event_id="e1", conversation_id="c1", occurred_at=1, message_id="m1", content="hi")
+        await log.append(log.topics.events, "c1", encode(message))
+        async with asyncio.timeout(30):  # (a bound, should the worker never answer)
+            async for record in log.follow(log.topics.events, from_end=False):
+                if isinstance(decode(record.value), TurnCompleted):  # type: ignore[arg-type]
+                    break
+        serving.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await serving
+        assert serving.cancelled()
+        with pytest.raises(TimeoutError):
+            async with asyncio.timeout(0.5):
+                await agent.serve(LogPlace(data=data), stop=asyncio.Event())
+
+    asyncio.run(main())
+    # The log was let go both times: another answer may own it at once.
+    assert asyncio.run(agent.answer("again", data=data, conversation="c2")).reply == "Again."
