@@ -19,7 +19,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Protocol
 
-from turnstile.events import Event, MessageReceived, ToolCallStarted
+from turnstile.events import Event, MessageReceived, ToolCallStarted, TurnExhausted, TurnFailed, TurnPaused
 from turnstile.handlers.claim import ClaimPlan
 from turnstile.handlers.provider import ChatMessage, Provider, ProviderError
 from turnstile.handlers.tools import NotRun
@@ -56,6 +56,20 @@ from turnstile.streams.reply_deltas import ReplyStreams
 __all__ = ["AppendEvent", "Route", "StepHook", "TurnRunner", "TurnSettings"]
 
 log = logging.getLogger(__name__)
+
+
+def _log_outcome(event: Event) -> None:
+    """A turn that ends without its answer is said in the worker's log too, not only on the
+    log of events (a wrong base_url failed every turn with nothing in the worker's output)."""
+    match event:
+        case TurnFailed():
+            log.warning("turn %s of %s failed (%s): %s", event.turn_id, event.conversation_id,
+                        event.reason or "error", event.error)  # fmt: skip
+        case TurnExhausted():
+            log.info("turn %s of %s stopped: its %s allowance is used up", event.turn_id, event.conversation_id,
+                     event.allowance)  # fmt: skip
+        case TurnPaused():
+            log.info("turn %s of %s paused (%s)", event.turn_id, event.conversation_id, event.reason)
 
 
 class AppendEvent(Protocol):
@@ -170,6 +184,7 @@ class TurnRunner:
                         if isinstance(event, ToolCallStarted):
                             await self._stopped_before_tool()
                         raise
+                    _log_outcome(event)
                 case Report(message=message):
                     log.error("%s", message)
                 case Finish():
@@ -241,6 +256,9 @@ class TurnRunner:
         except TimeoutError:
             return ToolTimedOut(self._now_ms())
         except Exception as exc:
+            # The model reads the error; the developer needs where it came from.
+            log.warning("tool %s raised in a turn of %s (the model is told): %r", started.tool,
+                        self.state.conversation_id, exc, exc_info=exc)  # fmt: skip
             return ToolRaised(f"{type(exc).__name__}: {exc}", self._now_ms())
         if isinstance(result, str):
             return ToolReturned(result, self._now_ms())

@@ -400,3 +400,28 @@ def test_serve_cancelled_by_its_caller_stops_and_the_cancellation_goes_on(tmp_pa
     asyncio.run(main())
     # The log was let go both times: another answer may own it at once.
     assert asyncio.run(agent.answer("again", data=data, conversation="c2")).reply == "Again."
+
+
+def test_a_tool_that_raises_and_a_turn_that_fails_are_said_in_the_workers_log(caplog: pytest.LogCaptureFixture) -> None:
+    # (both were only on the log of events: a tool's traceback was lost, and a wrong base_url
+    # failed every turn with not a line in the worker's output, -v or not)
+    import logging
+
+    from turnstile.events import TurnFailed
+
+    not_found = ProviderError("bad_request", "HTTP 404", retryable=False, status=404, provider_message="Invalid URL")
+    agent = Agent("ops", model=TestModel(replies=[TestModel.calls("lookup", "{}"), not_found]))
+
+    @agent.tool
+    def lookup() -> str:
+        """Look the order up."""
+        raise RuntimeError("database connection refused")
+
+    with caplog.at_level(logging.WARNING, logger="turnstile"):
+        answered = asyncio.run(agent.answer("where is my order?"))
+
+    assert isinstance(answered.outcome, TurnFailed)
+    [raised] = [r for r in caplog.records if "tool lookup raised" in r.getMessage()]
+    assert "database connection refused" in raised.getMessage() and raised.exc_info is not None
+    [failed] = [r for r in caplog.records if f"turn {answered.outcome.turn_id} of c1 failed" in r.getMessage()]
+    assert "rejected the request (HTTP 404): Invalid URL. Check the model's name and base_url" in failed.getMessage()

@@ -237,7 +237,8 @@ def test_the_other_sentences() -> None:
         "The model provider is rate limiting requests and asked to wait 120 s, longer than this turn may wait."
     )
     assert said("bad_request", retryable=False, status=404) == (
-        "The model provider rejected the request (HTTP 404): it gave no reason."
+        "The model provider rejected the request (HTTP 404): it gave no reason. Check the model's name and"
+        " base_url (an OpenAI-compatible one ends in /v1)."
     )
     unsafe = provider_failure(ProviderError("timeout", "x", retryable=True), attempts=1, side_effect_ran=True)
     assert unsafe.startswith("The model provider did not answer in time. A tool with side effects had already run")
