@@ -15,6 +15,7 @@ import importlib
 import os
 import sys
 import tempfile
+import traceback
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -488,6 +489,20 @@ class Answered:
         return self.outcome.reply if isinstance(self.outcome, TurnCompleted) else None
 
 
+class AgentImportFailed(ValueError):
+    """The agent's module raised while it was imported; `__cause__` is what it raised."""
+
+
+def _where(exc: BaseException) -> str:
+    """The error and the line of the agent's code it came from, in one line."""
+    if isinstance(exc, SyntaxError):
+        return f"{type(exc).__name__}: {exc.msg} ({exc.filename}, line {exc.lineno})"
+    frames = traceback.extract_tb(exc.__traceback__)
+    ours = [f for f in frames if "importlib" not in f.filename]
+    at = f" ({ours[-1].filename}, line {ours[-1].lineno})" if ours else ""
+    return f"{type(exc).__name__}: {exc}{at}"
+
+
 def load_agent(target: str) -> Agent:
     """`package.module:attribute` -> the Agent there, imported as uvicorn imports apps (the
     current directory is on the path, so a module next to you is found)."""
@@ -501,11 +516,13 @@ def load_agent(target: str) -> Agent:
     except ModuleNotFoundError as exc:
         missing = exc.name or ""
         if module_name != missing and not module_name.startswith(f"{missing}."):
-            raise  # a module the agent's own code imports: its traceback says where
+            raise AgentImportFailed(f"{target}: importing {module_name} failed: {_where(exc)}") from exc
         raise ValueError(
             f"{target}: no module named {missing!r} in {os.getcwd()}: run from the folder that holds it, "
             "or put that folder on PYTHONPATH"
         ) from None
+    except Exception as exc:  # the agent's own code: a syntax error, a raise at import
+        raise AgentImportFailed(f"{target}: importing {module_name} failed: {_where(exc)}") from exc
     if not hasattr(module, attribute):
         raise ValueError(f"{target}: {module_name} ({module.__file__}) has no {attribute!r}")
     found = getattr(module, attribute)

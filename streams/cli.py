@@ -155,7 +155,8 @@ async def _run(args: argparse.Namespace) -> int:
         try:
             loaded = load_agent(args.agent)
         except ValueError as exc:  # no such module or attribute, not an Agent: a usage error
-            raise CliError(USAGE, str(exc)) from None
+            # (with -v, the traceback of what the agent's module raised, if it raised)
+            raise CliError(USAGE, str(exc)) from exc.__cause__
         agent, ignored = run_config.configure_agent(loaded, resolved)
         for warning in ignored:
             log.warning("%s", warning)
@@ -164,6 +165,9 @@ async def _run(args: argparse.Namespace) -> int:
         effective = run_config.effective(run_config.agent_view(agent, resolved), secrets, agent.prices())
         return await agent.serve(place, schedules=schedules, http=http, http_token=token,
                                  worker=run_config.worker_options(config), effective_config=effective)
+    if config.model.provider == "scripted":  # the default: answering real messages with echoes, silently
+        log.warning("no agent (MODULE:AGENT) and model.provider is scripted, the default: replies are echoes,"
+                    " for trying turnstile out; run your agent, or give --provider openai|anthropic and --model")
     provider = run_config.provider(config.model, os.environ.get("TURNSTILE_API_KEY"))
     worker = run_config.worker_config(config, provider)
     secrets = run_config.secrets_of(token, ["TURNSTILE_API_KEY"], os.environ)

@@ -179,12 +179,14 @@ def test_a_target_that_is_not_an_agent_is_a_clear_error() -> None:
 
 
 def test_a_module_the_agents_code_imports_keeps_its_own_error(tmp_path, monkeypatch) -> None:
-    # The agent's module is found; what it imports is not: that traceback points at its line.
+    # The agent's module is found; what it imports is not: said with the line that imports it.
     (tmp_path / "needs_dep.py").write_text("import no_such_dependency\n")
     monkeypatch.chdir(tmp_path)
     monkeypatch.syspath_prepend(str(tmp_path))
-    with pytest.raises(ModuleNotFoundError, match="no_such_dependency"):
+    said = r"importing needs_dep failed: ModuleNotFoundError: .*no_such_dependency.* \(.*needs_dep\.py, line 1\)"
+    with pytest.raises(ValueError, match=said) as caught:
         load_agent("needs_dep:agent")
+    assert isinstance(caught.value.__cause__, ModuleNotFoundError)
 
 
 @pytest.mark.kafka

@@ -58,6 +58,9 @@ def closed_port() -> int:
         (["--config", "latin1.toml", "tail"], 78, "latin1.toml is not TOML: not UTF-8 text (byte 5)"),
         (["--config", "deep.toml", "tail"], 78, "deep.toml is not TOML this program reads: its arrays or tables nest"),
         (["run", "nosuch:agent"], 2, "turnstile run: nosuch:agent: no module named 'nosuch' in"),  # was a traceback
+        # The agent's own code failing at import: where, in one line (a traceback with -v)
+        (["run", "broken:agent"], 2, "turnstile run: broken:agent: importing broken failed: SyntaxError: "),
+        (["run", "raises:agent"], 2, "importing raises failed: RuntimeError: no DATABASE_URL ("),
         # ids HTTP and the console refuse were sent, and could then never be read or approved there
         (["send", "--conversation", "a\x1bb", "--text", "hi"], 65, "the conversation id contains a control character"),
         (["send", "--conversation", "c" * 257, "--text", "hi"], 65, "the conversation id is longer than 256"),
@@ -75,6 +78,8 @@ def test_an_operational_error_is_one_sentence_and_a_documented_exit_code(tmp_pat
     (tmp_path / "a-file").write_text("not a folder")
     (tmp_path / "latin1.toml").write_bytes(b"x = '\xe9t\xe9'\n")
     (tmp_path / "deep.toml").write_text("a = " + "[" * 5_000 + "]" * 5_000 + "\n")
+    (tmp_path / "broken.py").write_text("from turnstile import Agent\nagent = Agent(\n")
+    (tmp_path / "raises.py").write_text("raise RuntimeError('no DATABASE_URL')\n")
     result = turnstile(*args, cwd=tmp_path)
     assert result.returncode == code, result.stderr
     assert says in result.stderr

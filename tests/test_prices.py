@@ -77,6 +77,8 @@ def test_a_priced_model_starts_without_the_warning(tmp_path):
 def test_a_model_of_the_shipped_table_is_priced_without_a_flag(tmp_path):
     said, code = start_worker(tmp_path, "--model", "gpt-4.1", "--fallback", "claude-haiku-4-5")
     assert "has no price" not in said and "prices.gpt-4.1=2/8/0.5/0 [shipped table of" in said
+    # (no agent and the default provider: said, as real messages get echoes)
+    assert "model.provider is scripted, the default: replies are echoes" in said
     assert code == 0
 
 
@@ -87,6 +89,7 @@ def test_an_agent_with_an_unpriced_fallback_is_warned_about_once(tmp_path):
     )
     said, code = start_worker(tmp_path, "shop:agent")
     assert said.count("has no price") == 1 and "model acme-3b has no price" in said
+    assert "replies are echoes" not in said
     assert code == 0
 
 
