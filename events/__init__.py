@@ -3,7 +3,7 @@
 from turnstile.events.base import SCHEMA_VERSION, Envelope, TurnEnvelope
 from turnstile.events.codec import DecodeError, decode, decode_record, encode, misplaced
 from turnstile.events.dead_letter import DeadLetter
-from turnstile.events.identity import content_fingerprint, logical_turn_id, partition_for
+from turnstile.events.identity import content_fingerprint, logical_turn_id, names_its_inputs, partition_for
 from turnstile.events.inputs import Approval, InputInjected, MessageReceived, ResumeRequested
 from turnstile.events.lifecycle import (
     NOT_STARTED,
@@ -90,5 +90,6 @@ __all__ = [
     "input_id",
     "logical_turn_id",
     "misplaced",
+    "names_its_inputs",
     "partition_for",
 ]

@@ -38,8 +38,8 @@ from turnstile.events import (
     TurnInterrupted,
     TurnPaused,
     decode_record,
-    logical_turn_id,
     misplaced,
+    names_its_inputs,
 )
 from turnstile.events.upcast import UPCASTERS, Upcasters
 from turnstile.projections.conversation import apply_event, closed_run_cannot_end_so, new_state
@@ -468,7 +468,7 @@ class Auditor:
         gone = [i for i in ids if i in state.seen_inputs and i not in state.pending and i not in state.claimed_by]
         if gone:
             problems.append(f"claims inputs that are no longer pending: {gone[:5]}")
-        if turn_id != logical_turn_id(ids):
+        if not names_its_inputs(turn_id, ids):
             problems.append("turn id is not sha256 of the sorted claimed ids")
         if claim.history_boundary != len(state.history):
             problems.append(f"history boundary {claim.history_boundary} != history length {len(state.history)}")

@@ -38,7 +38,7 @@ from turnstile.events import (
     TurnPaused,
     Usage,
     content_fingerprint,
-    logical_turn_id,
+    names_its_inputs,
 )
 from turnstile.projections.state import (
     ActiveTurn,
@@ -151,7 +151,7 @@ def _claim(state: ConversationState, claim: TurnClaimed) -> Rejection | None:
         return Rejection(f"claimed inputs not pending: {missing[:5]}")
     if len(set(claim.input_ids)) != len(claim.input_ids):
         return Rejection("a claim names an input more than once")
-    if claim.turn_id != logical_turn_id(claim.input_ids):
+    if not names_its_inputs(claim.turn_id, claim.input_ids):
         return Rejection("turn id is not the logical id of the claimed inputs")
     if claim.history_boundary != len(state.history):
         return Rejection(f"history boundary {claim.history_boundary} != history length {len(state.history)}")

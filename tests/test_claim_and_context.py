@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+
 import pytest
 from builders import CONV, claim, completed, message, started
 
@@ -163,3 +165,33 @@ def test_a_rendered_cache_kept_across_turns_gives_the_same_context_and_grows_wit
     kept = list(cache)
     assert build_context(state.history, 1, inputs, None, cache) == build_context(state.history, 1, inputs, None)
     assert cache == kept  # entries are rendered once and reused
+
+
+def test_inputs_whose_ids_hold_a_newline_never_share_a_turn_id_with_others():
+    # {"a\nb"} and {"a", "b"} were one text, so one turn id: two turns, two outcomes, one id
+    # (an outside hunt: a consumer keeping one outcome per turn id dropped an answer).
+    assert logical_turn_id(["a\nb"]) != logical_turn_id(["a", "b"])
+    assert logical_turn_id(["b", "a\nb"]) != logical_turn_id(["a", "b\nb"])
+    # Every other set keeps the id it always had: sha256 of the sorted ids, one per line.
+    assert logical_turn_id(["m2", "m1"]) == hashlib.sha256(b"m1\nm2").hexdigest()
+
+
+def test_both_turns_of_ids_a_newline_once_merged_are_claimed_and_answered_apart():
+    first = claim(["a\nb"], 2, 0)
+    answered = (message("a\nb", 1), first, started(first, 3), completed(first, 4))
+    state = state_of(*answered, message("a", 5), message("b", 6))
+
+    plan = plan_claim(state, 10_000, DebouncePolicy(quiet_ms=0, max_wait_ms=0))
+
+    assert isinstance(plan, ClaimPlan) and plan.turn_id != first.turn_id
+    second = claim_event(state, plan, event_id="e-2", run_id="r-2", now_ms=10_000)
+    assert apply_event(state, second) is None and state.active is not None
+    assert state.active.turn_id not in state.turns
+
+
+def test_a_claim_written_with_the_old_id_of_ids_holding_a_newline_still_folds():
+    # A log written before the fix: its claim's id is sha256 of the ids one per line.
+    old = claim(["a\nb"], 2, 0).model_copy(update={"turn_id": hashlib.sha256(b"a\nb").hexdigest()})
+    state = state_of(message("a\nb", 1))
+
+    assert apply_event(state, old) is None and state.active is not None
