@@ -43,6 +43,7 @@ from turnstile.events import (
 )
 from turnstile.events.upcast import UPCASTERS, Upcasters
 from turnstile.projections.conversation import apply_event, closed_run_cannot_end_so, new_state
+from turnstile.projections.inert import printable
 from turnstile.projections.published import OutcomeLedger
 from turnstile.projections.state import ActiveTurn, ConversationState
 
@@ -930,6 +931,18 @@ def _short(turn_id: str) -> str:
     return turn_id[:12]
 
 
+LINE_CHARS = 400
+
+
+def _inert(line: str) -> str:
+    """A finding's line as a terminal may print it: ids and details are whatever a publisher
+    sent (an escape sequence restyled the auditor's terminal; a 1 MB key made a 1 MB line)."""
+    line = printable(line)
+    if len(line) <= LINE_CHARS:
+        return line
+    return f"{line[:LINE_CHARS]}... ({len(line):,} characters; --json has it whole)"
+
+
 def render(report: AuditReport, limit: int = 20) -> str:
     """The report for people: one line per rule, then each violation and notice with its place."""
     o = report.outcomes
@@ -998,7 +1011,7 @@ def _listed(findings: list[Finding], limit: int) -> list[str]:
     out = []
     for f in findings[:limit]:
         turn = f" turn {_short(f.turn_id)}" if f.turn_id else ""
-        out.append(f"       {f.where:<12} {f.conversation_id or '-'}{turn}: {f.detail}")
+        out.append(_inert(f"       {f.where:<12} {f.conversation_id or '-'}{turn}: {f.detail}"))
     if len(findings) > limit:
         out.append(f"       ... and {len(findings) - limit} more (--json lists all)")
     return out

@@ -25,6 +25,7 @@ from collections.abc import Callable
 
 from turnstile.events import DeadLetter
 from turnstile.projections.audit import DEFAULT_STALL_AFTER_S, AuditLimits, Auditor, AuditReport, render
+from turnstile.projections.inert import printable
 from turnstile.streams.cli_errors import at_least
 from turnstile.streams.config_file import Config
 from turnstile.streams.file_log import FileLog
@@ -110,7 +111,7 @@ def audit_records(
     limits = AuditLimits(args.max_iterations, args.max_tool_calls, args.max_cost_usd, args.deadline_s)
     auditor = Auditor(limits, partitions=partitions).feed_all(records)
     if dlq is not None:
-        auditor.feed_dead_letters(_letters(dlq))
+        auditor.feed_dead_letters(_letters(dlq, args.resolved.config.topics.events))
     if outcomes is not None:
         records_, starts = outcomes
         auditor.feed_outcomes(((r.partition, r.value, r.timestamp_ms) for r in records_), starts)
@@ -133,14 +134,26 @@ def _outcomes_not_checked(why: str) -> None:
           "(--outcomes-topic names it)", file=sys.stderr)  # fmt: skip
 
 
-def _letters(records: list[Record]) -> list[DeadLetter]:
-    letters = []
+def _letters(records: list[Record], events: str) -> list[DeadLetter]:
+    """The letters of this log's events topic (a worker names it in each; a letter naming
+    another topic, a shared DLQ's or a forged one, was counted as this log's poison)."""
+    letters: list[DeadLetter] = []
+    elsewhere: list[DeadLetter] = []
     for record in records:
         try:
-            letters.append(DeadLetter.model_validate_json(record.value or b""))
+            letter = DeadLetter.model_validate_json(record.value or b"")
         except ValueError:  # not written by a worker: not a letter of ours to report
             print(f"turnstile audit: DLQ record {record.offset} is no dead letter; skipped", file=sys.stderr)
+            continue
+        (letters if letter.topic == events else elsewhere).append(letter)
+    if elsewhere:
+        print(f"turnstile audit: {len(elsewhere)} dead letter(s) name another topic than {events!r} "
+              f"({printable(elsewhere[0].topic)!r} first): not this log's; skipped", file=sys.stderr)  # fmt: skip
     return letters
+
+
+def _letters_not_checked(why: str) -> None:
+    print(f"turnstile audit: {why}: dead letters are not checked (--dlq-topic names the topic)", file=sys.stderr)
 
 
 async def run(args: argparse.Namespace) -> int:
@@ -167,7 +180,10 @@ async def run(args: argparse.Namespace) -> int:
             else:
                 _outcomes_not_checked(f"no embedded log of topic {outcomes_topic!r} in {config.data}")
             count = log.partition_count()
-            report = audit_records(records, args, log.read_all(dlq), committed, began_ms, count, outcomes)
+            letters = log.read_all(dlq) if (config.data / dlq).is_dir() else None
+            if letters is None:
+                _letters_not_checked(f"no embedded log of topic {dlq!r} in {config.data}")
+            report = audit_records(records, args, letters, committed, began_ms, count, outcomes)
     except (OSError, LookupError, TimeoutError, KafkaError) as exc:
         print(f"turnstile audit: cannot read the log: {exc}", file=sys.stderr)
         return 2
@@ -191,7 +207,8 @@ async def _audit_kafka(args: argparse.Namespace, config: Config, began_ms: int) 
     try:
         dlq_topic = config.topics.dead_letters
         dlq: list[Record] | None = await read_topic(bootstrap, dlq_topic, timeout_s=min(args.timeout, 10.0))
-    except LookupError:  # no dead-letter topic: the report says nothing of letters
+    except LookupError as exc:  # no dead-letter topic: said, and the report says nothing of letters
+        _letters_not_checked(str(exc))
         dlq = None
     outcomes: tuple[list[Record], dict[int, int]] | None
     try:

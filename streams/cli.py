@@ -14,6 +14,7 @@ from turnstile.events import DecodeError, decode_record
 from turnstile.handlers.claim import DOUBLE_TEXT_POLICIES
 from turnstile.handlers.pricing import ModelPrice, parse_price
 from turnstile.handlers.schedule import Schedule, parse_schedules
+from turnstile.projections.inert import printable
 from turnstile.streams import audit_cli, config_file, log_format, run_config
 from turnstile.streams.cli_errors import (
     CANT_CREATE,
@@ -30,7 +31,6 @@ from turnstile.streams.cli_errors import (
     non_empty,
     schedules_error,
 )
-from turnstile.streams.inert import printable
 from turnstile.streams.publisher import message_event
 from turnstile.streams.runtime import SystemClock
 from turnstile.streams.serving import LogPlace, serve

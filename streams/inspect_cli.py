@@ -17,8 +17,8 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
+from turnstile.projections.inert import printable
 from turnstile.streams.file_log import FileLog
-from turnstile.streams.inert import printable
 from turnstile.streams.log import Record, Topics
 from turnstile.streams.views import ConversationView, TurnView, build_view
 

@@ -867,3 +867,18 @@ def test_cost_is_checked_by_the_recorded_outcome_and_time_by_the_deadline() -> N
     late = audit(log, AuditLimits(deadline_s=1.2))
     assert "0@4 ToolCallStarted started at 1400 ms, past the deadline of 1.2 s" in violations(late)["budgets"]
     assert audit(log, AuditLimits(max_cost_usd=0.04, deadline_s=2)).ok
+
+
+def test_the_text_report_prints_ids_inert_and_lines_bounded() -> None:
+    # (an escape sequence in a conversation id restyled the auditor's terminal; a 1 MB input
+    # id made a 1 MB line)
+    hostile = "esc-\x1b[41mDUP\x1b[0m"
+    ghosts = [f"{n}-" + "g" * 250 for n in range(5)]
+    bad = claim(["m1", *ghosts], 10, 0, conv=hostile)
+    report = audit(records(message("m1", 1, conv=hostile), bad))
+
+    text = render(report)
+
+    assert "\x1b" not in text and "esc-\\x1b[41mDUP\\x1b[0m" in text
+    [line] = [line for line in text.splitlines() if "claims inputs never received" in line]
+    assert len(line) < 500 and line.endswith("characters; --json has it whole)")

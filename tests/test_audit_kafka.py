@@ -148,13 +148,16 @@ async def test_a_violation_on_kafka_exits_1_and_is_reported_once_per_group(
     assert full.returncode == 1 and f"{partition}@4" in full.stdout
 
 
-def test_a_topic_that_is_not_there_is_said_at_once_and_a_missing_dlq_only_leaves_letters_out(
+def test_a_topic_that_is_not_there_is_said_at_once_and_a_missing_dlq_leaves_letters_out_saying_so(
     kafka_bootstrap: str, fresh_topics: Topics  # noqa: F811
 ) -> None:
-    # a dead-letter topic that does not exist: the audit goes on without letters, quietly
+    # a dead-letter topic that does not exist: the audit goes on without letters, saying so
+    # (it said nothing: 0 letters and 0 values missing one read as checked)
+    no_dlq_topic = f"nosuch-{uuid.uuid4().hex[:8]}"
     no_dlq = turnstile_audit(kafka_bootstrap, fresh_topics, "--from-beginning", "--group", "g-a",
-                             "--dlq-topic", f"nosuch-{uuid.uuid4().hex[:8]}")  # fmt: skip
+                             "--dlq-topic", no_dlq_topic)  # fmt: skip
     assert no_dlq.returncode == 0 and "no violation" in no_dlq.stdout, no_dlq.stdout + no_dlq.stderr
+    assert f"topic '{no_dlq_topic}' does not exist" in no_dlq.stderr and "dead letters are not checked" in no_dlq.stderr
     assert "ERROR" not in no_dlq.stderr  # (a subscription to it logged an error per metadata refresh)
     # an outcomes topic that does not exist: the audit goes on, saying what it did not check
     no_outcomes = f"nosuch-{uuid.uuid4().hex[:8]}"

@@ -15,9 +15,9 @@ from worker_harness import events_of, running, until
 
 from turnstile.events import TurnCompleted
 from turnstile.handlers.providers.scripted import ScriptedProvider
+from turnstile.projections.inert import printable
 from turnstile.streams.console.pages import turn_page
 from turnstile.streams.file_log import FileLog
-from turnstile.streams.inert import printable
 from turnstile.streams.inspect_cli import file_records, inspect
 from turnstile.streams.log import Topics
 from turnstile.streams.publisher import message_event, publish

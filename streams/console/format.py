@@ -17,7 +17,7 @@ from urllib.parse import quote
 
 import orjson
 
-from turnstile.streams.inert import printable
+from turnstile.projections.inert import printable
 
 SHORT_ID = 10
 REDACTED = "[redacted]"
