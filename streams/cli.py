@@ -31,6 +31,7 @@ from turnstile.streams.cli_errors import (
     non_empty,
     schedules_error,
 )
+from turnstile.streams.log_storms import limit_client_storms
 from turnstile.streams.publisher import message_event
 from turnstile.streams.runtime import SystemClock
 from turnstile.streams.serving import LogPlace, serve
@@ -507,6 +508,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"turnstile {args.command}: {refused}", file=sys.stderr)
         return refused.code
     log_format.configure(args.verbose, args.log_format or "text")
+    limit_client_storms()  # (a broker away made aiokafka write thousands of lines a second)
     # The effective configuration and the flags an agent ignores are always said, -v or not.
     for name in ("turnstile.run", "turnstile.streams.serving"):
         logging.getLogger(name).setLevel(logging.INFO)

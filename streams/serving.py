@@ -98,12 +98,14 @@ async def serve(
     log another process owns is refused before anything starts (exit code 3). Logs
     `effective_config` (one line, secrets masked: `streams/run_config.py`) once it runs.
     Closes the provider and every fallback's provider on the way out."""
+    from turnstile.streams.log_storms import limit_client_storms
     from turnstile.streams.replay_progress import ReplayReporter
     from turnstile.streams.replay_progress import report as report_replay
     from turnstile.streams.service import Service
     from turnstile.streams.worker_gc import WorkerGc
 
     if place.bootstrap is not None:
+        limit_client_storms()  # (serve() run from a program's own main, not the CLI, too)
         # A worker on topics that are not there is assigned nothing and looks healthy: said at
         # once (`TopicMissing`, a LookupError) as `turnstile run` says it. The snapshot topics
         # it makes itself.
