@@ -16,8 +16,9 @@
   `reply_hub`). 404 when the service streams no replies.
 * `GET /metrics`: Prometheus text.
 * `GET /healthz` (liveness): 200 as long as the process serves, replay or not.
-* `GET /readyz` (readiness): 200 once every partition the worker owns is live (replayed to
-  its end), 503 with the partitions still replaying before that.
+* `GET /readyz` (readiness): 200 once the group has given the worker its first assignment
+  and every partition it owns is live (replayed to its end), 503 before (`assigned`, and the
+  partitions still replaying).
 
 With a token (`TURNSTILE_HTTP_TOKEN` or `--http-token-file`) every request but the two
 probes needs `Authorization: Bearer <token>` (401 otherwise); a non-loopback address is
@@ -482,8 +483,12 @@ def build_app(
     async def ready(_request: web.Request) -> web.Response:
         owned = worker.partition_liveness() if worker is not None else {}
         replaying = sorted(p for p, live in owned.items() if not live)
-        body = {"ready": not replaying, "partitions": sorted(owned), "replaying": replaying}
-        return _json(body, 503 if replaying else 200)
+        # Not before its first assignment: it owned nothing yet, which read as "all replayed"
+        # (200 for the first 0.3-0.6 s of every start: a rollout gated on it moved on at once).
+        assigned = worker is None or worker.assigned
+        ready = assigned and not replaying
+        body = {"ready": ready, "assigned": assigned, "partitions": sorted(owned), "replaying": replaying}
+        return _json(body, 200 if ready else 503)
 
     app.router.add_post("/conversations/{conversation}/messages", post_message)
     app.router.add_get("/conversations", list_conversations)

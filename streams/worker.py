@@ -146,6 +146,9 @@ class Worker:
         self.effects_skipped = 0  # one-time writes the log refused for good
         # Bumped by every rebalance callback: a batch polled before one is stale.
         self._rebalances = 0
+        # Whether the group has given this worker an assignment yet (an empty one counts):
+        # before it, owning no partition says nothing of being ready.
+        self.assigned = False
         self.draining = False  # set once stop is asked: no new claims from then on
         self._stopped = False  # set once the loop has ended: a rebalance after it changes nothing
         # Held by each rebalance callback (they run in the log's own task, beside the loop): a
@@ -245,7 +248,9 @@ class Worker:
         async with self._rebalancing:
             if self._stopped:
                 return {}  # the log's rebalance outlived the worker's loop: nothing is taken
-            return await self._take(partitions)
+            taken = await self._take(partitions)
+            self.assigned = True
+            return taken
 
     async def _take(self, partitions: dict[int, PartitionStart]) -> dict[int, int]:
         self._rebalances += 1

@@ -48,7 +48,9 @@ async def test_with_a_token_every_request_but_the_probes_needs_it(tmp_path):
         assert (await client.get("/conversations/c1")).status_code == 401
         assert (await client.get("/metrics")).status_code == 401
         assert (await client.get("/healthz")).status_code == 200
-        assert (await client.get("/readyz")).status_code == 200  # owns nothing: nothing to replay
+        # Not yet assigned (the worker does not run): not ready, and no token asked
+        not_yet = await client.get("/readyz")
+        assert not_yet.status_code == 503 and not_yet.json()["assigned"] is False
         auth = {"Authorization": f"Bearer {TOKEN}"}
         assert (await client.post("/conversations/c1/messages", json=body, headers=auth)).status_code == 202
     async with port(worker) as open_client:  # no token: loopback only, and open
@@ -257,7 +259,8 @@ async def test_the_probes_are_answered_during_a_long_replay(tmp_path):
     finally:
         lag.stop()
     assert answered and set(answered) == {(200, 503)}, answered
-    assert final.status_code == 200 and final.json() == {"ready": True, "partitions": [0], "replaying": []}
+    assert final.status_code == 200
+    assert final.json() == {"ready": True, "assigned": True, "partitions": [0], "replaying": []}
     # Liveness requirement (a probe's timeout is typically 1 s): the loop is never held that long.
     assert lag.longest_s < 1.0, lag.longest_s
 
@@ -275,3 +278,16 @@ def test_turnstile_run_refuses_a_non_loopback_address_without_a_token(tmp_path):
         " --http-token-file"
     ]
     assert not data.exists()  # refused before anything was opened
+
+
+async def test_a_worker_assigned_nothing_is_ready_once_the_group_has_answered(tmp_path):
+    # (an empty first assignment: more workers than partitions) -- owning nothing was "ready"
+    # before any assignment too, for the first 0.3-0.6 s of every start
+    worker = Worker(FileLog(tmp_path), ScriptedProvider(), FAST)
+    async with port(worker) as client:
+        assert (await client.get("/readyz")).status_code == 503
+        assert await worker.on_assigned({}) == {}
+        answered = await client.get("/readyz")
+    assert answered.status_code == 200 and answered.json() == {
+        "ready": True, "assigned": True, "partitions": [], "replaying": []
+    }  # fmt: skip
