@@ -94,7 +94,7 @@ async def serve(
     effective_config: str | None = None,
 ) -> int:
     """Runs the worker (with its scheduler and HTTP port) until `stop` is set or SIGINT/
-    SIGTERM: the first signal drains, a second stops at once (exit code 130). An embedded
+    SIGTERM/SIGHUP: the first signal drains, a second stops at once (exit code 130). An embedded
     log another process owns is refused before anything starts (exit code 3). Logs
     `effective_config` (one line, secrets masked: `streams/run_config.py`) once it runs.
     Closes the provider and every fallback's provider on the way out."""
@@ -155,7 +155,9 @@ async def serve(
             running.cancel()  # the second signal: stop now, the next owner resumes the turns
         stop.set()
 
-    handled = (signal.SIGINT, signal.SIGTERM) if signals else ()
+    # SIGHUP (the terminal closed, or a supervisor's stop) drains as SIGTERM does: by default it
+    # ended the process at once, with no drain and not a line said (exit 129).
+    handled = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP) if signals else ()
     for sig in handled:
         loop.add_signal_handler(sig, on_signal)
     try:

@@ -305,3 +305,16 @@ def test_a_read_that_cannot_reach_the_broker_leaves_no_client_unclosed(caplog: p
         asyncio.run(both())
         gc.collect()
     assert not [r for r in caplog.records if "Unclosed" in r.getMessage()]
+
+
+def test_sighup_drains_as_sigterm_does(tmp_path):
+    # (by default it ended the worker at once: exit 129, no drain, nothing said)
+    with subprocess.Popen([*CLI, "-v", "run", "--data", str(tmp_path / "log")], cwd=tmp_path,
+                          stderr=subprocess.PIPE, text=True) as worker:  # fmt: skip
+        assert worker.stderr is not None
+        for line in worker.stderr:
+            if "worker running" in line:
+                break
+        worker.send_signal(signal.SIGHUP)
+        rest = worker.stderr.read()
+        assert worker.wait(30) == 0, rest
