@@ -509,6 +509,9 @@ def main(argv: list[str] | None = None) -> int:
         return refused.code
     log_format.configure(args.verbose, args.log_format or "text")
     limit_client_storms()  # (a broker away made aiokafka write thousands of lines a second)
+    if args.command in CONFIGURED:
+        for typo in config_file.unknown_variables(os.environ):
+            log.warning("%s", typo)
     # The effective configuration and the flags an agent ignores are always said, -v or not.
     for name in ("turnstile.run", "turnstile.streams.serving"):
         logging.getLogger(name).setLevel(logging.INFO)

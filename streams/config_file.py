@@ -12,6 +12,7 @@ layers are flat mappings from key path to value; only `load` reads a file.
 from __future__ import annotations
 
 import argparse
+import difflib
 import tomllib
 import typing
 from collections.abc import Iterator, Mapping
@@ -44,6 +45,8 @@ from turnstile.streams.worker import WorkerConfig
 KeyPath = tuple[str, ...]
 DEFAULT_FILE = Path("turnstile.toml")
 ENV_PREFIX = "TURNSTILE_"
+# Variables read besides the settings: the API key, the HTTP token, the example agent's URL.
+OTHER_VARIABLES = frozenset({"TURNSTILE_API_KEY", "TURNSTILE_HTTP_TOKEN", "TURNSTILE_BASE_URL"})
 _BUDGET, _DEBOUNCE, _TOPICS, _WORKER = TurnBudget(), DebouncePolicy(), Topics(), WorkerConfig()
 _EVICTION = _WORKER.eviction
 
@@ -441,11 +444,35 @@ class Resolved:
 
 
 def _sentence(error: Mapping[str, Any]) -> str:
-    where = dotted(tuple(map(str, error["loc"])))
+    loc = tuple(map(str, error["loc"]))
+    where = dotted(loc)
     if error["type"] == "extra_forbidden":
-        return f"unknown key {where!r} (the README's configuration reference lists every key)"
+        near = difflib.get_close_matches(dotted(loc), [dotted(k) for k in key_paths()], n=1, cutoff=0.75)
+        hint = f"did you mean {near[0]!r}? " if near else ""
+        return f"unknown key {where!r} ({hint}the README's configuration reference lists every key)"
     message = str(error["msg"]).removeprefix("Value error, ")
     return f"{where}: {message}"
+
+
+def _sentences(errors: list[Any]) -> str:
+    """Every problem of a layer at once (one said per run made a file with two typos take two)."""
+    said = [_sentence(e) for e in errors[:5]]
+    more = f"; and {len(errors) - 5} more" if len(errors) > 5 else ""
+    return "; ".join(said) + more
+
+
+def unknown_variables(environ: Mapping[str, str]) -> list[str]:
+    """`TURNSTILE_…` variables that are no setting but nearly one (a typo is ignored silently
+    otherwise, while the file's typos are refused): a sentence for each, naming the setting.
+    Other `TURNSTILE_…` names (a deployment's own, the tests') are left alone."""
+    known = [env_name(path) for path in key_paths()]
+    said = []
+    for name in sorted(environ):
+        if name.startswith(ENV_PREFIX) and name not in known and name not in OTHER_VARIABLES:
+            near = difflib.get_close_matches(name, known, n=1, cutoff=0.85)
+            if near:
+                said.append(f"{name} is no setting (did you mean {near[0]}?): it is ignored")
+    return said
 
 
 def resolve(
@@ -463,7 +490,7 @@ def resolve(
         try:
             Config.model_validate(file, context=TOML)
         except ValidationError as exc:
-            raise CliError(CONFIG, f"{file_name}: {_sentence(exc.errors()[0])}") from None
+            raise CliError(CONFIG, f"{file_name}: {_sentences(exc.errors())}") from None
         flat = flatten(file)
         merged.update(flat)
         sources.update(dict.fromkeys(flat, file_name))

@@ -48,6 +48,28 @@ def test_an_unknown_key_is_refused_naming_it_and_the_file():
     assert str(caught.value).startswith("conf/turnstile.toml: unknown key 'budget.max_cost'")
 
 
+def test_every_unknown_key_of_a_file_is_said_at_once_with_the_key_it_is_near():
+    # (one typo a run: a file with two took two runs to mend, and nothing said what was meant)
+    with pytest.raises(CliError) as caught:
+        resolve({"grup": "g", "budget": {"max_cost": 1}, "zzz": 1}, "turnstile.toml")
+    said = str(caught.value)
+    assert "unknown key 'grup' (did you mean 'group'?" in said
+    assert "unknown key 'budget.max_cost' (did you mean 'budget.max_cost_usd'?" in said
+    assert "unknown key 'zzz' (the README's configuration reference" in said
+
+
+def test_a_variable_that_is_nearly_a_setting_is_named_with_it():
+    from turnstile.streams.config_file import unknown_variables
+
+    typos = {"TURNSTILE_GRUP": "g", "TURNSTILE_BUDGET_MAXCOST_USD": "1"}
+    others = {"TURNSTILE_GROUP": "g2", "TURNSTILE_API_KEY": "k", "TURNSTILE_KAFKA": "h:1", "TURNSTILE_MINE": "x"}
+    environ = {**typos, **others, "PATH": "/bin"}
+    assert unknown_variables(environ) == [
+        "TURNSTILE_BUDGET_MAXCOST_USD is no setting (did you mean TURNSTILE_BUDGET_MAX_COST_USD?): it is ignored",
+        "TURNSTILE_GRUP is no setting (did you mean TURNSTILE_GROUP?): it is ignored",
+    ]
+
+
 @pytest.mark.parametrize(
     ("layers", "code", "says"),
     [
@@ -251,3 +273,8 @@ def test_run_of_an_agent_names_the_model_flag_it_ignores_and_applies_the_rest(tm
     assert "--model (model.name) is ignored: agent 'shop' names its models in code" in said
     assert "model.name=acme-7b [agent shop]" in said and "debounce.quiet_ms=5 [--quiet-ms]" in said
     assert code == 0
+
+
+def test_a_command_warns_of_a_variable_that_is_nearly_a_setting(tmp_path):
+    result = turnstile("tail", "--data", "missing", cwd=tmp_path, env={"TURNSTILE_GRUP": "g"})
+    assert "TURNSTILE_GRUP is no setting (did you mean TURNSTILE_GROUP?): it is ignored" in result.stderr
