@@ -41,6 +41,10 @@ log = logging.getLogger("turnstile.run")
 
 DEFAULTS = config_file.Config()
 # Configured commands: their flags, the environment and turnstile.toml are merged (config_file).
+SCRIPTED_NOTE = (
+    "no agent (MODULE:AGENT) and model.provider is scripted, the default: replies are echoes, for trying"
+    " turnstile out; run your agent, or give --provider openai|anthropic and --model"
+)
 CONFIGURED = ("run", "send", "tail", "inspect", "approve", "deny", "resume", "export-turn", "audit", "topics")
 
 
@@ -166,15 +170,14 @@ async def _run(args: argparse.Namespace) -> int:
         effective = run_config.effective(run_config.agent_view(agent, resolved), secrets, agent.prices())
         return await agent.serve(place, schedules=schedules, http=http, http_token=token,
                                  worker=run_config.worker_options(config), effective_config=effective)
-    if config.model.provider == "scripted":  # the default: answering real messages with echoes, silently
-        log.warning("no agent (MODULE:AGENT) and model.provider is scripted, the default: replies are echoes,"
-                    " for trying turnstile out; run your agent, or give --provider openai|anthropic and --model")
     provider = run_config.provider(config.model, os.environ.get("TURNSTILE_API_KEY"))
     worker = run_config.worker_config(config, provider)
     secrets = run_config.secrets_of(token, ["TURNSTILE_API_KEY"], os.environ)
     effective = run_config.effective(resolved, secrets, worker.turn.prices)
+    # The default model answers real messages with echoes: said once the worker runs.
+    scripted = (SCRIPTED_NOTE,) if config.model.provider == "scripted" else ()
     return await serve(place, provider, worker, schedules=schedules, http=http, http_token=token,
-                       effective_config=effective)
+                       effective_config=effective, notes=scripted)
 
 
 async def _send(args: argparse.Namespace) -> int:

@@ -92,11 +92,13 @@ async def serve(
     stop: asyncio.Event | None = None,
     signals: bool = True,
     effective_config: str | None = None,
+    notes: Sequence[str] = (),
 ) -> int:
     """Runs the worker (with its scheduler and HTTP port) until `stop` is set or SIGINT/
     SIGTERM/SIGHUP: the first signal drains, a second stops at once (exit code 130). An embedded
     log another process owns is refused before anything starts (exit code 3). Logs
-    `effective_config` (one line, secrets masked: `streams/run_config.py`) once it runs.
+    `effective_config` (one line, secrets masked: `streams/run_config.py`) once it runs, and
+    each of `notes` as a warning.
     Closes the provider and every fallback's provider on the way out."""
     from turnstile.streams.log_storms import limit_client_storms
     from turnstile.streams.replay_progress import ReplayReporter
@@ -127,6 +129,8 @@ async def serve(
         return 3
     if effective_config is not None:
         log_.info("%s", effective_config)
+    for note in notes:
+        log_.warning("%s", note)
     turn = config.turn
     for model in unpriced(turn.prices, [turn.model, *(route.model for route in turn.fallbacks)]):
         log_.warning(
