@@ -178,10 +178,7 @@ def time_left_s(spent: Spent, budget: TurnBudget) -> float:
     return max(0, budget.deadline_ms - spent.elapsed_ms) / 1000
 
 
-def cancelled_at_deadline(side_effect: bool) -> str | None:
-    """What is recorded for a tool the deadline cancelled: the failure its ToolCallFinished
-    says, or None for a tool with side effects, which gets no ToolCallFinished: cut off,
-    it may or may not have acted, so its operation stays `unknown` (rule 9)."""
-    if side_effect:
-        return None
-    return "error: the tool was cancelled at the turn's deadline; it did not finish"
+# What the ToolCallFinished of a read-only call the deadline cancelled says. A side-effecting
+# call is not cancelled at the deadline: cut off, it would be in doubt for good (it runs to
+# its own timeout instead, and the turn pauses once its result is recorded).
+CANCELLED_AT_DEADLINE = "error: the tool was cancelled at the turn's deadline; it did not finish"

@@ -53,8 +53,8 @@ from turnstile.events.lifecycle import ProtocolFailureKind
 from turnstile.events.outcomes import PauseReason
 from turnstile.handlers import outcomes
 from turnstile.handlers.budget import (
+    CANCELLED_AT_DEADLINE,
     Spent,
-    cancelled_at_deadline,
     hard_limit,
     input_token_bound,
     output_allowance,
@@ -732,8 +732,12 @@ def _run_tool(m: TurnMachine, out: _Out, checked: ValidCall, item: CallToSettle)
         key = key_of_first_run(m.turn.journal, call.call_id) or idempotency_key(
             m.state.conversation_id, m.turn.turn_id, call.call_id
         )
+    # A side-effecting call runs to its own timeout even past the deadline: cut off, it would
+    # be in doubt for good (cancelling cannot stop a thread, and a resume's model may make the
+    # call again, under a new key); its result recorded, the turn then pauses on its deadline.
+    own_s = _timeout_s(m, tool.name)
     left_s = time_left_s(_spent(m, item.iteration), m.settings.budget)
-    timeout_s = min(_timeout_s(m, tool.name), left_s)
+    timeout_s = own_s if tool.side_effect else min(own_s, left_s)
     # On the log, acknowledged, before the tool can touch anything.
     started = ToolCallStarted(
         **_stamp(m),
@@ -746,7 +750,7 @@ def _run_tool(m: TurnMachine, out: _Out, checked: ValidCall, item: CallToSettle)
     )
     out.emit(started)
     m.settling = item
-    m.running = RunTool(started, checked.arguments, timeout_s, at_deadline=timeout_s == left_s)
+    m.running = RunTool(started, checked.arguments, timeout_s, at_deadline=not tool.side_effect and timeout_s == left_s)
     out.then(m.running)
 
 
@@ -830,13 +834,10 @@ def _not_started(m: TurnMachine, out: _Out) -> None:
 
 
 def _cancelled_at_deadline(m: TurnMachine, out: _Out, item: CallToSettle, started: ToolCallStarted) -> None:
-    failure = cancelled_at_deadline(started.side_effect)
-    if failure is not None:
-        out.emit(
-            ToolCallFinished(**_stamp(m), iteration=item.iteration, call_id=started.call_id, ok=False, result=failure)
-        )
-    status = failure or "cancelled at the deadline; it may or may not have acted (status unknown)"
-    m.done[started.call_id] = DoneCall(started.tool, started.arguments, False, status)
+    """A read-only call the deadline cut off (a side-effecting one is not cut: `_run_tool`)."""
+    failure = CANCELLED_AT_DEADLINE
+    out.emit(ToolCallFinished(**_stamp(m), iteration=item.iteration, call_id=started.call_id, ok=False, result=failure))
+    m.done[started.call_id] = DoneCall(started.tool, started.arguments, False, failure)
     why = deadline_reached(m.settings.budget.deadline_ms, f"while {started.tool} ran")
     _pause(m, out, "deadline", why, item.calls[1:])
 

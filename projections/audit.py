@@ -83,7 +83,8 @@ RULES: dict[str, str] = {
     "budgets": (
         "rule 7: each outcome's metrics and operation record match the events of its turn; with limits "
         "given, no iteration, tool call or model request beyond them, no outcome costing more than the "
-        "cost limit, and no step started past the deadline or finished past it and its grace"
+        "cost limit, and no step started past the deadline or finished past it and its grace (a "
+        "side-effecting call runs to its end, its turn's outcome within the grace after it)"
     ),
 }
 
@@ -298,6 +299,9 @@ class _Turn:
     outcome_type: str | None = None
     outcome_run_id: str | None = None
     zombie_runs: set[str] = field(default_factory=set)  # runs the fold never let start
+    # When its last side-effecting call finished past the deadline, ms after the claim: such a
+    # call runs to its own timeout (the engine does not cut it off), the outcome after it.
+    late_effect_ms: int | None = None
 
 
 class Auditor:
@@ -622,7 +626,8 @@ class Auditor:
         started: bool,
     ) -> None:
         """No step starts past the deadline; none is recorded as finished past it and its
-        grace (a cancelled step is recorded just after the deadline)."""
+        grace (a cancelled step is recorded just after the deadline) -- but a side-effecting
+        call, which runs to its own end, and what is recorded within the grace after it."""
         turn = _open_run(state, event)
         deadline_s = self.limits.deadline_s
         if turn is None or deadline_s is None:
@@ -630,6 +635,14 @@ class Auditor:
         self._rules["budgets"].checked += 1
         at_ms = event.occurred_at - turn.claimed_at
         allowed_ms = deadline_s * 1000 + (0 if started else DEADLINE_GRACE_MS)
+        known = self._turns.get((event.conversation_id, event.turn_id))
+        if isinstance(event, ToolCallFinished) and (op := turn.operations.get(event.call_id)) and op.side_effect:
+            # Started before the deadline (checked at its start), it may end after it.
+            if known is not None and at_ms > allowed_ms:
+                known.late_effect_ms = at_ms
+            return
+        if not started and known is not None and known.late_effect_ms is not None:
+            allowed_ms = max(allowed_ms, known.late_effect_ms + DEADLINE_GRACE_MS)
         if at_ms > allowed_ms:
             what = "started" if started else "recorded"
             detail = f"{event.type} {what} at {at_ms} ms, past the deadline of {deadline_s:g} s"

@@ -869,6 +869,24 @@ def test_cost_is_checked_by_the_recorded_outcome_and_time_by_the_deadline() -> N
     assert audit(log, AuditLimits(max_cost_usd=0.04, deadline_s=2)).ok
 
 
+def test_a_side_effecting_call_may_end_past_the_deadline_and_its_outcome_follow_it() -> None:
+    # The engine does not cut a side effect off at the deadline (it would be in doubt for good):
+    # it runs to its own timeout, and the pause follows its result.
+    c = claim(["m1"], 10, 0)
+    at = lambda event, ms: event.model_copy(update={"occurred_at": c.occurred_at + ms})  # noqa: E731
+    head = (message("m1", 1), c, started(c, 11), at(responded(c, 1), 100),
+            at(tool_started(c, "pay", side_effect=True), 900), at(tool_finished(c, "pay"), 4000))  # fmt: skip
+    paid = OperationRecord(call_id="pay", tool="transfer", side_effect=True, status="succeeded")
+    on_time = at(outcome(c, iterations=1, tool_calls=1, cost_usd=0.001, operations=(paid,)), 4100)
+    assert audit(records(*head, on_time), AuditLimits(deadline_s=1.0)).ok
+    # what comes later than the grace after it is still past the deadline
+    late = at(outcome(c, iterations=1, tool_calls=1, cost_usd=0.001, operations=(paid,)), 5200)
+    report = audit(records(*head, late), AuditLimits(deadline_s=1.0))
+    assert violations(report) == {
+        "budgets": ["0@6 TurnCompleted recorded at 5200 ms, past the deadline of 1 s and its grace of 1000 ms"]
+    }
+
+
 def test_the_text_report_prints_ids_inert_and_lines_bounded() -> None:
     # (an escape sequence in a conversation id restyled the auditor's terminal; a 1 MB input
     # id made a 1 MB line)

@@ -568,6 +568,20 @@ def test_a_call_may_run_for_its_tools_own_timeout_or_else_the_workers_and_never_
     assert isinstance(run, RunTool) and (run.timeout_s, run.at_deadline) == (runs_for_s, at_deadline)
 
 
+def test_a_side_effecting_call_is_not_cut_off_at_the_deadline_but_at_its_own_timeout():
+    pay = Tool("pay", "Pay.", Args, _never, "side_effect", timeout_s=300.0)
+    m = machine(settings(tools=ToolRegistry([pay]), budget=TurnBudget(deadline_ms=120_000)))
+    claimed(m, at=T0)
+    run = effect(decide(m, ModelAnswered(reply("", ("c1", "pay", "{}")), T0 + 100_000)))
+    assert isinstance(run, RunTool) and (run.timeout_s, run.at_deadline) == (300.0, False)
+    # Its result recorded past the deadline, the turn pauses there, the call done.
+    commands = decide(m, ToolReturned("paid", T0 + 130_000))
+    assert types(commands) == ["ToolCallFinished", "TurnPaused", "Finish"]
+    paused = events(commands)[-1]
+    assert isinstance(paused, TurnPaused) and paused.reason == "deadline"
+    assert [(o.tool, o.status) for o in paused.operations] == [("pay", "succeeded")]
+
+
 @pytest.mark.parametrize("timeout_s", [0.0, -1.0, math.inf, math.nan, True, "30"])
 def test_a_tool_timeout_that_is_not_a_positive_number_of_seconds_is_refused_when_registered(timeout_s: object):
     with pytest.raises(ValueError, match="timeout_s is a number of seconds over 0"):
