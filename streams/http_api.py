@@ -39,6 +39,7 @@ producer's.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import hmac
 import ipaddress
@@ -82,6 +83,9 @@ MAX_BODY_BYTES = 256 * 1024
 # How long a POST with the client's message id waits for the fold to say whether this use of
 # the id was its first (normally the time the worker takes to read its own append back).
 VERDICT_WAIT_S = 5.0
+# How long a POSTed message waits for the log's acknowledgement (a broker away held the
+# request for the producer's 40 s and more, where a client expects an answer).
+APPEND_WAIT_S = 5.0
 OPEN_PATHS = frozenset({"/healthz", "/readyz", "/ui/login"})  # probes carry no credentials
 OPEN_PREFIXES = ("/ui/assets/",)  # the console's stylesheet and script, for the sign-in page
 
@@ -316,6 +320,24 @@ def build_app(
     def conflict(message_id: str) -> web.Response:
         return _error(409, f"message id {message_id!r} was already used for other content")
 
+    async def append(
+        request: web.Request, conversation: str, value: bytes, again: str
+    ) -> tuple[int, int] | web.Response:
+        """Where the record landed, or the answer saying why it did not: 413 for a record the
+        log refuses, 503 when the log did not acknowledge it within APPEND_WAIT_S (it may land
+        yet: `again` says how to retry without a second copy counting)."""
+        try:
+            trace = trace_headers(request.headers)  # the caller's trace goes on to the turn's spans
+            async with asyncio.timeout(APPEND_WAIT_S):
+                return await log_.append(log_.topics.events, conversation, value, headers=trace)
+        except RecordRefused as exc:  # within the body's limit, its JSON escaped past the log's
+            return _error(413, f"the log does not take this record: {exc}")
+        except Exception as exc:  # a broker away, an append failed: unavailable, not a server bug
+            why = "did not acknowledge it in time" if isinstance(exc, TimeoutError) else f"failed ({exc!r})"
+            log.warning("a POST to %s: the log %s", conversation, why)
+            said = f"the log {why}: it may be on the log or not; {again}"
+            return unavailable(Unavailable(503, said, 1))
+
     async def post_message(request: web.Request) -> web.Response:
         conversation = request.match_info["conversation"]
         if problem := id_problem("the conversation id", conversation):
@@ -347,11 +369,11 @@ def build_app(
                 return conflict(message_id)
             status = "rejected" if message_id in state.rejected else "accepted"
             return _json({**reply, "duplicate": True, "status": status}, 202)
-        try:
-            trace = trace_headers(request.headers)  # the caller's trace goes on to the turn's spans
-            partition, offset = await log_.append(log_.topics.events, conversation, encode(event), headers=trace)
-        except RecordRefused as exc:  # within the body's limit, its JSON escaped past the log's
-            return _error(413, f"the log does not take this record: {exc}")
+        again = f"send it again with message_id {event.message_id!r} and the same content (answered once)"
+        landed = await append(request, conversation, encode(event), again)
+        if isinstance(landed, web.Response):
+            return landed
+        partition, offset = landed
         if message_id is not None:  # the client's id may have been used before, by anyone
             again = "send it again with the same id and content (it is answered once)"
             first = await first_use(conversation, message_id, partition, offset, again)
@@ -440,11 +462,11 @@ def build_app(
         if isinstance(decided, Refused):
             return _error(409, decided.reason)
         event = decided.event
-        try:
-            trace = trace_headers(request.headers)  # the caller's trace goes on to the turn's spans
-            partition, offset = await log_.append(log_.topics.events, conversation, encode(event), headers=trace)
-        except RecordRefused as exc:  # within the body's limit, its JSON escaped past the log's
-            return _error(413, f"the log does not take this record: {exc}")
+        again = "send the same decision again (its input id is the paused turn's: it is written once)"
+        landed = await append(request, conversation, encode(event), again)
+        if isinstance(landed, web.Response):
+            return landed
+        partition, offset = landed
         input_id = decided.input_id
         # Decided from a state that may not hold a decision just written by another request
         # (approve, then deny at once): the log's order says which came first, as for a message.

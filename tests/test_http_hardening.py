@@ -291,3 +291,26 @@ async def test_a_worker_assigned_nothing_is_ready_once_the_group_has_answered(tm
     assert answered.status_code == 200 and answered.json() == {
         "ready": True, "assigned": True, "partitions": [], "replaying": []
     }  # fmt: skip
+
+
+class Unacknowledged(FileLog):
+    """A log whose appends are never acknowledged: a broker away."""
+
+    async def append(self, topic, key, value, partition=None, headers=None):  # type: ignore[no-untyped-def]
+        await asyncio.Event().wait()
+        raise AssertionError("unreachable")
+
+
+async def test_a_post_the_log_does_not_acknowledge_in_time_is_a_503_that_says_how_to_retry(tmp_path, monkeypatch):
+    # (a broker away held the request for the producer's 40 s and more, with no answer)
+    import turnstile.streams.http_api as http_api
+
+    monkeypatch.setattr(http_api, "APPEND_WAIT_S", 0.05)
+    worker = Worker(Unacknowledged(tmp_path), ScriptedProvider(), FAST)
+    async with port(worker) as client:
+        answer = await client.post("/conversations/c1/messages", json={"content": "hi"})
+    assert answer.status_code == 503 and answer.headers["Retry-After"] == "1"
+    said = answer.json()["error"]
+    assert said.startswith("the log did not acknowledge it in time: it may be on the log or not; send it again")
+    # a message the client gave no id: the one it was given is named, so a retry is answered once
+    assert "with message_id '" in said and "and the same content (answered once)" in said
