@@ -396,7 +396,7 @@ class KafkaLog:
             raise MembershipLost(
                 f"the group no longer knows this worker as --instance-id {self._instance_id!r}: another worker "
                 "runs under the same id, or this one's session expired; it stops (give each worker its own id)"
-                f" [{self._lost!r}]"
+                f" [{_named(self._lost)}]"
             ) from self._lost
         return [record_of(tp.partition, m) for tp, messages in batches.items() for m in messages]
 
@@ -542,6 +542,13 @@ class KafkaLog:
             # One that failed after the last poll: the stop says so, and the process does not
             # exit as if all went well.
             self._raise_a_failed_rebalance()
+
+
+def _named(exc: BaseException) -> str:
+    """The error by its name and its cause's: aiokafka's CommitFailedError explains itself over
+    ten lines, advising `max_poll_interval_ms`, which a fenced static member has no use for."""
+    cause = exc.__cause__
+    return f"{type(exc).__name__} ({type(cause).__name__})" if cause is not None else type(exc).__name__
 
 
 def _refused(exc: BaseException) -> BaseException:
