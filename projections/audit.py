@@ -218,6 +218,11 @@ class AuditReport:
     strict: bool = False
     # Only what is new since an earlier audit was kept (`since`): no verdict on the whole log.
     incremental: bool = False
+    # Partitions whose first events are gone (retention, deleted records) -> where each starts
+    # now, and what was found on them: not judged, since what came before is unknown (a claim
+    # of inputs whose messages expired read as "never received").
+    truncated: dict[int, int] = field(default_factory=dict)
+    not_judged: list[Finding] = field(default_factory=list)
 
     @property
     def violations(self) -> int:
@@ -256,6 +261,7 @@ class AuditReport:
             undecodable=new(self.undecodable),
             dead_letters=new(self.dead_letters),
             not_dead_lettered=new(self.not_dead_lettered),
+            not_judged=new(self.not_judged),
         )  # stalled, not committed past and unpublished describe the log's end: reported whole
 
     def rule(self, rule: str) -> RuleResult:
@@ -285,6 +291,8 @@ class AuditReport:
             "outcomes_topic_foreign": self.outcomes_topic_foreign,
             "outcomes_topic_empty": self.outcomes_topic_empty,
             "poisoned": self.poisoned,
+            "truncated_partitions": {str(p): start for p, start in sorted(self.truncated.items())},
+            "not_judged": [f.to_json() for f in self.not_judged],
         }
 
 
@@ -331,6 +339,7 @@ class Auditor:
         self._undecodable: list[Finding] = []
         self._dead_letters: list[Finding] | None = None  # None: the dead-letter topic was not read
         self._committed: dict[int, int] | None = None  # the workers' group, when given
+        self._starts: dict[int, int] = {}  # events partition -> its first offset now (`feed_starts`)
         self._refused_effects: set[tuple[int, int]] = set()  # dead letters of refused outcome records
         self._ledger = OutcomeLedger()
         self._ends: dict[int, int] = {}  # partition -> offset after its last record
@@ -368,6 +377,12 @@ class Auditor:
         for partition, value, written_ms in records:
             self._ledger.published(partition, value, written_ms)
         self._ledger.started(starts)
+        return self
+
+    def feed_starts(self, starts: Mapping[int, int]) -> Auditor:
+        """Where each partition of the events topic starts now: past 0, its oldest records are
+        gone, and what the rules find on it is reported as not judged."""
+        self._starts = dict(starts)
         return self
 
     def feed_committed(self, committed: Mapping[int, int]) -> Auditor:
@@ -803,23 +818,34 @@ class Auditor:
             if known.outcome_type is not None:
                 outcomes[_KIND[_TYPE_OF[known.outcome_type]]] += 1
         outcomes["open"] = len(open_turns)
+        truncated = {p: start for p, start in sorted(self._starts.items()) if start > 0}
+        cut = [f for f in open_turns if f.partition in truncated]
+        rules = []
+        for rule in self._rules.values():
+            cut += [f for f in rule.violations if f.partition in truncated]
+            judged = [f for f in rule.violations if f.partition not in truncated]
+            rules.append(RuleResult(rule.rule, rule.description, rule.checked, judged))
+        stalled = self._stalled(stall_after_s, now_ms)
+        cut += [f for f in stalled if f.partition in truncated]
         return AuditReport(
             records=self._records,
             events=self._events,
             conversations=len(self.states),
             turns=len(self._turns),
             outcomes=outcomes,
-            rules=list(self._rules.values()),
-            open_turns=open_turns,
+            rules=rules,
+            open_turns=[f for f in open_turns if f.partition not in truncated],
             stale=list(self._stale),
             ignored=list(self._ignored),
             undecodable=list(self._undecodable),
             dead_letters=list(self._dead_letters or ()),
             not_dead_lettered=self._not_dead_lettered(),
             not_committed_past=self._not_committed_past(),
-            stalled=self._stalled(stall_after_s, now_ms),
+            stalled=[f for f in stalled if f.partition not in truncated],
             **self._unpublished(),
             strict=strict,
+            truncated=truncated,
+            not_judged=sorted(cut, key=lambda f: (f.partition, f.offset)),
         )
 
     def _not_committed_past(self) -> list[Finding]:
@@ -986,6 +1012,11 @@ def render(report: AuditReport, limit: int = 20) -> str:
     for title, findings in notices:
         lines.append(f"{len(findings):>5} {title}")
         lines += _listed(findings, limit)
+    if report.truncated:
+        starts = ", ".join(f"{p} at offset {start:,}" for p, start in report.truncated.items())
+        lines.append(f"{len(report.not_judged):>5} findings not judged: their partitions' first events are gone "
+                     f"(retention or deleted records; starts: {starts}): what came before is unknown")  # fmt: skip
+        lines += _listed(report.not_judged, limit)
     if report.outcomes_topic_foreign:
         lines.append(f"      the outcomes topic holds none of the {report.outcomes_due} outcomes the workers committed "
                      "past: taken for another log's topic, not judged (--outcomes-topic names this log's)")  # fmt: skip

@@ -102,14 +102,16 @@ def audit_records(
     began_ms: int | None = None,
     partitions: int | None = None,
     outcomes: tuple[list[Record], dict[int, int]] | None = None,
+    starts: dict[int, int] | None = None,
 ) -> AuditReport:
     """`dlq`: the dead-letter topic's records, None if it could not be read; `committed`:
     the workers' group's offsets, None (or empty: not this log's group) if unknown;
     `began_ms`: when the audit began reading, the time an input's wait is counted to;
     `partitions`: the events topic's partition count; `outcomes`: the outcomes topic's
-    records and where each of its partitions starts, None if it could not be read."""
+    records and where each of its partitions starts, None if it could not be read; `starts`:
+    where each partition of the events topic starts (past 0: its first events are gone)."""
     limits = AuditLimits(args.max_iterations, args.max_tool_calls, args.max_cost_usd, args.deadline_s)
-    auditor = Auditor(limits, partitions=partitions).feed_all(records)
+    auditor = Auditor(limits, partitions=partitions).feed_all(records).feed_starts(starts or {})
     if dlq is not None:
         auditor.feed_dead_letters(_letters(dlq, args.resolved.config.topics.events))
     if outcomes is not None:
@@ -197,7 +199,7 @@ async def _audit_kafka(args: argparse.Namespace, config: Config, began_ms: int) 
 
     assert config.broker is not None
     bootstrap, events = bootstrap_of(config.broker), config.topics.events
-    records = await read_topic(bootstrap, events, timeout_s=args.timeout)
+    records, starts = await read_retained(bootstrap, events, args.timeout)
     ends: dict[int, int] = {}
     for record in records:
         ends[record.partition] = max(ends.get(record.partition, 0), record.offset + 1)
@@ -217,7 +219,7 @@ async def _audit_kafka(args: argparse.Namespace, config: Config, began_ms: int) 
         _outcomes_not_checked(str(exc))
         outcomes = None
     partitions = await partition_count(bootstrap, events)
-    report = audit_records(records, args, dlq, committed, began_ms, partitions, outcomes)
+    report = audit_records(records, args, dlq, committed, began_ms, partitions, outcomes, starts)
     if not args.from_beginning:
         report = report.since(await _reported(bootstrap, args.audit_group, events, set(ends)))
     await _mark_reported(bootstrap, args.audit_group, events, ends)

@@ -900,3 +900,19 @@ def test_the_text_report_prints_ids_inert_and_lines_bounded() -> None:
     assert "\x1b" not in text and "esc-\\x1b[41mDUP\\x1b[0m" in text
     [line] = [line for line in text.splitlines() if "claims inputs never received" in line]
     assert len(line) < 500 and line.endswith("characters; --json has it whole)")
+
+
+def test_findings_on_a_partition_whose_first_events_are_gone_are_not_judged() -> None:
+    # A turn whose messages expired (retention, deleted records): its claim names inputs this
+    # log no longer holds. Read from offset 0 it is a violation; from where the partition now
+    # starts, what came before is unknown (an outside hunt: 63 violations blamed the engine).
+    c = claim(["m1"], 10, 0)
+    whole = records(message("m1", 1), c, started(c, 11), outcome(c))
+    kept = whole[1:]  # the message is gone: the partition starts at offset 1
+
+    assert not audit(kept).ok
+    report = Auditor().feed_all(kept).feed_starts({0: 1}).report()
+    assert report.ok and report.truncated == {0: 1}
+    assert report.not_judged[0].where == "0@1"  # and what follows from the claim refused
+    assert "findings not judged: their partitions' first events are gone" in render(report)
+    assert Auditor().feed_all(whole).feed_starts({0: 0}).report().ok  # a whole partition is judged as ever

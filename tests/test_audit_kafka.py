@@ -171,3 +171,35 @@ def test_a_topic_that_is_not_there_is_said_at_once_and_a_missing_dlq_leaves_lett
     wrong = turnstile_audit(kafka_bootstrap, missing, "--from-beginning", "--group", "g-a")
     assert wrong.returncode == 2 and "does not exist" in wrong.stderr, wrong.stderr
     assert len(wrong.stderr.strip().splitlines()) == 1, wrong.stderr
+
+
+async def test_a_partition_whose_first_records_were_deleted_is_audited_from_where_it_starts(
+    kafka_bootstrap: str, fresh_topics: Topics  # noqa: F811
+) -> None:
+    # (an outside hunt: kafka-delete-records up to an offset made the audit blame the engine
+    # with 63 violations -- claims of inputs "never received", history boundaries, stalls)
+    from aiokafka import TopicPartition
+    from aiokafka.admin import AIOKafkaAdminClient, RecordsToDelete
+    from builders import claim, completed, message, started
+
+    first = claim(["m1"], 10, 0)
+    log = (message("m1", 1), first, started(first, 11), completed(first, 12))
+    publisher = KafkaLog(kafka_bootstrap, "unused", fresh_topics)
+    await publisher.producer.start()
+    try:
+        landed = [await publisher.append(fresh_topics.events, e.conversation_id, encode(e)) for e in log]
+    finally:
+        await publisher.producer.stop()
+    [partition] = {p for p, _ in landed}
+    admin = AIOKafkaAdminClient(bootstrap_servers=kafka_bootstrap)
+    await admin.start()
+    try:  # the message is gone, as retention would have it
+        await admin.delete_records({TopicPartition(fresh_topics.events, partition): RecordsToDelete(landed[1][1])})
+    finally:
+        await admin.close()
+
+    audited = turnstile_audit(kafka_bootstrap, fresh_topics, "--from-beginning", "--json")
+    assert audited.returncode == 0, audited.stdout + audited.stderr
+    report = json.loads(audited.stdout)
+    assert report["truncated_partitions"] == {str(partition): landed[1][1]}
+    assert report["not_judged"] and report["violations"] == 0
