@@ -65,10 +65,6 @@ POLL_RECORDS = 250
 # ever: each is given this long, then skipped, so a worker stops when told to. What was not
 # committed is redone by the next owner.
 BROKER_WAIT_S = 10.0
-# Once one of those waits has run out, the next ones (the stop's commits, then its clients'
-# stop) are this short until a commit goes through: three in a row held a stop 30 s past
-# its drain while the broker was away.
-BROKER_AWAY_WAIT_S = 1.0
 _NEVER_WRITABLE = (
     MessageSizeTooLargeError,
     RecordTooLargeError,
@@ -285,7 +281,6 @@ class KafkaLog:
         self._instance_id = membership.instance_id
         self._lost: BaseException | None = None  # why the group no longer knows this static member
         self.stopping = False  # from `stop` on, rebalances are no longer the listener's business
-        self._unanswered = False  # a commit or stop ran out of BROKER_WAIT_S, none went through since
         self.bootstrap = bootstrap
         # topic -> its `max.message.bytes`, read at start for the topics effects go to.
         self.max_message_bytes: dict[str, int] = {}
@@ -500,17 +495,11 @@ class KafkaLog:
             coordinator = getattr(self.consumer, "_coordinator", None)
             as_member = bool(getattr(coordinator, "member_id", "")) and getattr(coordinator, "generation", -1) >= 0
             try:
-                await asyncio.wait_for(self.consumer.commit(mine), self._broker_wait_s())
+                await asyncio.wait_for(self.consumer.commit(mine), BROKER_WAIT_S)
             except Exception as exc:  # a rebalance in progress, a broker away: the next commit carries it
                 if self._instance_id is not None and as_member and isinstance(exc.__cause__, UnknownMemberIdError):
                     self._lost = self._lost or exc  # the group does not know the member it had made
-                self._unanswered = self._unanswered or isinstance(exc, TimeoutError)
-                log.warning("offset commit skipped: %s", str(exc) or type(exc).__name__)
-            else:
-                self._unanswered = False
-
-    def _broker_wait_s(self) -> float:
-        return BROKER_AWAY_WAIT_S if self._unanswered else BROKER_WAIT_S
+                log.warning("offset commit skipped: %s", exc)
 
     def read_partitions(
         self, topic: str, partitions: list[int], starts: Mapping[int, int] | None = None
@@ -529,15 +518,14 @@ class KafkaLog:
         if self._listener is not None:
             await self._listener.abandon_assignment()  # (the worker has stopped: it would take nothing)
         clients = [c for c in (self._consumer, self._producer, self._point_reader) if c is not None]
-        wait_s = self._broker_wait_s()
         try:
-            async with asyncio.timeout(wait_s):
+            async with asyncio.timeout(BROKER_WAIT_S):
                 if self._producer is not None:
                     await self._batcher.drain()  # what was appended in the last cycle is sent, not dropped
                 await asyncio.gather(*(c.stop() for c in clients), return_exceptions=True)
         except TimeoutError:
             log.warning("the broker did not answer the stop within %g s: the clients are left as they are "
-                        "(what is not committed, the next owner redoes)", wait_s)  # fmt: skip
+                        "(what is not committed, the next owner redoes)", BROKER_WAIT_S)  # fmt: skip
         if not self._failure_raised:
             # One that failed after the last poll: the stop says so, and the process does not
             # exit as if all went well.

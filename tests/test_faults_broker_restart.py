@@ -165,13 +165,10 @@ async def test_a_worker_told_to_stop_while_the_broker_is_away_stops(
     assert worker.proc is not None
     worker.proc.send_signal(signal.SIGTERM)
     try:
-        # A bound for the test only (the drain's 30 s, then the waits on the broker):
+        # A bound for the test only (the drain's 30 s, then each wait on the broker 10 s):
         # a worker that hangs fails here rather than holding the suite.
         code = await asyncio.to_thread(worker.proc.wait, 180)
     finally:
         worker.kill()
     assert code == 0, worker.log_text()[-3000:]
-    # 10 s, or 1 s once a commit before it had run out of its 10 s (three full waits in a row
-    # held a stop 30 s past its drain)
-    said = worker.log_text()
-    assert "the broker did not answer the stop within 1 s" in said or "did not answer the stop within 10 s" in said
+    assert "the broker did not answer the stop within 10 s" in worker.log_text()
