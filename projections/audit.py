@@ -203,6 +203,7 @@ class AuditReport:
     # got past yet (a lagging or stuck group), or whose letter was lost.
     dead_letters: list[Finding] = field(default_factory=list)
     not_dead_lettered: list[Finding] = field(default_factory=list)
+    letters_read: bool = True  # False: the dead-letter topic was not read (the two above say nothing)
     # Where the log stopped moving: partitions the workers' group has not committed to their
     # end (when its offsets were given), and conversations whose inputs wait unclaimed while
     # their partition went on.
@@ -291,6 +292,7 @@ class AuditReport:
             "outcomes_topic_foreign": self.outcomes_topic_foreign,
             "outcomes_topic_empty": self.outcomes_topic_empty,
             "poisoned": self.poisoned,
+            "letters_read": self.letters_read,
             "truncated_partitions": {str(p): start for p, start in sorted(self.truncated.items())},
             "not_judged": [f.to_json() for f in self.not_judged],
         }
@@ -653,7 +655,7 @@ class Auditor:
         known = self._turns.get((event.conversation_id, event.turn_id))
         if isinstance(event, ToolCallFinished) and (op := turn.operations.get(event.call_id)) and op.side_effect:
             # Started before the deadline (checked at its start), it may end after it.
-            if known is not None and at_ms > allowed_ms:
+            if known is not None and at_ms > deadline_s * 1000:
                 known.late_effect_ms = at_ms
             return
         if not started and known is not None and known.late_effect_ms is not None:
@@ -839,6 +841,7 @@ class Auditor:
             ignored=list(self._ignored),
             undecodable=list(self._undecodable),
             dead_letters=list(self._dead_letters or ()),
+            letters_read=self._dead_letters is not None,
             not_dead_lettered=self._not_dead_lettered(),
             not_committed_past=self._not_committed_past(),
             stalled=[f for f in stalled if f.partition not in truncated],
@@ -997,13 +1000,14 @@ def render(report: AuditReport, limit: int = 20) -> str:
         lines.append(f"     {rule.description}")
         lines += _listed(rule.violations, limit)
     strict_note = " (violations: --strict)" if report.strict else " (not violations without --strict)"
+    unread = "" if report.letters_read else " -- NOT CHECKED: the dead-letter topic was not read"
     notices = [
         ("open turns" + strict_note, report.open_turns),
         ("events of stale runs and repeated claims, ignored by every reader", report.stale),
         ("other events the fold ignores (duplicates, conflicts)", report.ignored),
         ("values that do not decode or are keyed wrongly (the workers dead-letter them)", report.undecodable),
-        ("letters on the dead-letter topic (refused values, one-time writes skipped)", report.dead_letters),
-        ("undecodable values with no dead letter", report.not_dead_lettered),
+        ("letters on the dead-letter topic (refused values, one-time writes skipped)" + unread, report.dead_letters),
+        ("undecodable values with no dead letter" + unread, report.not_dead_lettered),
         ("partitions the workers' group has not committed to their end" + strict_note, report.not_committed_past),
         ("conversations whose inputs wait unclaimed while their partition goes on" + strict_note, report.stalled),
         ("outcomes the workers committed past that are not on the outcomes topic" + strict_note, report.unpublished),

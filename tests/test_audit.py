@@ -879,6 +879,10 @@ def test_a_side_effecting_call_may_end_past_the_deadline_and_its_outcome_follow_
     paid = OperationRecord(call_id="pay", tool="transfer", side_effect=True, status="succeeded")
     on_time = at(outcome(c, iterations=1, tool_calls=1, cost_usd=0.001, operations=(paid,)), 4100)
     assert audit(records(*head, on_time), AuditLimits(deadline_s=1.0)).ok
+    # and when the call ends within the grace, what follows it has the grace after it too
+    early = (*head[:-1], at(tool_finished(c, "pay"), 1900))
+    after = at(outcome(c, iterations=1, tool_calls=1, cost_usd=0.001, operations=(paid,)), 2200)
+    assert audit(records(*early, after), AuditLimits(deadline_s=1.0)).ok
     # what comes later than the grace after it is still past the deadline
     late = at(outcome(c, iterations=1, tool_calls=1, cost_usd=0.001, operations=(paid,)), 5200)
     report = audit(records(*head, late), AuditLimits(deadline_s=1.0))
@@ -916,3 +920,28 @@ def test_findings_on_a_partition_whose_first_events_are_gone_are_not_judged() ->
     assert report.not_judged[0].where == "0@1"  # and what follows from the claim refused
     assert "findings not judged: their partitions' first events are gone" in render(report)
     assert Auditor().feed_all(whole).feed_starts({0: 0}).report().ok  # a whole partition is judged as ever
+
+
+def test_an_embedded_log_with_no_letter_yet_still_has_its_undecodable_values_checked(tmp_path: Path) -> None:
+    # (its dead-letter folder is made with its first letter: read as "not checked", the value
+    # with no letter went unreported -- an outside review caught it)
+    write_file_log(tmp_path, records(message("m1", 1), b"not json"))
+    result = turnstile_audit("--data", str(tmp_path), "--json")
+    [value] = json.loads(result.stdout)["not_dead_lettered"]
+    assert value["at"] == "0@1" and "dead letters are not checked" not in result.stderr
+
+
+def test_a_letter_naming_another_topic_is_not_counted_as_this_logs(tmp_path: Path) -> None:
+    from turnstile.events import DeadLetter
+
+    write_file_log(tmp_path, records(message("m1", 1)))
+    log = FileLog(tmp_path)
+    theirs = DeadLetter.of("other.events", 0, 0, b"c9", b"x", "invalid_event", "forged or another log's")
+    ours = DeadLetter.of(log.topics.events, 0, 0, CONV.encode(), b"x", "invalid_event", "one of ours")
+    for letter in (theirs, ours):
+        asyncio.run(log.append(log.topics.dead_letters, None, letter.model_dump_json().encode()))
+    result = turnstile_audit("--data", str(tmp_path), "--json")
+    assert [f["detail"] for f in json.loads(result.stdout)["dead_letters"]] == [
+        "dead letter, invalid_event: one of ours"
+    ]
+    assert "1 dead letter(s) name another topic than 'turnstile.events' ('other.events' first)" in result.stderr

@@ -158,6 +158,7 @@ def test_a_topic_that_is_not_there_is_said_at_once_and_a_missing_dlq_leaves_lett
                              "--dlq-topic", no_dlq_topic)  # fmt: skip
     assert no_dlq.returncode == 0 and "no violation" in no_dlq.stdout, no_dlq.stdout + no_dlq.stderr
     assert f"topic '{no_dlq_topic}' does not exist" in no_dlq.stderr and "dead letters are not checked" in no_dlq.stderr
+    assert "undecodable values with no dead letter -- NOT CHECKED" in no_dlq.stdout
     assert "ERROR" not in no_dlq.stderr  # (a subscription to it logged an error per metadata refresh)
     # an outcomes topic that does not exist: the audit goes on, saying what it did not check
     no_outcomes = f"nosuch-{uuid.uuid4().hex[:8]}"
