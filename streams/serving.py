@@ -160,8 +160,10 @@ async def serve(
         stop.set()
 
     # SIGHUP (the terminal closed, or a supervisor's stop) drains as SIGTERM does: by default it
-    # ended the process at once, with no drain and not a line said (exit 129).
-    handled = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP) if signals else ()
+    # ended the process at once, with no drain and not a line said (exit 129). Unless it is
+    # ignored (`nohup`): a worker started so must outlive its terminal.
+    hangup = (signal.SIGHUP,) if signal.getsignal(signal.SIGHUP) is not signal.SIG_IGN else ()
+    handled = (signal.SIGINT, signal.SIGTERM, *hangup) if signals else ()
     for sig in handled:
         loop.add_signal_handler(sig, on_signal)
     try:

@@ -318,3 +318,20 @@ def test_sighup_drains_as_sigterm_does(tmp_path):
         worker.send_signal(signal.SIGHUP)
         rest = worker.stderr.read()
         assert worker.wait(30) == 0, rest
+
+
+def test_a_worker_started_with_sighup_ignored_outlives_its_terminal(tmp_path):
+    # (nohup: the handler that drains on SIGHUP must not replace the SIG_IGN it was given)
+    def ignore_hangup() -> None:
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
+
+    with subprocess.Popen([*CLI, "-v", "run", "--data", str(tmp_path / "log")], cwd=tmp_path,
+                          stderr=subprocess.PIPE, text=True, preexec_fn=ignore_hangup) as worker:  # fmt: skip
+        assert worker.stderr is not None
+        for line in worker.stderr:
+            if "worker running" in line:
+                break
+        worker.send_signal(signal.SIGHUP)
+        worker.send_signal(signal.SIGTERM)  # what stops it is the TERM: had the HUP drained it, the
+        rest = worker.stderr.read()        # TERM would have come second and stopped it at once (130)
+        assert worker.wait(30) == 0, rest
