@@ -7,17 +7,21 @@ did not, and the flood fills disks and log pipelines. `RepeatLimit` lets the fir
 each line (its logger, level and message template, whatever its arguments) through per
 window, counts the rest, and says how many it held back on the line that next passes.
 It does not stop what logs them: aiokafka's reconnecting spins on, as it did.
+
+A filter runs inside the caller's logging call: it never raises (a line it cannot read
+passes as it is), and it holds a lock, since one process may log from several threads.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
 LIMITED_LOGGERS = "aiokafka"
-KEYS_KEPT = 1_000  # distinct lines remembered; past it, those of ended windows are forgotten
+KEYS_KEPT = 1_000  # distinct lines tracked; past it (after forgetting ended windows), new ones pass untracked
 
 
 @dataclass(slots=True)
@@ -32,20 +36,29 @@ class RepeatLimit(logging.Filter):
         super().__init__()
         self.per_window, self.window_s, self._now = per_window, window_s, now
         self._windows: dict[tuple[str, int, str], _Window] = {}
+        self._lock = threading.Lock()
 
     def filter(self, record: logging.LogRecord) -> bool:
+        try:
+            with self._lock:
+                return self._passes(record)
+        except Exception:  # never into the caller's logging call
+            return True
+
+    def _passes(self, record: logging.LogRecord) -> bool:
         key = (record.name, record.levelno, str(record.msg))
         now = self._now()
         window = self._windows.get(key)
         if window is None or now - window.began >= self.window_s:
-            held = window.held if window is not None else 0
             if window is None and len(self._windows) >= KEYS_KEPT:
                 self._forget_ended(now)
-            window = self._windows[key] = _Window(now)
-            if held:  # said on the line that passes next, formatted now (no args left to apply)
-                note = f"[{held} more like this in the {self.window_s:g} s before, not shown]"
+                if len(self._windows) >= KEYS_KEPT:
+                    return True  # that many distinct lines at once are no storm of one line
+            if window is not None and window.held:  # said on the next line, formatted now (no args left)
+                note = f"[{window.held} more like this in the {now - window.began:.0f} s before, not shown]"
                 record.msg = f"{record.getMessage()} {note}"
                 record.args = None
+            window = self._windows[key] = _Window(now)
         if window.passed < self.per_window:
             window.passed += 1
             return True
@@ -63,7 +76,7 @@ _LIMIT = RepeatLimit()
 def limit_client_storms() -> None:
     """Puts the one `RepeatLimit` on every logger of aiokafka (a logger's filters see only the
     lines it makes itself, not its children's, so each gets it). Idempotent."""
-    import aiokafka  # noqa: F401  (its modules make their loggers when imported)
+    import aiokafka.admin  # noqa: F401  (aiokafka's modules and its admin's make their loggers when imported)
 
     for name, logger in list(logging.root.manager.loggerDict.items()):
         ours = name == LIMITED_LOGGERS or name.startswith(f"{LIMITED_LOGGERS}.")

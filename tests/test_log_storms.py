@@ -37,6 +37,22 @@ def test_a_storm_of_one_line_passes_a_few_a_window_and_says_how_many_it_held() -
     assert said == "Unable connect to node with id 7: refused [95 more like this in the 10 s before, not shown]"
 
 
+def test_the_count_held_back_names_the_time_it_spans_and_a_line_it_cannot_read_passes() -> None:
+    clock = Clock()
+    limit = RepeatLimit(per_window=1, window_s=10.0, now=clock)
+    assert limit.filter(line("Coordinator %s dead", 1)) and not limit.filter(line("Coordinator %s dead", 2))
+    clock.now = 95.0  # the storm ended long ago: the count says over what span it was held
+    nxt = line("Coordinator %s dead", 3)
+    assert limit.filter(nxt)
+    assert nxt.getMessage() == "Coordinator 3 dead [1 more like this in the 95 s before, not shown]"
+    # A line that cannot be formatted, when a count is to be added to it: it passes as it is,
+    # and nothing is raised into the caller's logging call.
+    assert limit.filter(line("two args %s %s", 1, 2)) and not limit.filter(line("two args %s %s", 3, 4))
+    clock.now = 200.0
+    broken = line("two args %s %s", 5)
+    assert limit.filter(broken)
+
+
 def test_other_lines_levels_and_loggers_have_windows_of_their_own() -> None:
     limit = RepeatLimit(per_window=1, window_s=10.0, now=Clock())
     assert limit.filter(line("Unable to update metadata from %s", 1))
