@@ -8,8 +8,6 @@ from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
-import orjson
-
 from turnstile.events import ToolCall, Usage
 from turnstile.handlers.provider import (
     ChatMessage,
@@ -28,6 +26,7 @@ from turnstile.handlers.providers.wire import (
     expect_object,
     finish_reason,
     malformed,
+    object_arguments,
     optional_object,
     pair_tool_results,
     parse_billed,
@@ -130,22 +129,10 @@ def _wire_message(message: ChatMessage) -> dict[str, Any]:
 
 
 def _wire_tool_call(call: ToolCall) -> dict[str, Any]:
-    # Arguments go back as the model said them, unless they are not JSON: OpenAI-compatible
-    # servers (vLLM, SGLang) parse the transcript's arguments and answer 400 to a malformed
-    # one, a request no retry mends, so one bad call would fail every later turn of the
-    # conversation. As on the Anthropic wire, `{}` stands in; the call's result says it did
-    # not run and why.
-    arguments = call.arguments if _is_json(call.arguments) else "{}"
-    function = {"name": call.name, "arguments": arguments}
+    # As the model said them, unless they are no JSON object: one bad call would otherwise
+    # fail every later turn of the conversation on some servers; its result says it did not run.
+    function = {"name": call.name, "arguments": object_arguments(call.arguments)}
     return {"id": call.call_id, "type": "function", "function": function}
-
-
-def _is_json(text: str) -> bool:
-    try:
-        orjson.loads(text)
-    except orjson.JSONDecodeError:
-        return False
-    return True
 
 
 def _wire_tool(tool: ToolSpec) -> dict[str, Any]:

@@ -237,11 +237,23 @@ def tool_input(arguments: str) -> dict[str, Any]:
     """Tool call arguments as an object. Arguments that are not one (malformed JSON) were
     never executed, and their tool result says so; an empty object keeps a transcript
     valid for a wire format that wants an object."""
+    parsed = _object(arguments)
+    return parsed if parsed is not None else {}
+
+
+def object_arguments(arguments: str) -> str:
+    """Tool call arguments as a transcript carries them in a string: as the model wrote them
+    when they are a JSON object, else `{}` (as `tool_input`: OpenAI-compatible servers such as
+    vLLM and SGLang parse them, and answer 400 to anything else, which no retry mends)."""
+    return arguments if _object(arguments) is not None else "{}"
+
+
+def _object(arguments: str) -> dict[str, Any] | None:
     try:
         parsed = orjson.loads(arguments)
     except orjson.JSONDecodeError:
-        return {}
-    return parsed if isinstance(parsed, dict) else {}
+        return None
+    return parsed if isinstance(parsed, dict) else None
 
 
 MISSING_RESULT = "error: no result was recorded for this call; it may not have run."
