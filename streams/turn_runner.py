@@ -51,6 +51,7 @@ from turnstile.handlers.turn_steps import (
     Woke,
 )
 from turnstile.projections import ConversationState
+from turnstile.projections.inert import printable
 from turnstile.streams.reply_deltas import ReplyStreams
 
 __all__ = ["AppendEvent", "Route", "StepHook", "TurnRunner", "TurnSettings"]
@@ -60,16 +61,17 @@ log = logging.getLogger(__name__)
 
 def _log_outcome(event: Event) -> None:
     """A turn that ends without its answer is said in the worker's log too, not only on the
-    log of events (a wrong base_url failed every turn with nothing in the worker's output)."""
+    log of events (a wrong base_url failed every turn with nothing in the worker's output).
+    Ids and errors are a client's or a provider's text: printed inert (no forged lines)."""
     match event:
         case TurnFailed():
-            log.warning("turn %s of %s failed (%s): %s", event.turn_id, event.conversation_id,
-                        event.reason or "error", event.error)  # fmt: skip
+            log.warning("turn %s of %s failed (%s): %s", event.turn_id, printable(event.conversation_id),
+                        event.reason or "error", printable(event.error))  # fmt: skip
         case TurnExhausted():
-            log.info("turn %s of %s stopped: its %s allowance is used up", event.turn_id, event.conversation_id,
-                     event.allowance)  # fmt: skip
+            log.info("turn %s of %s stopped: its %s allowance is used up", event.turn_id,
+                     printable(event.conversation_id), event.allowance)  # fmt: skip
         case TurnPaused():
-            log.info("turn %s of %s paused (%s)", event.turn_id, event.conversation_id, event.reason)
+            log.info("turn %s of %s paused (%s)", event.turn_id, printable(event.conversation_id), event.reason)
 
 
 class AppendEvent(Protocol):
@@ -257,8 +259,8 @@ class TurnRunner:
             return ToolTimedOut(self._now_ms())
         except Exception as exc:
             # The model reads the error; the developer needs where it came from.
-            log.warning("tool %s raised in a turn of %s (the model is told): %r", started.tool,
-                        self.state.conversation_id, exc, exc_info=exc)  # fmt: skip
+            log.warning("tool %s raised in a turn of %s (the model is told): %s", started.tool,
+                        printable(self.state.conversation_id), printable(repr(exc)), exc_info=exc)  # fmt: skip
             return ToolRaised(f"{type(exc).__name__}: {exc}", self._now_ms())
         if isinstance(result, str):
             return ToolReturned(result, self._now_ms())

@@ -419,11 +419,12 @@ def test_a_tool_that_raises_and_a_turn_that_fails_are_said_in_the_workers_log(ca
         """Look the order up."""
         raise RuntimeError("database connection refused")
 
-    with caplog.at_level(logging.WARNING, logger="turnstile"):
-        answered = asyncio.run(agent.answer("where is my order?"))
+    with caplog.at_level(logging.WARNING, logger="turnstile"):  # (an id a Kafka publisher chose: printed inert)
+        answered = asyncio.run(agent.answer("where is my order?", conversation="c\x1b[31m1"))
 
     assert isinstance(answered.outcome, TurnFailed)
     [raised] = [r for r in caplog.records if "tool lookup raised" in r.getMessage()]
     assert "database connection refused" in raised.getMessage() and raised.exc_info is not None
-    [failed] = [r for r in caplog.records if f"turn {answered.outcome.turn_id} of c1 failed" in r.getMessage()]
+    said = f"turn {answered.outcome.turn_id} of c\\x1b[31m1 failed"
+    [failed] = [r for r in caplog.records if said in r.getMessage()]
     assert "rejected the request (HTTP 404): Invalid URL. Check the model's name and base_url" in failed.getMessage()
