@@ -465,10 +465,10 @@ def unknown_variables(environ: Mapping[str, str]) -> list[str]:
     """`TURNSTILE_…` variables that are no setting but nearly one (a typo is ignored silently
     otherwise, while the file's typos are refused): a sentence for each, naming the setting.
     Other `TURNSTILE_…` names (a deployment's own, the tests') are left alone."""
-    known = [env_name(path) for path in key_paths()]
+    known = [*(env_name(path) for path in key_paths()), *sorted(OTHER_VARIABLES)]
     said = []
     for name in sorted(environ):
-        if name.startswith(ENV_PREFIX) and name not in known and name not in OTHER_VARIABLES:
+        if name.startswith(ENV_PREFIX) and name not in known:
             near = difflib.get_close_matches(name, known, n=1, cutoff=0.85)
             if near:
                 said.append(f"{name} is no setting (did you mean {near[0]}?): it is ignored")

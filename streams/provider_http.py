@@ -244,6 +244,10 @@ class HttpProvider:
         """Which bound was reached: connecting, a read that waited too long, or the whole."""
         if isinstance(exc, httpx.ConnectTimeout):
             return f"could not connect within {self._timeouts.connect:g} s"
+        if isinstance(exc, httpx.PoolTimeout):
+            return f"no connection was free within {self._timeout_s:g} s"
+        if isinstance(exc, httpx.WriteTimeout):
+            return f"could not send the request within {self._timeout_s:g} s"
         if isinstance(exc, httpx.TimeoutException):
             return f"the server sent nothing for {self._timeout_s:g} s"
         if total_s is None:  # (only the bounds above apply: a TimeoutError from elsewhere)

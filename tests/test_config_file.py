@@ -61,12 +61,13 @@ def test_every_unknown_key_of_a_file_is_said_at_once_with_the_key_it_is_near():
 def test_a_variable_that_is_nearly_a_setting_is_named_with_it():
     from turnstile.streams.config_file import unknown_variables
 
-    typos = {"TURNSTILE_GRUP": "g", "TURNSTILE_BUDGET_MAXCOST_USD": "1"}
+    typos = {"TURNSTILE_GRUP": "g", "TURNSTILE_BUDGET_MAXCOST_USD": "1", "TURNSTILE_HTTP_TOKN": "t"}
     others = {"TURNSTILE_GROUP": "g2", "TURNSTILE_API_KEY": "k", "TURNSTILE_KAFKA": "h:1", "TURNSTILE_MINE": "x"}
     environ = {**typos, **others, "PATH": "/bin"}
     assert unknown_variables(environ) == [
         "TURNSTILE_BUDGET_MAXCOST_USD is no setting (did you mean TURNSTILE_BUDGET_MAX_COST_USD?): it is ignored",
         "TURNSTILE_GRUP is no setting (did you mean TURNSTILE_GROUP?): it is ignored",
+        "TURNSTILE_HTTP_TOKN is no setting (did you mean TURNSTILE_HTTP_TOKEN?): it is ignored",
     ]
 
 

@@ -96,6 +96,20 @@ async def test_a_timeout_says_which_bound_was_reached(server: ProviderServer) ->
     assert caught.value.message.startswith("the server sent nothing for 0.2 s")
 
 
+async def test_a_request_may_take_the_sdks_600_s_and_5_s_to_connect() -> None:
+    # (60 s cut a non-streamed reasoning reply, which was asked, and billed, again)
+    seen: list[dict[str, float]] = []
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        seen.append(request.extensions["timeout"])
+        return httpx.Response(200, json={"choices": [{"message": {"content": "hi"}, "finish_reason": "stop"}],
+                                         "usage": {"prompt_tokens": 1, "completion_tokens": 1}})  # fmt: skip
+
+    async with httpx.AsyncClient(transport=httpx.MockTransport(answer)) as client:
+        await HttpProvider(OpenAIChat(), "https://api.test/v1", API_KEY, client=client).complete(REQUEST)
+    assert seen == [{"connect": 5.0, "read": 600.0, "write": 600.0, "pool": 600.0}]
+
+
 async def test_dropped_connection_is_retryable(server: ProviderServer, provider: HttpProvider) -> None:
     server.push(Drop())
 
