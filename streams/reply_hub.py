@@ -12,8 +12,9 @@ then it hands each subscriber, in order:
     outcome      the terminal outcome event, as on the events topic: the stream ends
 
 The two topics are read independently, so an outcome may arrive before the last deltas of
-its reply: the hub holds it until that reply is marked done (or `hold_s` passed). Deltas of
-runs that already ended are ignored. Nothing here is durable: the events topic is the record.
+its reply, or before any: the hub holds it until that reply is marked done (or `hold_s`
+passed; an outcome with no delta of its run seen is held only while someone reads). Deltas
+of runs that already ended are ignored. Nothing here is durable: the events topic is the record.
 """
 
 from __future__ import annotations
@@ -139,7 +140,12 @@ class ReplyHub:
                 return
             conversation.held_outcome = StreamEvent("outcome", orjson.loads(event.model_dump_json()))
             reply = conversation.reply
-            if reply is not None and reply.run_id == event.run_id and reply.open_iterations:
+            ours = reply is not None and reply.run_id == event.run_id
+            # Not one delta of its run seen yet: a reply streamed in one burst has its outcome
+            # read first as often as not, and its deltas, once late, were dropped (a reader got
+            # the outcome alone). Held for whoever reads: a run with no deltas costs hold_s.
+            unseen = not ours and bool(conversation.subscribers)
+            if (ours and reply is not None and reply.open_iterations) or unseen:
                 loop = asyncio.get_running_loop()
                 conversation.release = loop.call_later(self._hold_s, self._release, event.conversation_id)
             else:

@@ -100,6 +100,27 @@ async def test_an_outcome_that_overtakes_its_last_deltas_waits_for_them() -> Non
     assert [kind for kind, _ in drain(queue)] == ["delta", "outcome"]
 
 
+async def test_an_outcome_read_before_any_of_its_deltas_waits_for_them_when_someone_reads() -> None:
+    # (a reply streamed in one burst: the events topic was read first, the outcome ended the
+    # stream at once and the seven deltas that followed were dropped as late)
+    hub = ReplyHub(hold_s=60)
+    queue = hub.subscribe(CONV)
+    hub.on_event(completed(CLAIM, 3000, "The 9th is cheaper."))
+    assert drain(queue) == []  # held
+
+    hub.on_delta(delta("The 9th is cheaper.", 0))
+    hub.on_delta(delta(seq=1, done=True))
+
+    assert [kind for kind, _ in drain(queue)] == ["delta", "outcome"]
+
+
+async def test_an_outcome_nobody_reads_is_not_held() -> None:
+    hub = ReplyHub(hold_s=60)
+    hub.on_event(completed(CLAIM, 3000, "The 9th is cheaper."))
+    hub.on_delta(delta("The 9th", 0))  # late: its run has ended
+    assert drain(hub.subscribe(CONV)) == []
+
+
 async def test_a_held_outcome_is_released_when_its_deltas_never_come() -> None:
     hub = ReplyHub(hold_s=0.01)
     queue = hub.subscribe(CONV)
