@@ -19,7 +19,7 @@ from collections.abc import Callable
 from typing import Any, TypedDict, Unpack, get_type_hints, overload
 
 import orjson
-from pydantic import BaseModel, ConfigDict, Field, create_model
+from pydantic import BaseModel, ConfigDict, Field, PydanticSchemaGenerationError, create_model
 
 from turnstile.handlers.tools import Reconciler, Tool, ToolKind
 
@@ -60,9 +60,19 @@ def arguments_model(function: ToolCallable, name: str, passed_by_engine: tuple[s
             raise TypeError(f"tool {name!r}: parameter {parameter.name!r} has no type annotation")
         default = ... if parameter.default is parameter.empty else parameter.default
         fields[parameter.name] = (hints[parameter.name], Field(default, description=described.get(parameter.name)))
+    unknown = sorted(set(described) - set(fields) - set(passed_by_engine))
+    if unknown:  # (a typo there left the parameter undescribed to the model, silently)
+        raise TypeError(f"tool {name!r}: its docstring's Args name {unknown}, which are not its parameters")
     # Unknown arguments are the model's mistake: refused, so it is told and can correct them.
     config = ConfigDict(extra="forbid")
-    model: type[BaseModel] = create_model(f"{name}_arguments", __config__=config, **fields)
+    try:
+        model: type[BaseModel] = create_model(f"{name}_arguments", __config__=config, **fields)
+    except PydanticSchemaGenerationError as exc:  # a type pydantic cannot validate from JSON
+        kinds = ", ".join(f"{p}: {getattr(t, '__name__', t)}" for p, (t, _) in fields.items())
+        raise TypeError(
+            f"tool {name!r}: a parameter's type cannot be read from the model's JSON ({kinds}); use str, numbers,"
+            " bool, lists, dicts, enums, dates or a pydantic model"
+        ) from exc
     return model
 
 

@@ -91,7 +91,7 @@ def add_parser(
         default=None,
         help="hold the log to this turn deadline: no step started past it, none recorded past it and its grace",
     )
-    audit.add_argument("--timeout", type=at_least(0), default=60.0, help="seconds to read the topic to its end")
+    audit.add_argument("--timeout", type=at_least(0.1), default=60.0, help="seconds to read the topic to its end")
 
 
 def audit_records(
@@ -185,7 +185,8 @@ async def run(args: argparse.Namespace) -> int:
             # (its folder is made with its first letter: none yet is no letter, not "not read")
             report = audit_records(records, args, log.read_all(dlq), committed, began_ms, count, outcomes)
     except (OSError, LookupError, TimeoutError, KafkaError) as exc:
-        print(f"turnstile audit: cannot read the log: {exc}", file=sys.stderr)
+        why = f"not read to its end within --timeout {args.timeout:g} s" if isinstance(exc, TimeoutError) else exc
+        print(f"turnstile audit: cannot read the log: {str(why) or type(exc).__name__}", file=sys.stderr)
         return 2
     print(json.dumps(report.to_json(), indent=2) if args.json else render(report))
     return 0 if report.ok else 1

@@ -70,6 +70,7 @@ def closed_port() -> int:
         (["audit", "--stall-after-s", "-1"], 2, "'-1' is out of range: give a finite number >= 0"),
         (["audit", "--max-cost-usd", "nan"], 2, "'nan' is out of range"),
         (["audit", "--max-iterations", "0"], 2, "'0' is out of range: give a finite number >= 1"),
+        (["audit", "--timeout", "0"], 2, "'0' is out of range: give a finite number >= 0.1"),  # (said nothing of why)
     ],
 )
 def test_an_operational_error_is_one_sentence_and_a_documented_exit_code(tmp_path, args, code, says):

@@ -104,6 +104,32 @@ def test_a_parameter_without_annotation_or_a_tool_without_description_is_refused
         tool(undocumented)
 
 
+class Opaque:
+    """No type pydantic can read from JSON."""
+
+
+def test_a_parameter_type_json_cannot_carry_or_a_misnamed_docstring_arg_is_refused_naming_the_tool() -> None:
+    # (pydantic's own error named neither the tool nor the parameter; a docstring typo left the
+    # parameter undescribed to the model without a word)
+    def lookup(order: Opaque) -> str:
+        """Look up."""
+        return ""
+
+    with pytest.raises(TypeError, match=r"tool 'lookup': a parameter's type cannot be read .*\(order: Opaque\)"):
+        tool(lookup)
+
+    def refund(order_id: str) -> str:
+        """Refund an order.
+
+        Args:
+            orderid: the order
+        """
+        return order_id
+
+    with pytest.raises(TypeError, match=r"tool 'refund': its docstring's Args name \['orderid'\]"):
+        tool(refund)
+
+
 def test_a_side_effect_is_declared_idempotent_with_its_key_or_with_a_reconciler() -> None:
     keys: list[str] = []
 
