@@ -37,8 +37,12 @@ def _docstring_parts(doc: str | None) -> tuple[str, dict[str, str]]:
     arguments: dict[str, str] = {}
     section = re.split(r"^(?:Args|Arguments):\s*$", text, maxsplit=1, flags=re.MULTILINE)
     if len(section) == 2:
-        for line in section[1].split("\n\n", 1)[0].splitlines():
-            if match := _ARG_LINE.match(line):
+        lines = [line for line in section[1].split("\n\n", 1)[0].splitlines() if line.strip()]
+        # A name is at the section's first indentation; deeper lines continue its text
+        # ("    Example: A-1234" under an argument is no argument).
+        indent = min((len(line) - len(line.lstrip()) for line in lines), default=0)
+        for line in lines:
+            if len(line) - len(line.lstrip()) == indent and (match := _ARG_LINE.match(line)):
                 arguments[match.group(1)] = match.group(2).strip()
     return " ".join(description.split()), arguments
 

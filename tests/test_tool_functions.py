@@ -129,6 +129,16 @@ def test_a_parameter_type_json_cannot_carry_or_a_misnamed_docstring_arg_is_refus
     with pytest.raises(TypeError, match=r"tool 'refund': its docstring's Args name \['orderid'\]"):
         tool(refund)
 
+    def void(order_id: str) -> str:
+        """Void an order.
+
+        Args:
+            order_id: the order's id, as printed on the receipt.
+                Example: A-1234
+        """
+        return order_id
+
+    assert tool(void).name == "void"  # a line deeper than the names continues one
 
 def test_a_side_effect_is_declared_idempotent_with_its_key_or_with_a_reconciler() -> None:
     keys: list[str] = []
