@@ -46,6 +46,52 @@ class Operation:
         return input_id(self.event)
 
 
+@dataclass(frozen=True, slots=True)
+class AlreadyTaken:
+    """The same decision is on the log and a turn has claimed it: nothing is written (a
+    command run twice is harmless). `turn_id`: the logical turn that took it."""
+
+    input_id: str
+    turn_id: str
+
+    @property
+    def said(self) -> str:
+        return f"{self.input_id} is on the log already, and turn {self.turn_id[:12]} took it: nothing written"
+
+
+def _taken(
+    state: ConversationState, call_id: str, approved: bool, turn_id: str | None
+) -> AlreadyTaken | Refused | None:
+    """A decision on call `call_id` that a turn has claimed: the same one (AlreadyTaken), the
+    other one (Refused: a decision cannot be changed), or None when none was claimed."""
+    for turn in reversed(state.turns.values()):
+        call = turn.pending_call
+        if call is None or call.call_id != call_id or (turn_id is not None and not turn.turn_id.startswith(turn_id)):
+            continue
+        key = approval_key(turn.turn_id, call_id)
+        taker = state.claimed_by.get(key)
+        if taker is None:
+            continue
+        said = _decision_text(state, taker, call.name)
+        if said is None:
+            continue  # (its text is not in memory: the checks below answer)
+        if said.startswith("Approved:") == approved:
+            return AlreadyTaken(key, taker)
+        was = "approved" if said.startswith("Approved:") else "denied"
+        return Refused(f"call {call_id!r} of turn {turn.turn_id[:12]} was {was} already (turn {taker[:12]} took it)")
+    return None
+
+
+def _decision_text(state: ConversationState, taker: str, tool: str) -> str | None:
+    """The text of the decision the turn `taker` claimed (running, or ended: in history)."""
+    heads = (f"Approved: {tool} ", f"Denied: {tool} ")
+    if state.active is not None and state.active.turn_id == taker:
+        texts = [i.content for i in state.active.inputs]
+    else:
+        texts = [e.content for e in state.history if e.turn_id == taker and e.role == "user"]
+    return next((t for t in texts if t.startswith(heads)), None)
+
+
 def _last_turn(state: ConversationState) -> TurnRecord | Refused:
     who = f"conversation {state.conversation_id!r}"
     if state.active is not None:
@@ -122,9 +168,11 @@ def decide_approval(
     now_ms: int,
     policy: DebouncePolicy = DebouncePolicy(),
     turn_id: str | None = None,
-) -> Operation | Refused:
+) -> Operation | Refused | AlreadyTaken:
     """`turn_id` (or its first characters) names the paused turn, when more than one waits
     on a call of this id (call ids are unique within a turn, not across turns)."""
+    if (taken := _taken(state, call_id, approved, turn_id)) is not None:
+        return taken
     last = _last_turn(state)
     if isinstance(last, Refused):
         return last
@@ -233,7 +281,7 @@ def decide_operation(
     now_ms: int,
     policy: DebouncePolicy = DebouncePolicy(),
     turn_id: str | None = None,
-) -> Operation | Refused:
+) -> Operation | Refused | AlreadyTaken:
     """One operator verb, as the CLI and the HTTP API both take it."""
     if verb == "resume":
         return decide_resume(state, note, event_id=event_id, now_ms=now_ms, policy=policy)

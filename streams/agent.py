@@ -24,7 +24,7 @@ from typing import Literal, Unpack, overload
 from turnstile.events import OUTCOME_TYPES, DecodeError, Event, ToolCall, TurnCompleted, Usage, decode_record
 from turnstile.handlers.budget import TurnBudget
 from turnstile.handlers.claim import DebouncePolicy, DoubleText, DoubleTextPolicy
-from turnstile.handlers.operations import Refused, Verb
+from turnstile.handlers.operations import AlreadyTaken, Refused, Verb
 from turnstile.handlers.pricing import ModelPrice, PriceTable
 from turnstile.handlers.provider import (
     ModelReply,
@@ -406,6 +406,8 @@ class Agent:
                 raise OSError(decided.message)
             if isinstance(decided, Refused):
                 raise OperationRefused(decided.reason)
+            if isinstance(decided, AlreadyTaken):
+                raise OperationRefused(decided.said)
             await publish(log, decided.event)
             return await self._until_answered(log, conversation, decided.input_id, timeout_s)
 

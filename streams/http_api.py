@@ -57,7 +57,7 @@ from pydantic import ValidationError
 from turnstile.events import content_fingerprint, encode
 from turnstile.events.base import MAX_ID_CHARS
 from turnstile.handlers.claim import DebouncePolicy
-from turnstile.handlers.operations import VERBS, Refused, decide_operation
+from turnstile.handlers.operations import VERBS, AlreadyTaken, Refused, decide_operation
 from turnstile.projections import STATUSES, ConversationState, Status
 from turnstile.streams.eviction import NotLocal
 from turnstile.streams.fold_watch import FoldWatch
@@ -461,6 +461,9 @@ def build_app(
         )  # fmt: skip
         if isinstance(decided, Refused):
             return _error(409, decided.reason)
+        if isinstance(decided, AlreadyTaken):  # the same decision again: answered as a duplicate message is
+            taken = {"conversation_id": conversation, "input_id": decided.input_id, "turn_id": decided.turn_id}
+            return _json({**taken, "duplicate": True}, 202)
         event = decided.event
         again = "send the same decision again (its input id is the paused turn's: it is written once)"
         landed = await append(request, conversation, encode(event), again)

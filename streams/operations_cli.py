@@ -13,7 +13,7 @@ from collections.abc import Callable
 from turnstile.events import InputEvent
 from turnstile.events.identity import content_fingerprint
 from turnstile.handlers.claim import DebouncePolicy
-from turnstile.handlers.operations import Operation, Refused, Verb, decide_operation
+from turnstile.handlers.operations import AlreadyTaken, Operation, Refused, Verb, decide_operation
 from turnstile.projections import new_state
 from turnstile.streams.cli_errors import DATA_ERR, NOT_FOUND, UNAVAILABLE, CliError
 from turnstile.streams.http_reads import PartitionReads, Reads, Unavailable
@@ -68,7 +68,7 @@ async def decided_on_log(
     note: str | None,
     turn_id: str | None = None,
     policy: DebouncePolicy = DebouncePolicy(),
-) -> Operation | Refused | Unavailable:
+) -> Operation | Refused | AlreadyTaken | Unavailable:
     """An operator's decision on `conversation` as its log has it now (`Unavailable` when the
     log could not be read; a conversation with no event is one with nothing to decide);
     `policy`: the workers' debounce, whose claims say which turn will take the decision."""
@@ -89,6 +89,9 @@ async def operate(args: argparse.Namespace, place: LogPlace, policy: DebouncePol
         raise CliError(UNAVAILABLE, decided.message)
     if isinstance(decided, Refused):
         raise CliError(NOT_FOUND, decided.reason)  # nothing to act on, as an unknown conversation
+    if isinstance(decided, AlreadyTaken):  # run twice: harmless, and said so
+        print(f"turnstile {args.command}: {decided.said}")
+        return 0
     event = decided.event
     partition, offset = await publish_input(place, event)
     what = {"approve": "approval", "deny": "denial", "resume": "resume request"}[args.command]

@@ -51,9 +51,16 @@ async def test_a_paused_call_is_approved_over_http_and_its_turn_is_the_one_answe
         assert sent == ["a@b.c"]
         await until_status(client, "c1", "idle")
         assert (await client.get("/conversations/c1")).json()["awaiting_approval"] is None
-        # Twice is harmless: the input's id is derived from the paused turn, and it is decided now.
+        # Twice is harmless: the same decision, taken by a turn already, is a duplicate and
+        # nothing is written (it was a 409 "nothing paused"); the other one is refused.
+        written = len(events_of(log, "c1"))
         again = await client.post("/conversations/c1/approve", json={"call_id": "call-1"})
-        assert again.status_code == 409 and "nothing paused" in again.json()["error"]
+        assert again.status_code == 202 and again.json() == {
+            "conversation_id": "c1", "input_id": body["input_id"], "turn_id": body["turn_id"], "duplicate": True,
+        }  # fmt: skip
+        changed = await client.post("/conversations/c1/deny", json={"call_id": "call-1"})
+        assert changed.status_code == 409 and "was approved already" in changed.json()["error"]
+        assert len(events_of(log, "c1")) == written
 
 
 async def test_deny_and_resume_and_the_requests_that_are_refused(tmp_path: Path) -> None:

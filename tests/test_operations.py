@@ -286,5 +286,13 @@ def test_approve_on_the_command_line_lets_the_paused_call_run_in_the_turn_it_nam
     claims = [e.turn_id for e in events if isinstance(e, TurnClaimed)]
     assert claims[-1] == new_turn
     assert [e.result for e in events if isinstance(e, ToolCallFinished)] == ["sent to a@b.c"]
+    # The same command again: harmless, as the README says, and said so (it was exit 1, "nothing
+    # paused"); the other decision is refused, naming the first
+    again = cli("approve", "c1", "call-1", *where)
+    assert again.returncode == 0, again.stderr
+    assert f"is on the log already, and turn {new_turn[:12]} took it: nothing written" in again.stdout
+    assert len(events_of(log, "c1")) == len(events)
+    changed = cli("deny", "c1", "call-1", *where)
+    assert changed.returncode == 1 and "was approved already" in changed.stderr
     nothing = cli("resume", "c1", *where)
     assert nothing.returncode == 1 and "has nothing to resume: its last turn" in nothing.stderr
