@@ -128,8 +128,9 @@ def test_a_test_approves_and_denies_a_paused_call_as_an_operator_would(tmp_path:
         # When the test approves it, then the turn that claims the approval runs it once
         approved = asyncio.run(agent.approve("call-1", data=tmp_path, note="fine"))
         assert approved.reply == "Sent it." and sent == ["a@b.c"]
-        # and nothing waits any more; a denial of a call the model asks for again is read
-        with pytest.raises(OperationRefused, match="nothing paused"):
+        # and nothing waits any more (a denial of the call taken is refused, naming the approval);
+        # a denial of a call the model asks for again is read
+        with pytest.raises(OperationRefused, match=r"call 'call-1' of turn \w+ was approved already"):
             asyncio.run(agent.deny("call-1", data=tmp_path))
         again = asyncio.run(agent.answer("Mail a@b.c again", data=tmp_path))
         assert isinstance(again.outcome, TurnPaused)
