@@ -510,7 +510,7 @@ def build_app(
         replaying = sorted(p for p, live in owned.items() if not live)
         # Not before its first assignment: it owned nothing yet, which read as "all replayed"
         # (200 for the first 0.3-0.6 s of every start: a rollout gated on it moved on at once).
-        assigned = worker is None or worker.assigned
+        assigned = worker is None or worker.assignment_received
         ready = assigned and not replaying
         body = {"ready": ready, "assigned": assigned, "partitions": sorted(owned), "replaying": replaying}
         return _json(body, 200 if ready else 503)

@@ -148,7 +148,7 @@ class Worker:
         self._rebalances = 0
         # Whether the group has given this worker an assignment yet (an empty one counts):
         # before it, owning no partition says nothing of being ready.
-        self.assigned = False
+        self.assignment_received = False
         self.draining = False  # set once stop is asked: no new claims from then on
         self._stopped = False  # set once the loop has ended: a rebalance after it changes nothing
         # Held by each rebalance callback (they run in the log's own task, beside the loop): a
@@ -249,7 +249,7 @@ class Worker:
             if self._stopped:
                 return {}  # the log's rebalance outlived the worker's loop: nothing is taken
             taken = await self._take(partitions)
-            self.assigned = True
+            self.assignment_received = True
             return taken
 
     async def _take(self, partitions: dict[int, PartitionStart]) -> dict[int, int]:
