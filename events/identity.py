@@ -24,7 +24,7 @@ def logical_turn_id(input_ids: Iterable[str]) -> str:
     ids = sorted(input_ids)
     if any("\n" in i for i in ids):
         return hashlib.sha256(b"\n" + orjson.dumps(ids)).hexdigest()  # compact: JSON.stringify's form
-    return hashlib.sha256("\n".join(ids).encode()).hexdigest()
+    return _one_per_line(ids)
 
 
 def names_its_inputs(turn_id: str, input_ids: Sequence[str]) -> bool:
@@ -32,8 +32,11 @@ def names_its_inputs(turn_id: str, input_ids: Sequence[str]) -> bool:
     a newline in an id, the one written before 2026-12-07 (a log's old claims stay valid)."""
     if turn_id == logical_turn_id(input_ids):
         return True
-    legacy = hashlib.sha256("\n".join(sorted(input_ids)).encode()).hexdigest()
-    return any("\n" in i for i in input_ids) and turn_id == legacy
+    return any("\n" in i for i in input_ids) and turn_id == _one_per_line(sorted(input_ids))
+
+
+def _one_per_line(sorted_ids: list[str]) -> str:
+    return hashlib.sha256("\n".join(sorted_ids).encode()).hexdigest()
 
 
 def content_fingerprint(content: str) -> str:

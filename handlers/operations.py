@@ -72,24 +72,32 @@ def _taken(
         taker = state.claimed_by.get(key)
         if taker is None:
             continue
-        said = _decision_text(state, taker, call.name)
-        if said is None:
+        was_approved = _decision_taken(state, taker, call.name)
+        if was_approved is None:
             continue  # (its text is not in memory: the checks below answer)
-        if said.startswith("Approved:") == approved:
+        if was_approved == approved:
             return AlreadyTaken(key, taker)
-        was = "approved" if said.startswith("Approved:") else "denied"
+        was = "approved" if was_approved else "denied"
         return Refused(f"call {call_id!r} of turn {turn.turn_id[:12]} was {was} already (turn {taker[:12]} took it)")
     return None
 
 
-def _decision_text(state: ConversationState, taker: str, tool: str) -> str | None:
-    """The text of the decision the turn `taker` claimed (running, or ended: in history)."""
-    heads = (f"Approved: {tool} ", f"Denied: {tool} ")
+def _decision_head(approved: bool, tool: str) -> str:
+    """How a decision's text begins (`decide_approval` writes it; `_decision_taken` reads it)."""
+    return f"{'Approved' if approved else 'Denied'}: {tool} with arguments "
+
+
+def _decision_taken(state: ConversationState, taker: str, tool: str) -> bool | None:
+    """Whether the decision the turn `taker` claimed (running, or ended: in history) was an
+    approval; None when its text is not found."""
     if state.active is not None and state.active.turn_id == taker:
         texts = [i.content for i in state.active.inputs]
     else:
         texts = [e.content for e in state.history if e.turn_id == taker and e.role == "user"]
-    return next((t for t in texts if t.startswith(heads)), None)
+    for approved in (True, False):
+        if any(t.startswith(_decision_head(approved, tool)) for t in texts):
+            return approved
+    return None
 
 
 def _last_turn(state: ConversationState) -> TurnRecord | Refused:
@@ -191,7 +199,7 @@ def decide_approval(
     assert call is not None
     if problem := _note_problem(note):
         return problem
-    head = f"{'Approved' if approved else 'Denied'}: {call.name} with arguments "
+    head = _decision_head(approved, call.name)
     tail = "." + (f" Note: {note}" if note else "")
     # The arguments may be as long as an input's whole content: cut what does not fit.
     room = MAX_CONTENT_CHARS - len(head) - len(tail)

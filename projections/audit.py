@@ -821,14 +821,15 @@ class Auditor:
                 outcomes[_KIND[_TYPE_OF[known.outcome_type]]] += 1
         outcomes["open"] = len(open_turns)
         truncated = {p: start for p, start in sorted(self._starts.items()) if start > 0}
-        cut = [f for f in open_turns if f.partition in truncated]
-        rules = []
-        for rule in self._rules.values():
-            cut += [f for f in rule.violations if f.partition in truncated]
-            judged = [f for f in rule.violations if f.partition not in truncated]
-            rules.append(RuleResult(rule.rule, rule.description, rule.checked, judged))
-        stalled = self._stalled(stall_after_s, now_ms)
-        cut += [f for f in stalled if f.partition in truncated]
+        cut: list[Finding] = []
+
+        def judged(findings: list[Finding]) -> list[Finding]:
+            """Those on whole partitions; the others go to `cut`, not judged."""
+            cut.extend(f for f in findings if f.partition in truncated)
+            return [f for f in findings if f.partition not in truncated]
+
+        rules = [RuleResult(r.rule, r.description, r.checked, judged(r.violations)) for r in self._rules.values()]
+        still_open, stalled = judged(open_turns), judged(self._stalled(stall_after_s, now_ms))
         return AuditReport(
             records=self._records,
             events=self._events,
@@ -836,7 +837,7 @@ class Auditor:
             turns=len(self._turns),
             outcomes=outcomes,
             rules=rules,
-            open_turns=[f for f in open_turns if f.partition not in truncated],
+            open_turns=still_open,
             stale=list(self._stale),
             ignored=list(self._ignored),
             undecodable=list(self._undecodable),
@@ -844,7 +845,7 @@ class Auditor:
             letters_read=self._dead_letters is not None,
             not_dead_lettered=self._not_dead_lettered(),
             not_committed_past=self._not_committed_past(),
-            stalled=[f for f in stalled if f.partition not in truncated],
+            stalled=stalled,
             **self._unpublished(),
             strict=strict,
             truncated=truncated,
