@@ -52,6 +52,7 @@ from turnstile.streams.log import (
     partition_for,
     value_limit,
 )
+from turnstile.streams.worker_groups import warn_of_groups_beside
 
 log = logging.getLogger(__name__)
 
@@ -355,6 +356,8 @@ class KafkaLog:
                    self.topics.heads]  # fmt: skip
         self.max_message_bytes = await topic_max_message_bytes(self.bootstrap, written)
         await self.producer.start()
+        # Before joining: a second group of workers on these topics runs every turn again.
+        await warn_of_groups_beside(self.bootstrap, self.topics.events, self._consumer_options["group_id"])
         await self.consumer.start()
         self._listener = _Listener(self, listener)
         self.consumer.subscribe([self.topics.events], listener=self._listener)
