@@ -268,7 +268,8 @@ async def _inspect(args: argparse.Namespace) -> int:
 
     config: config_file.Config = args.resolved.config
     _log_there(config, args.command)
-    view = await inspect(args.conversation, broker=config.broker, data=config.data, topics=config.topics.topics())
+    view = await inspect(args.conversation, broker=config.broker, data=config.data, topics=config.topics.topics(),
+                         json=args.json)  # fmt: skip
     if view.state.events_applied == 0 and view.undecodable == 0:
         where = config.broker or config.data
         raise CliError(NOT_FOUND, f"no event of conversation {args.conversation!r} is on {where}")
@@ -484,6 +485,8 @@ def build_parser() -> argparse.ArgumentParser:
     inspect = sub.add_parser("inspect", help="show a conversation: history, pending, active turn, turn timelines")
     _add_log_args(inspect)
     inspect.add_argument("conversation", help="the conversation id")
+    json_help = "print the conversation and its turns' timelines as JSON (the HTTP API's shapes)"
+    inspect.add_argument("--json", action="store_true", help=json_help)
 
     from turnstile.streams.operations_cli import add_parsers
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import io
+import json
 import subprocess
 import sys
 import uuid
@@ -120,6 +121,31 @@ def test_inspect_cli_on_the_embedded_log(tmp_path):
     assert result.returncode == 0, result.stderr
     assert "outcome completed" in result.stdout and "also compare the refund rules" in result.stdout
     assert "pending" in result.stdout and "not yet" in result.stdout
+
+
+def test_inspect_json_is_the_http_apis_shapes_with_every_turns_timeline_and_prints_no_control_character(
+    tmp_path, capsys
+):
+    # Given the two answered turns, the pending message and the dead owner's turn, and a
+    # message whose text carries a CSI (C1) and an ESC (C0) sequence
+    log = asyncio.run(two_turns_and_one_pending(tmp_path))
+    asyncio.run(log.append(log.topics.events, "c1", encode(message("m5", NOW(), "red \x9b31m \x1b[2J", conv="c1"))))
+    # When an auditor asks for it as JSON
+    assert cli.main(["inspect", "--data", str(tmp_path), "c1", "--json"]) == 0
+    out = capsys.readouterr().out
+    # Then it is one JSON document: the conversation as GET /conversations/c1 has it, each
+    # turn as GET .../turns/{id} has it
+    printed = json.loads(out)
+    view = build_view("c1", log.read_all(log.topics.events))
+    assert {k: v for k, v in printed.items() if k not in ("turns", "undecodable")} == {
+        k: v for k, v in state_json(view).items() if k != "turns"
+    }
+    assert printed["turns"] == [turn_json("c1", t) for t in view.turns.values()]
+    assert [t["outcome"] for t in printed["turns"]] == ["completed", "completed", None]
+    assert printed["turns"][0]["timeline"][-1]["type"] == "TurnCompleted" and printed["undecodable"] == 0
+    # and the client's control characters reach the terminal escaped, the text intact
+    assert printed["pending"][-1]["content"] == "red \x9b31m \x1b[2J"
+    assert "\x9b" not in out and "\x1b" not in out
 
 
 @pytest.mark.kafka
