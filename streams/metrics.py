@@ -22,13 +22,16 @@ after a restart does not count history twice within one process:
   kind (input, cached_input, cache_write, output, reasoning; the parts are also in the totals)
 * `turnstile_provider_request_seconds{family,result}` and
   `turnstile_provider_errors_total{family,kind}`: every request this worker's provider made
-  (retries of the transport included), timed where it is made: result `ok` or the error kind
+  (retries of the transport included), timed where it is made: result `ok`, the error kind, or
+  `cancelled` for one the turn stopped waiting for (its deadline, an interruption, a revoke;
+  not counted as an error)
 
 Each `Metrics` has its own registry, so several workers in one process (tests) do not mix.
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable, Iterator
 
@@ -56,6 +59,7 @@ from turnstile.handlers.provider import (
     ReplyStream,
 )
 from turnstile.projections import ConversationState
+from turnstile.streams.provider_http import CANCELLED, HttpProvider
 
 # Per owned partition, records of the events topic not yet consumed (what the worker knows).
 LagSource = Callable[[], dict[int, int]]
@@ -150,7 +154,7 @@ class Metrics:
         return MeasuredProvider(provider.inner if isinstance(provider, MeasuredProvider) else provider, self)
 
     def on_request(self, family: ProtocolFamily, result: str, seconds: float) -> None:
-        if result != "ok":
+        if result not in ("ok", CANCELLED):  # a request stopped by its caller is no provider's error
             self.provider_errors.labels(family, result).inc()
         self.provider_seconds.labels(family, result).observe(seconds)
 
@@ -211,8 +215,6 @@ class MeasuredProvider:
     other provider is timed per call."""
 
     def __init__(self, inner: Provider, metrics: Metrics) -> None:
-        from turnstile.streams.provider_http import HttpProvider
-
         self.inner = inner
         self._metrics = metrics
         self._http = inner if isinstance(inner, HttpProvider) else None
@@ -230,6 +232,9 @@ class MeasuredProvider:
             return await self.inner.complete(request, stream)
         except ProviderError as err:
             result = err.kind
+            raise
+        except asyncio.CancelledError:
+            result = CANCELLED
             raise
         finally:
             self._metrics.on_request(self.family, result, time.monotonic() - started)

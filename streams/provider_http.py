@@ -44,8 +44,11 @@ from turnstile.handlers.retry import (
 )
 
 log = logging.getLogger(__name__)
-# Told of one HTTP request: the protocol family, its result ("ok" or the error's kind), seconds.
+# Told of one HTTP request: the protocol family, its result ("ok", the error's kind or
+# CANCELLED), seconds.
 RequestListener = Callable[[ProtocolFamily, str, float], None]
+# The result a listener is told of a request its caller stopped waiting for: no provider error.
+CANCELLED = "cancelled"
 
 # A reply bigger than this is not a chat completion; refuse it instead of buffering it.
 MAX_RESPONSE_BYTES = 16 * 1024 * 1024
@@ -108,7 +111,12 @@ class HttpProvider:
         while True:
             relay = None if stream is None else _Relay(stream, self._redact, self._secret)
             sent = time.monotonic()
-            result = await self._try(content, request, relay)
+            try:
+                result = await self._try(content, request, relay)
+            except asyncio.CancelledError:  # the turn's deadline, an interruption, a revoke
+                if on_request is not None:
+                    on_request(self.family, CANCELLED, time.monotonic() - sent)
+                raise
             if on_request is not None:
                 kind = "ok" if isinstance(result, ModelReply) else result.kind
                 on_request(self.family, kind, time.monotonic() - sent)

@@ -121,7 +121,9 @@ async def test_metrics_of_a_worker_on_kafka(kafka_bootstrap: str, fresh_topics: 
         await publisher.producer.stop()
 
 
-async def _scraped_after_one_turn(tmp_path, *replies, outcome: str, retries: int = 0, fallback: bool = False) -> dict:
+async def _scraped_after_one_turn(
+    tmp_path, *replies, outcome: str, retries: int = 0, fallback: bool = False, deadline_ms: int | None = None
+) -> dict:
     """The worker's metrics once it has folded the outcome of one turn the model `replies` to
     (`fallback`: a second model, `gpt-backup`, served by the same provider, as `turnstile run`
     builds its fallbacks)."""
@@ -135,6 +137,8 @@ async def _scraped_after_one_turn(tmp_path, *replies, outcome: str, retries: int
     log = FileLog(tmp_path)
     metrics = Metrics()
     turn = dataclasses.replace(FAST.turn, model="gpt-test", prices={"gpt-test": ModelPrice(1.0, 2.0)})
+    if deadline_ms is not None:
+        turn = dataclasses.replace(turn, budget=dataclasses.replace(turn.budget, deadline_ms=deadline_ms))
     with ProviderServer() as server:
         server.push(*replies)
         provider = HttpProvider(OpenAIChat(), server.base_url_openai, "k", retry=RetryPolicy(max_retries=retries))
@@ -181,6 +185,30 @@ async def test_every_http_request_is_counted_and_timed_its_retries_within_a_call
     assert samples[("turnstile_provider_errors_total", (("family", "openai"), ("kind", "server_error")))] == 2
     assert samples[(timed, (("family", "openai"), ("result", "server_error")))] == 2
     assert samples[(timed, (("family", "openai"), ("result", "ok")))] == 1
+
+
+async def test_a_request_the_turns_deadline_cut_short_is_timed_as_cancelled_and_is_no_provider_error(tmp_path):
+    # Given a model that answers after 2 s and a turn with 0.3 s to live
+    from provider_server import Delay, Reply
+
+    samples = await _scraped_after_one_turn(tmp_path, Delay(2.0, Reply(text="late")), outcome="paused", deadline_ms=300)
+    # Then the request is on the timing histogram as cancelled, and no error is counted
+    timed = "turnstile_provider_request_seconds_count"
+    assert samples[(timed, (("family", "openai"), ("result", "cancelled")))] == 1
+    assert not [name for name, _ in samples if name == "turnstile_provider_errors_total"]
+
+
+async def test_a_call_of_another_provider_its_caller_stops_waiting_for_is_timed_as_cancelled_not_ok():
+    from turnstile.handlers.provider import ChatMessage, ModelRequest
+    from turnstile.handlers.providers.scripted import Scripted, echo_reply
+
+    metrics = Metrics()
+    slow = metrics.measured(ScriptedProvider(lambda request: Scripted(echo_reply(request), delay_s=30.0)))
+    with pytest.raises(TimeoutError):
+        async with asyncio.timeout(0.05):
+            await slow.complete(ModelRequest(model="scripted-1", messages=(ChatMessage("user", "hi"),)))
+    timed = {labels: n for (name, labels), n in scrape(metrics).items() if name.endswith("request_seconds_count")}
+    assert timed == {(("family", "scripted"), ("result", "cancelled")): 1}
 
 
 async def test_the_requests_of_a_fallback_model_are_counted_too(tmp_path):
