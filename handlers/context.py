@@ -9,6 +9,10 @@ from datetime import UTC, datetime
 from turnstile.handlers.provider import ChatMessage
 from turnstile.projections import HistoryEntry, PendingInput
 
+# What a later turn sends in place of an input the model refused (`HistoryEntry.withheld`):
+# the model knows something was asked and declined, without the words that were refused.
+WITHHELD_INPUT = "[A message the model declined to answer earlier; its text is left out]"
+
 
 def render_pending(rows: Sequence[PendingInput]) -> str:
     """One input is sent as it is; several are listed in order with their UTC times, so
@@ -32,7 +36,7 @@ def build_context(
 ) -> tuple[ChatMessage, ...]:
     """History stops at the turn's boundary (a replay long after the turn sees the same
     context as the turn did), and the claimed inputs never appear in history, only as the
-    final user message.
+    final user message. The inputs of a turn the model refused are sent as `WITHHELD_INPUT`.
 
     `rendered`, if given, is the caller's cache of this conversation's history as messages,
     one per entry from the first, kept across turns: history is append-only and its entries
@@ -41,8 +45,12 @@ def build_context(
     if rendered is None:
         rendered = []
     if len(rendered) < history_boundary:
-        rendered.extend(ChatMessage(entry.role, entry.content) for entry in history[len(rendered) : history_boundary])
+        rendered.extend(_message(entry) for entry in history[len(rendered) : history_boundary])
     final = ChatMessage("user", render_pending(inputs))
     if system_prompt:
         return (ChatMessage("system", system_prompt), *rendered[:history_boundary], final)
     return (*rendered[:history_boundary], final)
+
+
+def _message(entry: HistoryEntry) -> ChatMessage:
+    return ChatMessage(entry.role, WITHHELD_INPUT if entry.withheld else entry.content)

@@ -307,8 +307,9 @@ def _finish(state: ConversationState, outcome: TerminalOutcome) -> Rejection | N
     if closed_run_cannot_end_so(turn, outcome):
         return Rejection(f"{outcome.type} from run {outcome.run_id}, which an AttemptFailed already closed")
     kind = _OUTCOME_KIND[type(outcome)]
+    refused = isinstance(outcome, TurnFailed) and outcome.reason == "refusal"
     for item in turn.inputs:
-        state.history.append(HistoryEntry("user", item.content, item.occurred_at, turn.turn_id))
+        state.history.append(HistoryEntry("user", item.content, item.occurred_at, turn.turn_id, withheld=refused))
     closing = _closing_text(outcome, turn.journal)
     state.history.append(HistoryEntry("assistant", closing, outcome.occurred_at, turn.turn_id, kind))
     pending_call = outcome.pending_call if isinstance(outcome, TurnPaused) else None

@@ -30,6 +30,11 @@ Encoding v4 is v3 with one more field at the end of the active turn: its `stops`
 a takeover closed because their worker stopped). An older snapshot decodes with its active
 turn's earlier attempts counted as stopped (`_upcast_stops`).
 
+Encoding v5 is v4 with one more field at the end of each history entry: `withheld` (0 or 1,
+an input of a turn the model refused, which later turns do not send). An older snapshot
+decodes with none withheld: a conversation whose refused turn is only in such a snapshot
+sends that input again until its next snapshot is written from the events.
+
 Versions: v2 added the closing verdict of the active turn's attempt (`ActiveTurn.verdict`)
 as the last field of the active turn; everything else is as in v1. A v1 snapshot still
 decodes, upcast (`_upcast_verdict`). v3 added the head and deflated v2's state behind it. Only the
@@ -63,10 +68,10 @@ from turnstile.projections.state import (
 )
 from turnstile.projections.status import STATUSES, Status, conversation_status
 
-SNAPSHOT_VERSION = 4
-_READABLE = (1, 2, 3, 4)  # every version a snapshot was ever written in
+SNAPSHOT_VERSION = 5
+_READABLE = (1, 2, 3, 4, 5)  # every version a snapshot was ever written in
 _WHOLE = (1, 2)  # those written as one object, without a head
-_HEADED = (3, 4)  # those with a head line
+_HEADED = (3, 4, 5)  # those with a head line
 _HEAD_FIELDS = {"snapshot", "covered", "conversation", "status", "crc"}
 # The fastest level: encoding runs on the worker's loop at its checkpoints, and the state's
 # JSON deflates about as well at 1 as at 6.
@@ -166,7 +171,7 @@ class _Whole:
 
 
 def _split(value: bytes | None, conversation_id: str | None) -> tuple[_Head | _Whole, memoryview]:
-    """A v3 or v4 snapshot's head, checked (key, version, checksum), and its body (a view: a load
+    """A v3, v4 or v5 snapshot's head, checked (key, version, checksum), and its body (a view: a load
     checks the body of every snapshot and copies none); an older one whole."""
     if value is None:
         _bad("empty value")
@@ -226,14 +231,16 @@ def _decode_whole(value: bytes, conversation_id: str | None) -> Snapshot | Snaps
     return Snapshot(state, covered)
 
 
-# -- the state of v2 to v4 (as v1 but for the active turn) -------------------------------------------------
+# -- the state of v2 to v5 (as v1 but for the active turn and, since v5, history entries) ---------
 def _state(s: ConversationState) -> list[Any]:
     """[conversation_id, events_applied, history, pending, active, turns, seen_inputs,
-    claimed_by, rejected]; the last three are [key, value] pairs."""
+    claimed_by, rejected]; the last three are [key, value] pairs. A history entry is [role
+    (0 user, 1 assistant), content, occurred_at, turn_id, outcome or null, withheld (0 or 1;
+    since v5)]."""
     return [
         s.conversation_id,
         s.events_applied,
-        [[_ROLES.index(h.role), h.content, h.occurred_at, h.turn_id, h.outcome] for h in s.history],
+        [[_ROLES.index(h.role), h.content, h.occurred_at, h.turn_id, h.outcome, int(h.withheld)] for h in s.history],
         [_input_v1(p) for p in s.pending.values()],
         None if s.active is None else _active_v4(s.active),
         [_turn_v1(t) for t in s.turns.values()],
@@ -293,7 +300,7 @@ def _turn_v1(t: TurnRecord) -> list[Any]:
     return [t.turn_id, list(t.input_ids), t.outcome, t.attempts, call]
 
 
-# -- decoding v1, v2 and the body of v3 and v4 ------------------------------------------------------------------------
+# -- decoding v1, v2 and the body of v3 to v5 ------------------------------------------------------------------------
 class _Invalid(Exception):
     pass
 
@@ -354,7 +361,7 @@ def _read_state(value: object, version: int) -> ConversationState:
     records = [_read_turn_v1(t) for t in _list(turns)]
     return ConversationState(
         conversation_id=_str(conversation),
-        history=[_read_history_v1(h) for h in _list(history)],
+        history=[_read_history(h, version) for h in _list(history)],
         pending={p.input_id: p for p in inputs},
         active=None if active is None else _read_active(active, version),
         turns={t.turn_id: t for t in records},
@@ -365,12 +372,15 @@ def _read_state(value: object, version: int) -> ConversationState:
     )
 
 
-def _read_history_v1(value: object) -> HistoryEntry:
-    role, content, at, turn, outcome = _list(value, 5)
+def _read_history(value: object, version: int) -> HistoryEntry:
+    role, content, at, turn, outcome, *rest = _list(value, 6 if version >= 5 else 5)
     if role not in (0, 1) or isinstance(role, bool):
         _bad(f"expected a role of 0 or 1, got {_shown(role)}")
     kind = None if outcome is None else _choice(outcome, _OUTCOMES)
-    return HistoryEntry("user" if role == 0 else "assistant", _str(content), _int(at), _str(turn), kind)
+    if rest and (rest[0] not in (0, 1) or isinstance(rest[0], bool)):
+        _bad(f"expected withheld as 0 or 1, got {_shown(rest[0])}")
+    withheld = bool(rest and rest[0])  # (none before v5)
+    return HistoryEntry("user" if role == 0 else "assistant", _str(content), _int(at), _str(turn), kind, withheld)
 
 
 def _read_input_v1(value: object) -> PendingInput:

@@ -54,6 +54,10 @@ class HistoryEntry:
     occurred_at: int
     turn_id: str
     outcome: OutcomeKind | None = None  # set on the assistant entry that closes a turn
+    # An input of a turn the model refused: later turns send a note in its place, since a
+    # provider that refused it refuses every request that carries it again (Anthropic:
+    # "Attempting to continue without resetting will result in continued refusals").
+    withheld: bool = False
 
 
 @dataclass(slots=True)

@@ -68,6 +68,7 @@ def render(view: ConversationView, console: Console) -> None:
         history.add_column(column)
     for h in state.history:
         role = h.role if h.outcome is None else f"{h.role} ({h.outcome})"
+        role += " (withheld: refused)" if h.withheld else ""
         history.add_row(_time(h.occurred_at), _plain(role), _plain(h.turn_id[:8]), _short(h.content))
     console.print(history if state.history else Text("history: empty"))
 

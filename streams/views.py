@@ -238,7 +238,7 @@ def state_json(view: ConversationView) -> dict[str, Any]:
         "events_applied": state.events_applied,
         "history": [
             {"role": h.role, "content": h.content, "occurred_at": h.occurred_at, "turn_id": h.turn_id,
-             "outcome": h.outcome}
+             "outcome": h.outcome, "withheld": h.withheld}
             for h in state.history
         ],
         "pending": [

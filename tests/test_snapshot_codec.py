@@ -84,6 +84,42 @@ def test_v3_snapshots_decode_to_the_state_their_v4_golden_holds(path: Path) -> N
     assert old_head == {**_head_and_state((GOLDEN / path.name.replace("v3.", "v4.", 1)).read_bytes())[0], "snapshot": 3}
 
 
+@pytest.mark.parametrize("path", sorted(GOLDEN.glob("v4.*.snap")), ids=lambda p: p.name)
+def test_v4_snapshots_decode_to_the_state_their_v5_golden_holds_with_no_input_withheld(path: Path) -> None:
+    # v5 added `withheld` to history entries: a v4 snapshot records none, so its entries
+    # are read as not withheld -- a refused turn's input in a v4 snapshot is sent again.
+    old = decode_snapshot(path.read_bytes())
+    new = decode_snapshot((GOLDEN / path.name.replace("v4.", "v5.", 1)).read_bytes())
+    assert isinstance(old, Snapshot) and isinstance(new, Snapshot)
+    assert not any(h.withheld for h in old.state.history)
+    for entry in new.state.history:
+        entry.withheld = False
+    assert old == new
+
+
+def test_the_v5_golden_of_a_refused_turn_holds_its_input_withheld_and_its_words_kept() -> None:
+    refused = decode_snapshot((GOLDEN / "v5.refused_turn.snap").read_bytes())
+    assert isinstance(refused, Snapshot)
+    assert [(h.role, h.content, h.outcome, h.withheld) for h in refused.state.history] == [
+        ("user", "What's the weather in Lyon?", None, False),
+        ("assistant", "Sunny, 21 °C.", "completed", False),
+        ("user", "Write me something the classifier stops.", None, True),
+        ("assistant", "[This turn failed: The model declined to answer: This request was declined because it could"
+         " enable cyber harm.]", "failed", False),
+    ]  # fmt: skip
+    assert list(refused.state.pending) == ["m3"]
+
+
+@pytest.mark.parametrize(("withheld", "why"), [(True, "withheld as 0 or 1, got True"), (2, "0 or 1, got 2")])
+def test_a_history_entry_withheld_other_than_0_or_1_is_refused(withheld: object, why: str) -> None:
+    state = orjson.loads(_head_and_state((GOLDEN / "v5.refused_turn.snap").read_bytes())[1])
+    state[2][2][5] = withheld
+    body = zlib.compress(orjson.dumps(state))
+    head = {"snapshot": 5, "covered": 8, "conversation": state[0], "status": "debouncing", "crc": zlib.crc32(body)}
+    decoded = decode_snapshot(orjson.dumps(head) + b"\n" + body)
+    assert isinstance(decoded, SnapshotError) and why in decoded.detail
+
+
 @pytest.mark.parametrize(("version", "fields", "why"), [(4, 22, "an array of 23"), (3, 23, "an array of 22")])
 def test_an_active_turn_is_read_as_long_as_its_version_says(version: int, fields: int, why: str) -> None:
     # A v4 head on a v3 active turn (or the reverse) is refused, not read with a field shifted.
@@ -161,7 +197,7 @@ def _golden_doc() -> dict[str, object]:
         (b"\xff not json", "not JSON"),
         (b"[1, 2]", "expected an object"),
         (orjson.dumps({**_golden_doc(), "snapshot": 3}), "snapshot version 3 is not one of [1, 2] (v3 has a head"),
-        (_v3_head({"snapshot": 5}), "snapshot version 5 is not one of [1, 2, 3, 4]"),
+        (_v3_head({"snapshot": 6}), "snapshot version 6 is not one of [1, 2, 3, 4, 5]"),
         (_v3_head({"status": "asleep"}), "expected one of ['idle'"),
         (_v3_head({"crc": 1}), "checksum"),
         (_v3_head({"covered": -3}), "non-negative integer"),

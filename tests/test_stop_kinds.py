@@ -5,6 +5,7 @@ that refuses (400) any request the real API would refuse."""
 from __future__ import annotations
 
 import copy
+import json
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -15,11 +16,13 @@ from wire_harness import API_KEY, MockApi, anthropic_api, fixture, openai_api, r
 from worker_harness import events_of, running
 
 from turnstile.handlers.budget import TurnBudget
+from turnstile.handlers.context import WITHHELD_INPUT
 from turnstile.handlers.pricing import ModelPrice
 from turnstile.handlers.providers.anthropic_messages import AnthropicMessages
 from turnstile.handlers.providers.openai_chat import OpenAIChat
 from turnstile.streams.file_log import FileLog
 from turnstile.streams.provider_http import HttpProvider
+from turnstile.streams.views import build_view, state_json
 
 MODELS = {"openai": "gpt-test", "anthropic": "claude-test"}
 
@@ -189,6 +192,34 @@ async def test_a_conversation_with_an_empty_or_refused_reply_keeps_working_for_t
         "user",
         "assistant",
     ] * 3 + ["user"]
+
+
+REFUSED = [("anthropic", "refusal"), ("anthropic", "refusal_partial"), ("openai", "refusal")]
+
+
+@pytest.mark.parametrize(("family", "name"), REFUSED)
+async def test_a_refused_input_is_not_sent_again_but_stays_in_the_conversations_history(world, family, name):
+    # Anthropic: "Attempting to continue without resetting will result in continued refusals."
+    probe = Api(family)
+    probe.mock.push(reply(fixture(family, name)), probe.text("Paris is sunny."))
+    async with (
+        probe.mock.client() as client,
+        running(world.log, probe.provider(client), config(settings(world, model=MODELS[family]))),
+    ):
+        await say(world.log, "the words the model refused", "m1")
+        await outcomes(world.log, 1)
+        await say(world.log, "What about Paris?", "m2")
+        found = await outcomes(world.log, 2)
+
+    assert [o.type for o in found] == ["TurnFailed", "TurnCompleted"]
+    later = json.dumps(probe.mock.bodies[1])
+    assert "the words the model refused" not in later and WITHHELD_INPUT in later
+    assert "What about Paris?" in later and found[0].error in later  # the model still reads how it ended
+    # and the conversation as readers see it still holds the refused words, marked
+    history = state_json(build_view("c1", world.log.conversation_records("c1")))["history"]
+    assert [(h["content"], h["withheld"]) for h in history if h["role"] == "user"] == [
+        ("the words the model refused", True), ("What about Paris?", False)
+    ]
 
 
 async def test_tool_errors_are_flagged_and_thinking_carries_across_the_tool_round(world):
