@@ -420,8 +420,9 @@ class Worker:
                 break
             await self._consume(record)
             await self.pace.let_the_loop_run(replaying)
-        if replaying and self._rebalances == polled_at:
-            await self._past_undelivered()
+        idle = not records  # (a live partition is checked when idle only: the poll's hot path awaits nothing more)
+        if (replaying or idle) and self._rebalances == polled_at:
+            await self._past_undelivered(live_too=idle)
         self._decide()
         done = await self.checkpoint.commit_due(self.partitions.committable())
         if done is not None:
@@ -512,18 +513,21 @@ class Worker:
             return None
         return record.key.decode("utf-8", "replace")
 
-    async def _past_undelivered(self) -> None:
-        """A replaying partition whose last offsets hold no record the consumer delivers (a
+    async def _past_undelivered(self, live_too: bool) -> None:
+        """A partition whose last offsets hold no record the consumer delivers (a
         transaction's commit or abort marker, an aborted transaction's records) is folded to
         its end all the same: the consumer's position has passed them, so the fold's does too.
-        Otherwise its replay would wait for a record that may never come."""
+        Otherwise a replay would wait for a record that may never come, and a live partition
+        would show a lag (and commit a position) short of its end for good -- behind every
+        transactional publisher's last commit marker."""
         for partition, part in self.partitions.items():
-            if part.live or not part.reading:
+            if not part.reading or (part.live and not live_too):
                 continue
             read = await self.log.read_position(partition)
             if read is not None and read > part.at.position and self.partitions.get(partition) is part:
+                was_live = part.live
                 self.checkpoint.pass_to(partition, read)
-                self._maybe_live(part, partition, was_live=False)
+                self._maybe_live(part, partition, was_live)
 
     def _maybe_live(self, part: OwnedPartition, partition: int, was_live: bool) -> None:
         if not was_live and part.live:

@@ -99,6 +99,13 @@ def settled(audit: LogAudit, expected_inputs: Iterable[str]) -> bool:
     return set(expected_inputs) <= claimed and {c.turn_id for c in claims} <= outcomes  # type: ignore[attr-defined]
 
 
+async def until(condition: Callable[[], object], timeout_s: float, what: str) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while not condition():
+        assert asyncio.get_running_loop().time() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.1)
+
+
 async def until_settled(
     bootstrap: str,
     topics: Topics,

@@ -23,6 +23,7 @@ from fault_audit import (
     counts,
     dead_letters,
     record,
+    until,
     until_settled,
 )
 from kafka_fixtures import fresh_topics, kafka_bootstrap  # noqa: F401  (fixtures)
@@ -116,13 +117,6 @@ async def publisher(kafka_bootstrap: str, fresh_topics: Topics) -> AsyncIterator
         yield log
     finally:
         await log.producer.stop()
-
-
-async def until(condition: Callable[[], object], timeout_s: float, what: str) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout_s
-    while not condition():
-        assert asyncio.get_running_loop().time() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.1)
 
 
 async def until_on_log(bootstrap: str, topics: Topics, kind: type, timeout_s: float) -> None:

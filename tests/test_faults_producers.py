@@ -19,12 +19,14 @@ import uuid
 from collections.abc import Awaitable, Callable
 
 import pytest
-from aiokafka import AIOKafkaProducer
+from aiokafka import AIOKafkaProducer, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient
 from builders import claim, message, started
-from fault_audit import LogAudit, check_invariants, counts, dead_letters, record, until_settled
+from fault_audit import LogAudit, check_invariants, counts, dead_letters, record, until, until_settled
 from kafka_fixtures import fresh_topics, kafka_bootstrap  # noqa: F401  (fixtures)
 
 from turnstile.events import ModelResponded, TurnClaimed, Usage, encode
+from turnstile.events.identity import partition_for
 from turnstile.handlers.claim import DebouncePolicy
 from turnstile.handlers.providers.scripted import ScriptedProvider
 from turnstile.projections import apply_event, new_state
@@ -174,3 +176,53 @@ async def test_a_partition_ending_in_transaction_markers_replays_to_its_end_and_
     audit, _ = await run_until_settled(kafka_bootstrap, fresh_topics, config, nothing_more, ["t1"], timeout_s=60)
     check_invariants(audit)
     assert [c.input_ids for c in audit.of_type(TurnClaimed)] == [("t1",)]  # the aborted one never
+
+
+async def test_a_live_partition_whose_last_offsets_deliver_nothing_shows_no_lag_and_is_committed_to_its_end(
+    kafka_bootstrap: str, fresh_topics: Topics  # noqa: F811
+) -> None:
+    # Given a live worker on an empty topic
+    group = f"g-{uuid.uuid4().hex[:8]}"
+    config = WorkerConfig(debounce=DebouncePolicy(quiet_ms=0, max_wait_ms=0), commit_interval_s=0.1)
+    worker = Worker(KafkaLog(kafka_bootstrap, group, fresh_topics), ScriptedProvider(), config)
+    stop = asyncio.Event()
+    task = asyncio.create_task(worker.run(stop))
+    partition = partition_for("conv-txn", 8)
+    try:
+        await until(lambda: partition in worker.consumer_lag(), 60, "the partition is live")
+        # When a publisher aborts a transaction there: its record and the abort marker take
+        # offsets 0 and 1, and a read_committed consumer delivers neither
+        producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap, transactional_id=f"tx-{uuid.uuid4().hex[:8]}")
+        await producer.start()
+        try:
+            await producer.begin_transaction()
+            await producer.send_and_wait(
+                fresh_topics.events, encode(message_event("conv-txn", "never committed", NOW(), "t1")),
+                key=b"conv-txn", partition=partition,
+            )  # fmt: skip
+            await producer.abort_transaction()
+        finally:
+            await producer.stop()
+        # Then the worker's lag of the partition comes down to 0 at its end (it stayed at 2:
+        # a lag alert on every partition a transactional publisher writes to), and its
+        # group's committed offset reaches the end (a restart need not read the two again)
+        await until(lambda: (worker.log.end_offset(partition), worker.consumer_lag()[partition]) == (2, 0), 60,
+                    "no lag at the partition's end")  # fmt: skip
+        admin = AIOKafkaAdminClient(bootstrap_servers=kafka_bootstrap)
+        await admin.start()
+        try:
+            async def committed() -> int | None:
+                offsets = await admin.list_consumer_group_offsets(group)
+                found = offsets.get(TopicPartition(fresh_topics.events, partition))
+                return None if found is None else found.offset
+
+            deadline = asyncio.get_running_loop().time() + 30
+            while await committed() != 2:
+                assert asyncio.get_running_loop().time() < deadline, f"committed {await committed()}, not 2"
+                await asyncio.sleep(0.2)
+        finally:
+            await admin.close()
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 30)
+

@@ -8,10 +8,9 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import Callable
 
 import pytest
-from fault_audit import audit_log, check_invariants, counts, dead_letters, record, until_settled
+from fault_audit import audit_log, check_invariants, counts, dead_letters, record, until, until_settled
 from kafka_fixtures import fresh_topics, kafka_bootstrap  # noqa: F401  (fixtures)
 
 from turnstile.events import OUTCOME_TYPES
@@ -27,13 +26,6 @@ from turnstile.streams.worker import Worker, WorkerConfig
 pytestmark = pytest.mark.kafka
 NOW = SystemClock().now_ms
 CONVERSATIONS = 12
-
-
-async def until(condition: Callable[[], object], timeout_s: float, what: str) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout_s
-    while not condition():
-        assert asyncio.get_running_loop().time() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.1)
 
 
 async def test_a_worker_with_empty_state_rebuilds_equal_projections_and_repeats_no_effect(
