@@ -10,6 +10,7 @@ import uuid
 from collections.abc import Mapping
 
 import pytest
+from aiokafka.coordinator.protocol import ConsumerProtocolMemberAssignment, ConsumerProtocolMemberMetadata
 from kafka_fixtures import fresh_topics, kafka_bootstrap  # noqa: F401  (fixtures)
 
 from turnstile.handlers.claim import DebouncePolicy
@@ -18,13 +19,21 @@ from turnstile.streams.kafka_log import KafkaLog
 from turnstile.streams.log import PartitionStart, Topics
 from turnstile.streams.turn_runner import TurnSettings
 from turnstile.streams.worker import Worker, WorkerConfig
-from turnstile.streams.worker_groups import ConsumerGroup, GroupMember, beside_warning, groups_beside
+from turnstile.streams.worker_groups import (
+    ConsumerGroup,
+    GroupMember,
+    Survey,
+    beside_warning,
+    described_groups,
+    groups_beside,
+    warn_of_groups_beside,
+)
 
 EVENTS = "turnstile.events"
 
 
 def group(group_id: str, *members: frozenset[str], host: str = "10.0.0.7") -> ConsumerGroup:
-    return ConsumerGroup(group_id, "Stable", tuple(GroupMember("turnstile", host, topics) for topics in members))
+    return ConsumerGroup(group_id, "Stable", tuple(GroupMember(host, topics) for topics in members))
 
 
 # -- the decision ----------------------------------------------------------------------
@@ -56,6 +65,49 @@ def test_given_several_groups_beside_when_warned_then_each_is_named_with_its_mem
     assert "\x1b" not in text  # a client's host name never restyles the operator's terminal
 
 
+def test_given_a_describe_answer_when_read_then_members_topics_are_decoded_and_each_refusal_is_a_problem():
+    subscribed = ConsumerProtocolMemberMetadata(0, [EVENTS], b"").encode()
+    assigned = ConsumerProtocolMemberAssignment(0, [(EVENTS, [0, 1])], b"").encode()
+    answer = {"groups": [
+        {"error_code": 0, "group": "workers", "state": "Stable", "protocol_type": "consumer", "protocol": "roundrobin",
+         "members": [{"member_id": "m-1", "client_id": "turnstile", "client_host": "/10.0.0.7",
+                      "member_metadata": subscribed, "member_assignment": assigned},
+                     {"member_id": "m-2", "client_id": "connect", "client_host": "/10.0.0.8",
+                      "member_metadata": b"\x00", "member_assignment": b""}]},
+        {"error_code": 30, "group": "billing", "state": "", "protocol_type": "", "protocol": "", "members": []},
+    ]}  # fmt: skip
+    groups, problems = described_groups(answer)
+    members = (GroupMember("/10.0.0.7", frozenset({EVENTS})), GroupMember("/10.0.0.8", frozenset()))
+    assert groups == [ConsumerGroup("workers", "Stable", members)]  # (a member of another protocol: no topics)
+    assert problems == ["group 'billing': GroupAuthorizationFailedError (error 30)"]
+
+
+async def test_when_the_admin_api_refuses_or_times_out_then_the_check_is_said_undone(
+    caplog: pytest.LogCaptureFixture,
+):
+    no_rights = "group 'billing': GroupAuthorizationFailedError (error 30)"
+    refused = Survey([group("workers", frozenset({EVENTS}))], [no_rights])
+    rebalancing = ConsumerGroup("other", "PreparingRebalance", (GroupMember("/10.0.0.9", frozenset()),))
+
+    async def partly(bootstrap: str, own: str) -> Survey:
+        return Survey([*refused.groups, rebalancing], refused.problems)
+
+    async def never(bootstrap: str, own: str) -> Survey:
+        await asyncio.Event().wait()
+        raise AssertionError("unreachable")
+
+    with caplog.at_level(logging.WARNING, logger="turnstile.streams.worker_groups"):
+        beside = await warn_of_groups_beside("b:9092", EVENTS, "workers", survey=partly)
+        assert beside == []  # its own group is no other
+        await warn_of_groups_beside("b:9092", EVENTS, "workers", survey=never, timeout_s=0.01)
+    said = [r.getMessage() for r in caplog.records]
+    assert said == [
+        f"could not check whether every other consumer group reads {EVENTS}: {no_rights}; "
+        "group 'other' stayed PreparingRebalance (what it reads is not given)",
+        f"could not check whether another consumer group reads {EVENTS}: TimeoutError()",
+    ]
+
+
 # -- on the broker ---------------------------------------------------------------------
 @pytest.mark.kafka
 async def test_a_worker_started_in_a_second_group_on_the_same_topics_warns_and_one_in_the_same_group_does_not(
@@ -78,7 +130,7 @@ async def test_a_worker_started_in_a_second_group_on_the_same_topics_warns_and_o
 
             await _started_and_stopped(KafkaLog(kafka_bootstrap, running + "-typo", fresh_topics))
         [warning] = [r for r in caplog.records if r.name == "turnstile.streams.worker_groups"]
-        assert warning.levelno == logging.ERROR
+        assert warning.levelno == logging.WARNING
         assert f"{running!r} (1 member on " in warning.getMessage()
         assert f"consumer group '{running}-typo' is starting on {fresh_topics.events}" in warning.getMessage()
     finally:
