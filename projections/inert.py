@@ -2,7 +2,8 @@
 
 Ids and content are whatever a client sent: an escape sequence in a conversation id would
 restyle (or retitle, or hyperlink) the terminal that prints it. `printable` writes every
-control character (C0, DEL, C1 -- ESC among them) as a visible `\\xNN` escape; markup
+control character (C0, DEL, C1 -- ESC among them) as a visible `\\xNN` escape, `inert_json`
+as JSON's `\\u00NN`; markup
 (rich's `[bold]`, HTML) is the renderer's to escape -- `inspect` prints rich `Text`
 objects, never markup, and the HTML pages pass everything through `html.escape`.
 """
@@ -22,3 +23,12 @@ def printable(text: str) -> str:
 def _escape(match: re.Match[str]) -> str:
     char = match.group()
     return "\\n" if char == "\n" else f"\\x{ord(char):02x}"
+
+
+def inert_json(text: str) -> str:
+    """JSON text (orjson's, which escapes C0 only) with DEL and the C1 controls written as
+    `\\u00NN` too. They can stand only inside its strings, where that escape means the same."""
+    return _RAW_IN_JSON.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
+
+
+_RAW_IN_JSON = re.compile(r"[\x7f-\x9f]")

@@ -269,7 +269,7 @@ async def _inspect(args: argparse.Namespace) -> int:
     config: config_file.Config = args.resolved.config
     _log_there(config, args.command)
     view = await inspect(args.conversation, broker=config.broker, data=config.data, topics=config.topics.topics(),
-                         json=args.json)  # fmt: skip
+                         print_json=args.json)  # fmt: skip
     if view.state.events_applied == 0 and view.undecodable == 0:
         where = config.broker or config.data
         raise CliError(NOT_FOUND, f"no event of conversation {args.conversation!r} is on {where}")

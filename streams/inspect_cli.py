@@ -10,7 +10,6 @@ duration), rendered with rich. What comes from the log (ids, content) is printed
 from __future__ import annotations
 
 import datetime as dt
-import re
 from pathlib import Path
 
 import orjson
@@ -19,7 +18,7 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from turnstile.projections.inert import printable
+from turnstile.projections.inert import inert_json, printable
 from turnstile.streams.file_log import FileLog
 from turnstile.streams.log import Record, Topics
 from turnstile.streams.views import ConversationView, TurnView, build_view, state_json, turn_json
@@ -140,18 +139,14 @@ def _turn_panel(turn: TurnView) -> Panel:
 def as_json(view: ConversationView) -> str:
     """`inspect --json`: the conversation as `GET /conversations/{id}` answers it, each of its
     turns as `GET .../turns/{turn_id}` does (timeline included), and how many values of its
-    partition did not decode. orjson escapes the C0 controls; the C1 ones (U+0080-U+009F, a
-    CSI among them) are escaped too, so printing the JSON restyles no terminal."""
+    partition did not decode. Every control character is a JSON escape (`inert_json`), so
+    printing it restyles no terminal."""
     whole = {
         **state_json(view),
         "turns": [turn_json(view.state.conversation_id, turn) for turn in view.turns.values()],
         "undecodable": view.undecodable,
     }
-    text = orjson.dumps(whole, option=orjson.OPT_INDENT_2).decode()
-    return _C1.sub(lambda c: f"\\u{ord(c.group()):04x}", text)  # only inside strings: JSON has no other place
-
-
-_C1 = re.compile("[\x80-\x9f]")
+    return inert_json(orjson.dumps(whole, option=orjson.OPT_INDENT_2).decode())
 
 
 async def inspect(
@@ -161,13 +156,13 @@ async def inspect(
     data: Path,
     topics: Topics,
     console: Console | None = None,
-    json: bool = False,
+    print_json: bool = False,
 ) -> ConversationView:
     records = await conversation_records(conversation_id, broker=broker, data=data, topics=topics)
     view = build_view(conversation_id, records)
     if view.state.events_applied or view.undecodable:  # else nothing to show: the caller says not found
         out = console or Console()
-        if json:
+        if print_json:
             out.out(as_json(view), highlight=False)
         else:
             render(view, out)
