@@ -24,7 +24,8 @@ after a restart does not count history twice within one process:
   `turnstile_provider_errors_total{family,kind}`: every request this worker's provider made
   (retries of the transport included), timed where it is made: result `ok`, the error kind, or
   `cancelled` for one the turn stopped waiting for (its deadline, an interruption, a revoke;
-  not counted as an error)
+  not counted as an error), or `internal` for a call of another provider that raised
+  something else than a `ProviderError` (a bug of its own)
 
 Each `Metrics` has its own registry, so several workers in one process (tests) do not mix.
 """
@@ -209,6 +210,11 @@ class Metrics:
         return generate_latest(self.registry)
 
 
+# The result of a call of a provider (not the HTTP transport) that raised something else
+# than a `ProviderError`: its own bug, which the turn records as an internal error.
+INTERNAL = "internal"
+
+
 class MeasuredProvider:
     """A provider whose every request is timed and counted, here and not by whatever else
     shares it: an `HttpProvider` tells these metrics of each of its HTTP requests, any
@@ -235,6 +241,9 @@ class MeasuredProvider:
             raise
         except asyncio.CancelledError:
             result = CANCELLED
+            raise
+        except Exception:
+            result = INTERNAL  # the provider's own bug: the turn records it as an internal error
             raise
         finally:
             self._metrics.on_request(self.family, result, time.monotonic() - started)

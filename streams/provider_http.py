@@ -103,7 +103,7 @@ class HttpProvider:
         """With `stream`, the request asks for server-sent events and the reply's text goes
         to `stream` as it arrives; a retry after some text tells it to start over.
         `on_request` is told of every HTTP request this call makes, retries included: its
-        result ("ok" or the error's kind) and how long it took, the waits between retries
+        result ("ok", the error's kind or `CANCELLED`) and how long it took, the waits between retries
         not counted (`Metrics`; per call, so one provider may serve several workers)."""
         content = orjson.dumps(self._wire.request_body(request, stream=stream is not None))
         started = time.monotonic()

@@ -211,6 +211,22 @@ async def test_a_call_of_another_provider_its_caller_stops_waiting_for_is_timed_
     assert timed == {(("family", "scripted"), ("result", "cancelled")): 1}
 
 
+async def test_a_call_of_another_provider_that_raises_a_bug_of_its_own_is_an_internal_error_not_ok():
+    from turnstile.handlers.provider import ChatMessage, ModelRequest
+
+    def broken(request: ModelRequest) -> str:
+        raise KeyError("choices")
+
+    metrics = Metrics()
+    with pytest.raises(KeyError):
+        await metrics.measured(ScriptedProvider(broken)).complete(
+            ModelRequest(model="scripted-1", messages=(ChatMessage("user", "hi"),))
+        )
+    samples = scrape(metrics)
+    assert samples[("turnstile_provider_request_seconds_count", (("family", "scripted"), ("result", "internal")))] == 1
+    assert samples[("turnstile_provider_errors_total", (("family", "scripted"), ("kind", "internal")))] == 1
+
+
 async def test_the_requests_of_a_fallback_model_are_counted_too(tmp_path):
     from provider_server import Raw, Reply
 
