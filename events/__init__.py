@@ -23,6 +23,7 @@ from turnstile.events.lifecycle import (
 )
 from turnstile.events.outcomes import (
     EXHAUSTED_BECAUSE,
+    REFUSAL_ERROR,
     OperationRecord,
     TurnCompleted,
     TurnExhausted,
@@ -49,6 +50,7 @@ __all__ = [
     "INPUT_TYPES",
     "NOT_STARTED",
     "OUTCOME_TYPES",
+    "REFUSAL_ERROR",
     "SCHEMA_VERSION",
     "STEP_TYPES",
     "STOPPED_MID_ATTEMPT",

@@ -59,6 +59,9 @@ class TurnCompleted(_Outcome):
 # Why a turn failed, when the model's reply itself is the reason (None: everything else,
 # e.g. a provider error, an internal error, a repeated invalid call).
 FailureReason = Literal["refusal", "content_filter"]
+# How the `error` of every refusal begins ("The model declined to answer: <what the provider
+# said of it>"), since the first version: what tells a refusal where `reason` is not at hand.
+REFUSAL_ERROR = "The model declined to answer"
 
 
 class TurnFailed(_Outcome):

@@ -203,7 +203,19 @@ def resume_refusal(state: ConversationState, resume: ResumeRequested) -> str | N
     if record.pending_call is not None:  # its approval decides it: a resume would leave the grant open
         call = record.pending_call.call_id
         return f"{named} waits for the approval of call {call}: approve or deny it; nothing was resumed."
+    if refused_by_model(state, record.turn_id):
+        return f"{named} the model refused: {NOTHING_TO_CONTINUE}; nothing was resumed."
     return None
+
+
+# Why a turn the model refused is not resumed: its inputs are withheld from every later turn
+# (`HistoryEntry.withheld`), so its resume would ask the model to continue nothing.
+NOTHING_TO_CONTINUE = "its inputs are no longer sent, so there is nothing to continue: send a new message instead"
+
+
+def refused_by_model(state: ConversationState, turn_id: str) -> bool:
+    """Whether `turn_id` ended in the model's refusal (its inputs are withheld)."""
+    return any(h.withheld for h in state.history if h.turn_id == turn_id)
 
 
 @dataclass(frozen=True, slots=True)

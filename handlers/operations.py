@@ -17,7 +17,7 @@ from typing import Literal
 from turnstile.events import Approval, InputInjected, ResumeRequested, input_id, logical_turn_id
 from turnstile.events.base import MAX_ID_CHARS
 from turnstile.events.inputs import MAX_CONTENT_CHARS
-from turnstile.handlers.claim import DebouncePolicy, claims_ahead
+from turnstile.handlers.claim import NOTHING_TO_CONTINUE, DebouncePolicy, claims_ahead, refused_by_model
 from turnstile.projections import ConversationState, PendingInput
 from turnstile.projections.state import TurnRecord
 
@@ -252,6 +252,8 @@ def decide_resume(
     turn = last.turn_id[:12]
     if last.outcome == "completed":
         return Refused(f"conversation {state.conversation_id!r} has nothing to resume: its last turn {turn} completed")
+    if refused_by_model(state, last.turn_id):
+        return Refused(f"the model refused turn {turn} of {state.conversation_id!r}: {NOTHING_TO_CONTINUE}")
     if last.pending_call is not None:
         call = last.pending_call
         return Refused(

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from turnstile.events.outcomes import FailureReason
+from turnstile.events.outcomes import REFUSAL_ERROR, FailureReason
 from turnstile.handlers.provider import ModelReply
 
 
@@ -61,7 +61,7 @@ def after_reply(reply: ModelReply, earlier: str = "") -> AfterReply:
     text = earlier + (reply.text or "")
     if reply.stop == "refusal":
         said = reply.refusal.strip() if reply.refusal else ""
-        error = f"The model declined to answer: {said}" if said else "The model declined to answer."
+        error = f"{REFUSAL_ERROR}: {said}" if said else f"{REFUSAL_ERROR}."
         return Refused("refusal", error, reply.text or reply.refusal)
     if reply.stop == "content_filter":
         return Refused("content_filter", "The provider's content filter stopped the reply.", text or None)

@@ -318,6 +318,10 @@ def _finish(state: ConversationState, outcome: TerminalOutcome) -> Rejection | N
     return None
 
 
+# How the note closing a failed turn begins (its error follows): later turns read it.
+FAILED_NOTE = "[This turn failed: "
+
+
 def _closing_text(outcome: TerminalOutcome, journal: list[Event]) -> str:
     """What later turns see of this one: the reply, or a plain note of how it ended. A turn
     that ended without its answer also names the side effects it made (or may have made):
@@ -328,7 +332,7 @@ def _closing_text(outcome: TerminalOutcome, journal: list[Event]) -> str:
         case TurnCompleted():
             return outcome.reply
         case TurnFailed():
-            return f"[This turn failed: {outcome.error}]{_side_effects(outcome, journal)}"
+            return f"{FAILED_NOTE}{outcome.error}]{_side_effects(outcome, journal)}"
         case TurnPaused():
             # Not its resume hint: that is for the people who resume it (commands, event names).
             paused = f"[Paused ({outcome.reason}) before it finished]"

@@ -32,8 +32,9 @@ turn's earlier attempts counted as stopped (`_upcast_stops`).
 
 Encoding v5 is v4 with one more field at the end of each history entry: `withheld` (0 or 1,
 an input of a turn the model refused, which later turns do not send). An older snapshot
-decodes with none withheld: a conversation whose refused turn is only in such a snapshot
-sends that input again until its next snapshot is written from the events.
+decodes with the inputs of each turn its history closes with a refusal's failure note
+withheld (`_upcast_withheld`): every refusal ever written has such a note, so the state
+is the one the events fold to.
 
 Versions: v2 added the closing verdict of the active turn's attempt (`ActiveTurn.verdict`)
 as the last field of the active turn; everything else is as in v1. A v1 snapshot still
@@ -51,7 +52,8 @@ from typing import Any, NoReturn, TypeVar, get_args
 import orjson
 from pydantic import ValidationError
 
-from turnstile.events import STOPPED_MID_ATTEMPT, DecodeError, Event, ToolCall, decode, encode
+from turnstile.events import REFUSAL_ERROR, STOPPED_MID_ATTEMPT, DecodeError, Event, ToolCall, decode, encode
+from turnstile.projections.conversation import FAILED_NOTE
 from turnstile.projections.state import (
     ActiveTurn,
     ApprovalGrant,
@@ -361,7 +363,7 @@ def _read_state(value: object, version: int) -> ConversationState:
     records = [_read_turn_v1(t) for t in _list(turns)]
     return ConversationState(
         conversation_id=_str(conversation),
-        history=[_read_history(h, version) for h in _list(history)],
+        history=_read_histories(history, version),
         pending={p.input_id: p for p in inputs},
         active=None if active is None else _read_active(active, version),
         turns={t.turn_id: t for t in records},
@@ -372,15 +374,36 @@ def _read_state(value: object, version: int) -> ConversationState:
     )
 
 
+def _read_histories(value: object, version: int) -> list[HistoryEntry]:
+    history = [_read_history(h, version) for h in _list(value)]
+    return history if version >= 5 else _upcast_withheld(history)
+
+
 def _read_history(value: object, version: int) -> HistoryEntry:
     role, content, at, turn, outcome, *rest = _list(value, 6 if version >= 5 else 5)
-    if role not in (0, 1) or isinstance(role, bool):
+    if not _zero_or_one(role):
         _bad(f"expected a role of 0 or 1, got {_shown(role)}")
     kind = None if outcome is None else _choice(outcome, _OUTCOMES)
-    if rest and (rest[0] not in (0, 1) or isinstance(rest[0], bool)):
-        _bad(f"expected withheld as 0 or 1, got {_shown(rest[0])}")
-    withheld = bool(rest and rest[0])  # (none before v5)
+    withheld = bool(rest and rest[0])  # (none recorded before v5)
+    if rest and not (_zero_or_one(rest[0]) and (role == 0 or not withheld)):
+        _bad(f"expected withheld as 0 or 1 (0 for an answer), got {_shown(rest[0])}")
     return HistoryEntry("user" if role == 0 else "assistant", _str(content), _int(at), _str(turn), kind, withheld)
+
+
+def _zero_or_one(value: object) -> bool:
+    return type(value) is int and value in (0, 1)  # (not True, not 1.0)
+
+
+# The note a refused turn closes with in history, in every version: which turns of a
+# snapshot of before v5 were refused.
+_REFUSED_NOTE = f"{FAILED_NOTE}{REFUSAL_ERROR}"
+
+
+def _upcast_withheld(history: list[HistoryEntry]) -> list[HistoryEntry]:
+    refused = {h.turn_id for h in history if h.outcome == "failed" and h.content.startswith(_REFUSED_NOTE)}
+    for entry in history:
+        entry.withheld = entry.role == "user" and entry.turn_id in refused
+    return history
 
 
 def _read_input_v1(value: object) -> PendingInput:

@@ -6,10 +6,12 @@ from __future__ import annotations
 import itertools
 
 from turnstile.events import (
+    REFUSAL_ERROR,
     AttemptStarted,
     MessageReceived,
     TurnClaimed,
     TurnCompleted,
+    TurnFailed,
     TurnMetrics,
     logical_turn_id,
 )
@@ -51,3 +53,14 @@ def completed(c: TurnClaimed, at: int, reply: str = "reply", run_id: str | None 
         metrics=TurnMetrics(model="m", attempt=1, iterations=1, tool_calls=0, input_tokens=1,
                             output_tokens=1, cost_usd=0.0, fallbacks=0, duration_ms=at - c.occurred_at),
     )
+
+
+def refused(c: TurnClaimed, at: int, explanation: str = "This could enable malware.") -> TurnFailed:
+    """The outcome of a turn whose reply the model refused, as `handlers.stops` words it."""
+    return TurnFailed(
+        event_id=eid(), conversation_id=c.conversation_id, occurred_at=at, turn_id=c.turn_id, run_id=c.run_id,
+        attempt=1, statuses={i: "failed" for i in c.input_ids}, error=f"{REFUSAL_ERROR}: {explanation}",
+        reason="refusal", text="Sure, here",
+        metrics=TurnMetrics(model="m", attempt=1, iterations=1, tool_calls=0, input_tokens=1,
+                            output_tokens=1, cost_usd=0.0, fallbacks=0, duration_ms=at - c.occurred_at),
+    )  # fmt: skip

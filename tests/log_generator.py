@@ -12,6 +12,7 @@ import random
 from dataclasses import dataclass, field
 
 from turnstile.events import (
+    REFUSAL_ERROR,
     Approval,
     AttemptFailed,
     AttemptStarted,
@@ -156,6 +157,8 @@ class _Writer:
             return outcomes.paused(turn, self.stamp(), "approval", "kept text", "approve the call", "m1", call)
         if roll < 0.96:
             return outcomes.exhausted(turn, self.stamp(), self.rng.choice([None, "last"]), "m1")
+        if roll < 0.98:  # the model refused: its inputs are withheld from later turns
+            return outcomes.failed(turn, self.stamp(), f"{REFUSAL_ERROR}.", "m1", "refusal", "Sure")
         return outcomes.failed(turn, self.stamp(), "broken", "m1")
 
     def next_event(self) -> Event | None:

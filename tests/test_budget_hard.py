@@ -271,6 +271,28 @@ async def test_a_turn_failed_on_a_provider_outage_is_resumed_by_the_operation_an
     assert of_type(events_of(world.log, "c1"), "MessageRejected") == []
 
 
+def test_a_resume_of_a_turn_the_model_refused_is_refused_asking_for_a_new_message():
+    from builders import claim, refused, started
+
+    from turnstile.handlers.claim import DoubleTextPolicy, refusal_on_arrival
+    from turnstile.handlers.operations import Refused, decide_resume
+
+    # Given a conversation whose last turn the model refused (its input is withheld since)
+    state = conversation("the words the model refused")
+    c1 = claim(["m1"], START + 5, 0, conv=state.conversation_id)
+    for event in (c1, started(c1, START + 6), refused(c1, START + 900)):
+        assert apply_event(state, event) is None
+    # When an operator asks to resume it, then it is refused: nothing would be continued
+    decided = decide_resume(state, None, event_id="e-r", now_ms=START + 1000)
+    assert isinstance(decided, Refused) and "send a new message instead" in decided.reason
+    # and a resume written straight to the log is refused on arrival, saying the same
+    raw = resume(c1.turn_id, START + 1000, "r1")
+    assert apply_event(state, raw) is None
+    refusal = refusal_on_arrival(DoubleTextPolicy(), state, raw)
+    assert refusal is not None and refusal.reason == "resume_invalid"
+    assert "the model refused: its inputs are no longer sent" in refusal.text
+
+
 def test_a_resume_of_a_turn_paused_for_an_approval_is_refused_the_approval_decides_it():
     from turnstile.events import ToolCall
     from turnstile.handlers.claim import DoubleTextPolicy, refusal_on_arrival

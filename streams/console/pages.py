@@ -203,10 +203,14 @@ def _pending(view: ConversationView) -> str:
     )
 
 
+# Beside an input the model refused: later turns do not send it (`HistoryEntry.withheld`).
+_WITHHELD = ' <span class="muted" title="the model refused it; later turns do not send it">(withheld)</span>'
+
+
 def _history(view: ConversationView) -> str:
     conversation = view.state.conversation_id
     rows = "".join(
-        f'<tr class="{h.role}"><td>{esc(h.role)}</td><td>{when(h.occurred_at)}</td>'
+        f'<tr class="{h.role}"><td>{esc(h.role)}{_WITHHELD if h.withheld else ""}</td><td>{when(h.occurred_at)}</td>'
         f"<td>{_turn_link(conversation, h.turn_id)}</td><td class=\"text\">{esc_text(h.content)}</td></tr>"
         for h in view.state.history
     )
