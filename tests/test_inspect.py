@@ -127,9 +127,10 @@ def test_inspect_json_is_the_http_apis_shapes_with_every_turns_timeline_and_prin
     tmp_path, capsys
 ):
     # Given the two answered turns, the pending message and the dead owner's turn, and a
-    # message whose text carries a CSI (C1) and an ESC (C0) sequence
+    # message whose text carries a CSI (C1), an ESC (C0) sequence and a DEL
     log = asyncio.run(two_turns_and_one_pending(tmp_path))
-    asyncio.run(log.append(log.topics.events, "c1", encode(message("m5", NOW(), "red \x9b31m \x1b[2J \x7f", conv="c1"))))
+    hostile = message("m5", NOW(), "red \x9b31m \x1b[2J \x7f", conv="c1")
+    asyncio.run(log.append(log.topics.events, "c1", encode(hostile)))
     # When an auditor asks for it as JSON
     assert cli.main(["inspect", "--data", str(tmp_path), "c1", "--json"]) == 0
     out = capsys.readouterr().out
