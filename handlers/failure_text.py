@@ -26,7 +26,10 @@ def provider_failure(error: ProviderError, *, attempts: int, side_effect_ran: bo
             said = error.provider_message or "it gave no reason"
             sentence = f"The model provider rejected the request{http}: {said.rstrip('.')}."
             if error.status == 404:  # no such path or model: said by the provider, mended by config
-                sentence += " Check the model's name and base_url (an OpenAI-compatible one ends in /v1)."
+                sentence += (
+                    " Check the model's name and base_url (an OpenAI-compatible one ends in /v1; an Anthropic"
+                    " one does not: its requests go to {base_url}/v1/messages)."
+                )
         case "rate_limited" if error.retry_after_s is not None and not error.retryable:
             sentence = (
                 f"The model provider is rate limiting requests and asked to wait {error.retry_after_s:g} s, "

@@ -5,6 +5,9 @@ new (at or past the committed offset; the same rule as the outcome records), so 
 after a restart does not count history twice within one process:
 
 * `turnstile_turns_total{outcome}`: terminal outcomes (completed, failed, paused, exhausted)
+* `turnstile_turn_failures_total{reason}`: the failed ones by why: `refusal` (the model
+  declined), `content_filter` (the provider's filter stopped the reply), `error` (anything
+  else: a provider down past its retries, a rejected request, an internal error)
 * `turnstile_claim_latency_seconds{kind}`: from an input's `occurred_at` to its turn's claim
 * `turnstile_turn_iterations`, `turnstile_turn_cost_usd`, `turnstile_turn_duration_seconds`:
   per finished turn, from its outcome's metrics; `turnstile_cost_usd_total` sums the cost
@@ -49,6 +52,7 @@ from turnstile.events import (
     ModelResponded,
     ProtocolFailure,
     TurnClaimed,
+    TurnFailed,
     TurnInterrupted,
 )
 from turnstile.handlers.provider import (
@@ -98,6 +102,7 @@ class Metrics:
         self._asked: dict[str, str] = {}
         r = self.registry
         self.turns = Counter("turnstile_turns", "Terminal outcomes of turns", ["outcome"], registry=r)
+        self.failures = Counter("turnstile_turn_failures", "Failed turns, by why", ["reason"], registry=r)
         self.claim_latency = Histogram(
             "turnstile_claim_latency_seconds",
             "From an input's occurred_at to the claim of the turn that takes it",
@@ -176,6 +181,8 @@ class Metrics:
         elif isinstance(event, OUTCOME_TYPES):
             self._asked.pop(event.conversation_id, None)
             self.turns.labels(event.type.removeprefix("Turn").lower()).inc()
+            if isinstance(event, TurnFailed):
+                self.failures.labels(event.reason or "error").inc()
             self.iterations.observe(event.metrics.iterations)
             self.duration.observe(event.metrics.duration_ms / 1000)
             if event.metrics.cost_usd is None:

@@ -120,7 +120,8 @@ def add_parsers(
             "--turn", default=None, metavar="TURN_ID",
             help="the paused turn (its id or first characters), when calls of this id wait in more than one",
         )  # fmt: skip
-    resume = sub.add_parser("resume", help="continue a turn paused on its budget, failed or exhausted, in a new turn")
+    what = "continue a turn paused on its budget, failed (not refused by the model) or exhausted, in a new turn"
+    resume = sub.add_parser("resume", help=what)
     add_log_args(resume)
     resume.add_argument("conversation", help="the conversation whose last turn paused, failed or was exhausted")
     resume.add_argument("--note", default=None, help="what the model reads instead of 'Continue.'")

@@ -386,6 +386,10 @@ def http_provider(
     if family == "anthropic":
         from turnstile.handlers.providers.anthropic_messages import AnthropicMessages
 
+        if base_url is not None and base_url.rstrip("/").endswith("/v1"):  # every turn would get a 404
+            log.warning("the Anthropic base_url %s ends in /v1: its requests go to %s, which is likely no endpoint "
+                        "(give the host without /v1)", base_url, AnthropicMessages().url(base_url))  # fmt: skip
+
         return HttpProvider(AnthropicMessages(), base_url or DEFAULT_BASE_URLS[family], api_key)
     from turnstile.handlers.providers.openai_chat import OpenAIChat
 

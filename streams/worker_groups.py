@@ -72,15 +72,26 @@ def unread_groups(groups: Iterable[ConsumerGroup], own_group: str) -> list[Consu
     return sorted(found, key=lambda g: g.group_id)
 
 
-def beside_warning(beside: Sequence[ConsumerGroup], topic: str, own_group: str) -> str:
-    """What the operator reads: who else reads the topic, what that does, and what to do."""
+def beside_warning(
+    beside: Sequence[ConsumerGroup], topic: str, own_group: str, own: ConsumerGroup | None = None
+) -> str:
+    """What the operator reads: who else reads the topic, what that does, and what to do.
+    `own`: the worker's own group as described, when it has members already -- then which
+    group is the wrong one cannot be told from here, and joining the other is no advice."""
     named = "; ".join(f"'{printable(g.group_id)}' ({_members(g, topic)})" for g in beside)
+    harm = "both groups run every turn (each model call twice, each group taking the other's turns over)"
+    stopped = "a stopped static member leaves its group when its session times out"
+    yours = "A consumer of your own on the events topic is no harm."
+    if own is not None and any(topic in m.topics for m in own.members):
+        return (
+            f"consumer group '{printable(own_group)}' ({_members(own, topic)}) reads {topic}, and so does "
+            f"another group: {named}. If those are turnstile workers, {harm}: one of the groups is misconfigured; "
+            f"stop the workers of the one that should not be there ({stopped}). {yours}"
+        )
     return (
         f"consumer group '{printable(own_group)}' is starting on {topic}, which another group already reads: "
-        f"{named}. If those are turnstile workers, both groups run every turn (each model call twice, each "
-        f"group taking the other's turns over): give this worker their group (--group, or `group` in "
-        f"turnstile.toml), or stop theirs first (a stopped static member leaves its group when its session "
-        f"times out). A consumer of your own on the events topic is no harm."
+        f"{named}. If those are turnstile workers, {harm}: give this worker their group (--group, or `group` "
+        f"in turnstile.toml), or stop theirs first ({stopped}). {yours}"
     )
 
 
@@ -117,7 +128,8 @@ async def warn_of_groups_beside(
         return []
     beside = groups_beside(seen.groups, topic, own_group)
     if beside:
-        log.warning("%s", beside_warning(beside, topic, own_group))
+        own = next((g for g in seen.groups if g.group_id == own_group), None)
+        log.warning("%s", beside_warning(beside, topic, own_group, own))
     unread = [f"group '{printable(g.group_id)}' stayed {g.state} (what it reads is not given)"
               for g in unread_groups(seen.groups, own_group)]  # fmt: skip
     if seen.problems or unread:

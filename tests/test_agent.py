@@ -59,7 +59,17 @@ def test_a_model_whose_key_variable_is_unset_is_named_when_its_provider_is_made(
     monkeypatch.setenv("A_KEY_VAR", "sk-test")
     caplog.clear()
     Model("gpt-x", base_url="http://127.0.0.1:9/v1", api_key_env="A_KEY_VAR").provider()
-    assert "carry no API key" not in caplog.text
+    assert "carry no API key" not in caplog.text and "ends in /v1" not in caplog.text
+
+
+def test_an_anthropic_base_url_ending_in_v1_is_named_when_its_provider_is_made(monkeypatch, caplog) -> None:
+    # (its requests go to .../v1/v1/messages: every turn failed with a 404)
+    monkeypatch.setenv("A_KEY_VAR", "sk-test")
+    Model("claude-x", family="anthropic", base_url="http://127.0.0.1:9/v1/", api_key_env="A_KEY_VAR").provider()
+    assert "requests go to http://127.0.0.1:9/v1/v1/messages" in caplog.text
+    caplog.clear()
+    Model("claude-x", family="anthropic", base_url="http://127.0.0.1:9", api_key_env="A_KEY_VAR").provider()
+    assert "ends in /v1" not in caplog.text
 
 
 def readme_agent() -> types.ModuleType:

@@ -249,6 +249,17 @@ async def test_tokens_are_counted_under_the_model_asked_for_not_the_name_a_reply
     assert tokens == {(("kind", "input"), ("model", "gpt-test")), (("kind", "output"), ("model", "gpt-test"))}
 
 
+async def test_a_refused_turn_is_counted_as_a_failure_by_its_reason(tmp_path):
+    # (an operator alerting on the refusal rate had nothing to read it from: failed and ok only)
+    from provider_server import Raw
+    from wire_harness import fixture
+
+    samples = await _scraped_after_one_turn(tmp_path, Raw(200, fixture("openai", "refusal")), outcome="failed")
+
+    assert samples[("turnstile_turn_failures_total", (("reason", "refusal"),))] == 1
+    assert samples[("turnstile_turns_total", (("outcome", "failed"),))] == 1
+
+
 async def test_the_tokens_of_a_malformed_reply_the_provider_billed_are_counted(tmp_path):
     from provider_server import Raw
 

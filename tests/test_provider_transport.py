@@ -238,7 +238,8 @@ def test_the_other_sentences() -> None:
     )
     assert said("bad_request", retryable=False, status=404) == (
         "The model provider rejected the request (HTTP 404): it gave no reason. Check the model's name and"
-        " base_url (an OpenAI-compatible one ends in /v1)."
+        " base_url (an OpenAI-compatible one ends in /v1; an Anthropic one does not: its requests go to"
+        " {base_url}/v1/messages)."
     )
     unsafe = provider_failure(ProviderError("timeout", "x", retryable=True), attempts=1, side_effect_ran=True)
     assert unsafe.startswith("The model provider did not answer in time. A tool with side effects had already run")

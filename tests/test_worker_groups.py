@@ -108,6 +108,15 @@ async def test_when_the_admin_api_refuses_or_times_out_then_the_check_is_said_un
     ]
 
 
+def test_given_the_workers_own_group_already_reads_the_topic_when_warned_then_no_group_is_called_right():
+    # (a worker of the right group, restarted after a typo'd group came up, was told to join the typo)
+    beside = [group("turnstile-wroker", frozenset({EVENTS}))]
+    own = group("turnstile-worker", frozenset({EVENTS}), frozenset({EVENTS}))
+    text = beside_warning(beside, EVENTS, "turnstile-worker", own)
+    assert text.startswith(f"consumer group 'turnstile-worker' (2 members on 10.0.0.7) reads {EVENTS}")
+    assert "one of the groups is misconfigured" in text and "give this worker their group" not in text
+
+
 # -- on the broker ---------------------------------------------------------------------
 @pytest.mark.kafka
 async def test_a_worker_started_in_a_second_group_on_the_same_topics_warns_and_one_in_the_same_group_does_not(
