@@ -154,9 +154,12 @@ async def serve(
     waiting = asyncio.create_task(ready.wait())
     running = asyncio.create_task(service.run(stop, ready))
 
-    def on_signal() -> None:
+    def on_signal(sig: signal.Signals) -> None:
         if stop.is_set():
             running.cancel()  # the second signal: stop now, the next owner resumes the turns
+        else:  # (said: a worker with no turn in flight stopped with not a line before)
+            log_.info("%s: stopping; no new turn is claimed, those in flight may take up to %g s to end "
+                      "(a second signal stops at once)", sig.name, config.drain_grace_s)  # fmt: skip
         stop.set()
 
     # SIGHUP (the terminal closed, or a supervisor's stop) drains as SIGTERM does: by default it
@@ -165,7 +168,7 @@ async def serve(
     hangup = (signal.SIGHUP,) if signal.getsignal(signal.SIGHUP) is not signal.SIG_IGN else ()
     handled = (signal.SIGINT, signal.SIGTERM, *hangup) if signals else ()
     for sig in handled:
-        loop.add_signal_handler(sig, on_signal)
+        loop.add_signal_handler(sig, on_signal, sig)
     try:
         try:
             await asyncio.wait([running, waiting], return_when=asyncio.FIRST_COMPLETED)
@@ -173,6 +176,8 @@ async def serve(
                 where = f"; HTTP on {service.url}" if service.url else ""
                 log_.info("worker running on %s%s; Ctrl-C stops it", place, where)
             await running
+            if stop.is_set():
+                log_.info("stopped")
         except asyncio.CancelledError:
             me = asyncio.current_task()
             if me is not None and me.cancelling():

@@ -319,6 +319,7 @@ def test_sighup_drains_as_sigterm_does(tmp_path):
         worker.send_signal(signal.SIGHUP)
         rest = worker.stderr.read()
         assert worker.wait(30) == 0, rest
+        assert "SIGHUP: stopping; no new turn is claimed" in rest and rest.rstrip().endswith("stopped"), rest
 
 
 def test_a_worker_started_with_sighup_ignored_outlives_its_terminal(tmp_path):
